@@ -1,0 +1,1 @@
+"""Load generators and benchmarks: commands that print figures, never pass/fail tests."""

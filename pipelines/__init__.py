@@ -1,0 +1,1 @@
+"""Streaming pipelines: Kafka consumers, the continuous-view engine and the search puller."""

@@ -1,0 +1,186 @@
+"""Database setup: roles with least privilege, the database, extensions, then numbered migrations.
+
+Run by `python -m stack up` for the local stack and as the `dbsetup` one-shot service in
+docker-compose.yml; every step is idempotent, so it runs on each start.
+
+1. As the superuser: one login role per duty (owner, writer, reader, indexer, cdc), each with its
+   password from `SECRETS_DIR`; the database, owned by `sv_owner`, closed to PUBLIC.
+2. As the superuser, in the database: `sql/extensions.sql` (hll, rum, TimescaleDB when offered).
+3. As `sv_owner`: each `sql/migrations/NNNN_*.sql` not yet applied, each in its own transaction with
+   its row in `ops.schema_migrations`; an applied migration whose text changed is an error.
+
+Usage: `PGUSER=postgres python -m pipelines.dbsetup`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import psycopg
+from psycopg import sql
+
+from pipelines.errors import DatabaseSetupError
+from pipelines.logs import configure_logging, get_logger
+from pipelines.settings import (
+    APP_ROLES,
+    ROLE_CDC,
+    ROLE_OWNER,
+    ROLE_READER,
+    PostgresSettings,
+    secret_file_name,
+)
+
+log = get_logger("dbsetup")
+
+SQL_DIR = Path(os.environ.get("SQL_DIR", Path(__file__).resolve().parents[1] / "sql"))
+# Serialises concurrent runs (two containers starting at once); any constant unique to this project.
+MIGRATION_LOCK = 0x5356_4D49  # "SVMI"
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One numbered SQL file."""
+
+    version: str
+    name: str
+    text: str
+
+    @property
+    def checksum(self) -> str:
+        """Fingerprint of the text, to catch edits to an already applied migration."""
+        return hashlib.sha256(self.text.encode()).hexdigest()
+
+
+def load_migrations(folder: Path = SQL_DIR / "migrations") -> list[Migration]:
+    """Migrations in version order; file names are `NNNN_what_it_does.sql`."""
+    migrations = []
+    for path in sorted(folder.glob("*.sql")):
+        version, _, name = path.stem.partition("_")
+        if not version.isdigit() or not name:
+            raise DatabaseSetupError(f"migrations: {path.name} is not named NNNN_description.sql")
+        migrations.append(Migration(version, name, path.read_text()))
+    versions = [m.version for m in migrations]
+    if len(set(versions)) != len(versions):
+        raise DatabaseSetupError(f"migrations: duplicate version numbers in {versions}")
+    return migrations
+
+
+def setup_database(admin: PostgresSettings) -> None:
+    """All three steps, connecting as `admin` (a superuser) and then as the owner role."""
+    ensure_roles_and_database(admin)
+    with psycopg.connect(admin.conninfo(), autocommit=True) as conn:
+        conn.execute((SQL_DIR / "extensions.sql").read_text())
+    with psycopg.connect(admin.conninfo(user=ROLE_OWNER)) as conn:
+        apply_migrations(conn, load_migrations())
+
+
+def ensure_roles_and_database(admin: PostgresSettings) -> None:
+    """Create or update the roles and the database (superuser, outside any transaction)."""
+    with psycopg.connect(admin.conninfo(dbname="postgres"), autocommit=True) as conn:
+        for role in APP_ROLES:
+            password = admin.role_password(role)
+            if password is None:
+                raise DatabaseSetupError(
+                    f"roles: no password for {role}: set SECRETS_DIR to a folder with {secret_file_name(role)}"
+                )
+            exists = conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone()
+            verb = "ALTER" if exists else "CREATE"
+            attributes = "LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE " + (
+                "REPLICATION" if role == ROLE_CDC else "NOREPLICATION"
+            )
+            conn.execute(
+                sql.SQL("{} ROLE {} " + attributes + " PASSWORD {}").format(
+                    sql.SQL(verb), sql.Identifier(role), sql.Literal(password.get_secret_value())
+                )
+            )
+            if not exists:
+                log.info("created role", role=role)
+        # Belt and braces for the query role: its sessions start read-only, on top of having no
+        # write privileges anywhere.
+        conn.execute(
+            sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(sql.Identifier(ROLE_READER))
+        )
+        database = admin.database
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone():
+            conn.execute(
+                sql.SQL("CREATE DATABASE {} OWNER {} ENCODING 'UTF8'").format(
+                    sql.Identifier(database), sql.Identifier(ROLE_OWNER)
+                )
+            )
+            log.info("created database", database=database)
+        conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(database)))
+        conn.execute(
+            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                sql.Identifier(database), sql.SQL(", ").join(map(sql.Identifier, APP_ROLES))
+            )
+        )
+        # The owner creates the schemas (migrations).
+        conn.execute(
+            sql.SQL("GRANT CREATE, TEMPORARY ON DATABASE {} TO {}").format(
+                sql.Identifier(database), sql.Identifier(ROLE_OWNER)
+            )
+        )
+
+
+def apply_migrations(conn: psycopg.Connection, migrations: list[Migration]) -> list[str]:
+    """Apply what is new, one transaction each; returns the versions applied."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+        conn.execute("CREATE SCHEMA IF NOT EXISTS ops")
+        conn.execute(
+            """
+            CREATE TABLE IF NOT EXISTS ops.schema_migrations (
+                version    text PRIMARY KEY,
+                name       text NOT NULL,
+                checksum   text NOT NULL,
+                applied_at timestamptz NOT NULL DEFAULT now()
+            )
+            """
+        )
+    applied_now = []
+    for migration in migrations:
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
+            row = conn.execute(
+                "SELECT checksum FROM ops.schema_migrations WHERE version = %s", (migration.version,)
+            ).fetchone()
+            if row is not None:
+                if row[0] != migration.checksum:
+                    raise DatabaseSetupError(
+                        f"migrations: {migration.version}_{migration.name} was edited after it was applied; "
+                        "add a new migration instead"
+                    )
+                continue
+            try:
+                conn.execute(migration.text)
+            except psycopg.Error as e:
+                raise DatabaseSetupError(f"migrations: {migration.version}_{migration.name} failed: {e}") from e
+            conn.execute(
+                "INSERT INTO ops.schema_migrations (version, name, checksum) VALUES (%s, %s, %s)",
+                (migration.version, migration.name, migration.checksum),
+            )
+            log.info("applied migration", version=migration.version, name=migration.name)
+            applied_now.append(migration.version)
+    return applied_now
+
+
+def main() -> int:
+    """Entry point of `python -m pipelines.dbsetup`."""
+    configure_logging()
+    admin = PostgresSettings()
+    log.info("database setup", **admin.describe())
+    try:
+        setup_database(admin)
+    except (DatabaseSetupError, psycopg.Error) as e:
+        log.error("database setup failed", error=str(e))
+        return 1
+    log.info("database ready", database=admin.database)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

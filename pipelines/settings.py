@@ -1,0 +1,150 @@
+"""Typed settings for every component, read from the environment in one place.
+
+Each service builds the settings it needs at start, logs them with `describe()` (secrets redacted),
+and passes them down; nothing else reads `os.environ`. Names follow the tools' own conventions where
+one exists (libpq's `PGHOST`, `PGPORT`, ...), so `psql` and the services agree on the same variables.
+
+Secrets (`SecretStr` fields) may come from the environment or, as Docker secrets do, from one file per
+secret in `SECRETS_DIR`: the field `password` of `PostgresSettings` with `PGUSER=sv_writer` reads
+`$SECRETS_DIR/pg_writer_password` when `PGPASSWORD` is unset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Database roles, one per duty (least privilege). The names are a contract shared with sql/ and
+# docker-compose.yml.
+ROLE_OWNER = "sv_owner"
+ROLE_WRITER = "sv_writer"
+ROLE_READER = "sv_reader"
+ROLE_INDEXER = "sv_indexer"
+ROLE_CDC = "sv_cdc"
+APP_ROLES = (ROLE_OWNER, ROLE_WRITER, ROLE_READER, ROLE_INDEXER, ROLE_CDC)
+
+
+def secret_file_name(role: str) -> str:
+    """Name of the file holding a database role's password: `sv_writer` -> `pg_writer_password`."""
+    if role == "postgres":
+        return "postgres_password"
+    return f"pg_{role.removeprefix('sv_')}_password"
+
+
+def read_secret(name: str, secrets_dir: Path | None) -> SecretStr | None:
+    """Read one secret file from `secrets_dir`; None when there is no such folder or file."""
+    if secrets_dir is None:
+        return None
+    path = secrets_dir / name
+    if not path.is_file():
+        return None
+    return SecretStr(path.read_text().strip())
+
+
+class _Settings(BaseSettings):
+    model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    secrets_dir: Path | None = Field(None, validation_alias="SECRETS_DIR")
+
+    def describe(self) -> dict[str, Any]:
+        """Effective settings for the start-up log, secrets shown as `**********`."""
+        return {
+            name: (str(value) if isinstance(value, SecretStr) else value)
+            for name, value in self.__dict__.items()
+        }
+
+
+class PostgresSettings(_Settings):
+    """Where and as whom to connect to PostgreSQL, with libpq's own variable names."""
+
+    model_config = SettingsConfigDict(env_prefix="PG", extra="ignore", frozen=True, populate_by_name=True)
+
+    host: str = "127.0.0.1"
+    port: int = 5432
+    database: str = "streamviews"
+    user: str = ROLE_WRITER
+    password: SecretStr | None = None
+    application_name: str = Field("streamviews", validation_alias="PGAPPNAME")
+    connect_timeout: int = 10
+
+    def model_post_init(self, _context: Any) -> None:
+        """Fall back to the role's secret file when no password is in the environment."""
+        if self.password is None:
+            object.__setattr__(self, "password", self.role_password(self.user))
+
+    def role_password(self, role: str) -> SecretStr | None:
+        """A role's password from its file in `SECRETS_DIR` (`sv_writer` -> `pg_writer_password`)."""
+        return read_secret(secret_file_name(role), self.secrets_dir)
+
+    def conninfo(self, **overrides: Any) -> str:
+        """A libpq connection string; `overrides` (e.g. `user=`, `dbname=`) win over the settings."""
+        from psycopg.conninfo import make_conninfo
+
+        params: dict[str, Any] = {
+            "host": self.host,
+            "port": self.port,
+            "dbname": self.database,
+            "user": self.user,
+            "application_name": self.application_name,
+            "connect_timeout": self.connect_timeout,
+        }
+        if self.password is not None:
+            params["password"] = self.password.get_secret_value()
+        params.update(overrides)
+        if "user" in overrides and "password" not in overrides:
+            # Another role: its own password, never the one of the configured user.
+            secret = self.role_password(overrides["user"])
+            params.pop("password", None)
+            if secret is not None:
+                params["password"] = secret.get_secret_value()
+        return make_conninfo(**params)
+
+
+class KafkaSettings(_Settings):
+    """Kafka clients' connection; `KAFKA_*` names match the Kafka tools' environment conventions."""
+
+    model_config = SettingsConfigDict(env_prefix="KAFKA_", extra="ignore", frozen=True, populate_by_name=True)
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    client_id: str = "streamviews"
+
+
+class ElasticsearchSettings(_Settings):
+    """Elasticsearch endpoint and credentials (security is on, as Elasticsearch 8 ships)."""
+
+    model_config = SettingsConfigDict(env_prefix="ES_", extra="ignore", frozen=True, populate_by_name=True)
+
+    url: str = "http://127.0.0.1:9200"
+    username: str = "elastic"
+    password: SecretStr | None = None
+
+    def model_post_init(self, _context: Any) -> None:
+        """Fall back to `$SECRETS_DIR/elastic_password`."""
+        if self.password is None:
+            object.__setattr__(self, "password", read_secret("elastic_password", self.secrets_dir))
+
+    def basic_auth(self) -> tuple[str, str] | None:
+        """Credentials for the client, or None when no password is configured."""
+        if self.password is None:
+            return None
+        return (self.username, self.password.get_secret_value())
+
+
+class ConnectSettings(_Settings):
+    """Kafka Connect's REST endpoint."""
+
+    model_config = SettingsConfigDict(env_prefix="CONNECT_", extra="ignore", frozen=True, populate_by_name=True)
+
+    url: str = "http://127.0.0.1:8083"
+
+
+class LogSettings(_Settings):
+    """How services log: JSON lines for machines, aligned key=value for a terminal (default: by tty)."""
+
+    model_config = SettingsConfigDict(env_prefix="LOG_", extra="ignore", frozen=True, populate_by_name=True)
+
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["json", "console"] | None = None

@@ -1,0 +1,1 @@
+"""The local stack: Kafka, Kafka Connect with Debezium, PostgreSQL and Elasticsearch without Docker."""

@@ -1,0 +1,216 @@
+"""Preparing the state directory: secrets, rendered configuration, and first-start initialisation.
+
+Configuration files are rendered from `stack/templates/` on every `up`, so a changed port or heap takes
+effect on the next `up`. Initialisation (initdb, Kafka storage format, Elasticsearch keystore) runs
+once, when its result is missing; data is never touched afterwards.
+"""
+
+from __future__ import annotations
+
+import base64
+import resource
+import secrets
+import shutil
+import string
+import uuid
+from pathlib import Path
+
+from pipelines.logs import get_logger
+from pipelines.settings import APP_ROLES, secret_file_name
+from stack.install import Distributions
+from stack.settings import StackPaths, StackSettings
+from stack.shell import ServiceUser, make_dir, run, write_file
+
+log = get_logger("stack.configure")
+
+TEMPLATES = Path(__file__).with_name("templates")
+DATABASE = "streamviews"
+SECRET_NAMES = (secret_file_name("postgres"), *(secret_file_name(r) for r in APP_ROLES), "elastic_password")
+
+
+class _Template(string.Template):
+    """`@{name}` placeholders: `$` and `${...}` belong to the rendered files (log4j2, Connect)."""
+
+    delimiter = "@"
+
+
+def render(template: str, context: dict[str, object]) -> str:
+    """Fill a template from `stack/templates/`; a placeholder without a value is an error."""
+    return _Template((TEMPLATES / template).read_text()).substitute(context)
+
+
+def prepare(settings: StackSettings, user: ServiceUser, dist: Distributions) -> dict[str, object]:
+    """Secrets, folders, configuration and first-start initialisation; returns the render context."""
+    paths = settings.paths
+    ensure_secrets(paths, user)
+    for folder in ("logs", "run"):
+        make_dir(paths.root / folder, user)
+    make_dir(paths.logs / "elasticsearch", user)
+    context = render_context(settings, user, dist)
+    configure_postgres(settings, user, dist, context)
+    configure_kafka(settings, user, dist, context)
+    configure_connect(settings, user, context)
+    configure_elasticsearch(settings, user, dist, context)
+    write_file(paths.supervisord_conf, render("supervisord.conf", context), user, 0o600)
+    write_file(paths.env_file, client_env(settings), user)
+    write_file(paths.secrets / "pgpass", pgpass(settings), user, 0o600)
+    return context
+
+
+def ensure_secrets(paths: StackPaths, user: ServiceUser) -> None:
+    """Generate each password once, into its own 0600 file (the local stack's `SECRETS_DIR`)."""
+    make_dir(paths.secrets, user, 0o700)
+    for name in SECRET_NAMES:
+        path = paths.secrets / name
+        if not path.exists():
+            write_file(path, secrets.token_urlsafe(24) + "\n", user, 0o600)
+
+
+def read_secret(paths: StackPaths, name: str) -> str:
+    """One generated password."""
+    return (paths.secrets / name).read_text().strip()
+
+
+def render_context(settings: StackSettings, user: ServiceUser, dist: Distributions) -> dict[str, object]:
+    """Every value the templates use, derived from the settings and the installed components."""
+    paths = settings.paths
+    as_root = user.is_other
+    return {
+        **{name: value for name, value in settings.__dict__.items()},
+        "identifier": f"streamviews:{paths.root}",
+        "open_files_limit": min(65536, resource.getrlimit(resource.RLIMIT_NOFILE)[1]),
+        "supervisord_user": "user=root" if as_root else "",
+        "program_user": f"user={user.name}" if as_root else "",
+        "logs_dir": paths.logs,
+        "run_dir": paths.run,
+        "secrets_dir": paths.secrets,
+        "java": dist.java,
+        "java_home": dist.java_home,
+        "pg_bin": settings.pg_bin,
+        "pg_conf": paths.service("postgres") / "conf",
+        "pg_data": paths.service("postgres") / "data",
+        "pg_socket_dir": paths.service("postgres") / "run",
+        "kafka_home": paths.service("kafka"),
+        "kafka_data": paths.service("kafka") / "data",
+        "kafka_dist": dist.kafka,
+        "connect_home": paths.service("connect"),
+        "connect_dist": dist.connect,
+        "plugin_path": dist.connect_plugins,
+        "es_home": paths.service("elasticsearch"),
+        "es_dist": dist.elasticsearch,
+    }
+
+
+def configure_postgres(
+    settings: StackSettings, user: ServiceUser, dist: Distributions, context: dict[str, object]
+) -> None:
+    """Its own cluster in the state directory (never the system one), SCRAM passwords only."""
+    home = make_dir(settings.paths.service("postgres"), user)
+    conf = make_dir(home / "conf", user)
+    make_dir(home / "run", user, 0o700)
+    data = home / "data"
+    if not (data / "PG_VERSION").exists():
+        log.info("initialising PostgreSQL cluster", data=str(data))
+        make_dir(data, user, 0o700)
+        run(
+            [settings.pg_bin / "initdb", "--pgdata", data, "--username", "postgres",
+             "--pwfile", settings.paths.secrets / secret_file_name("postgres"),
+             "--auth", "scram-sha-256", "--encoding", "UTF8", "--locale", "C.UTF-8", "--data-checksums"],
+            step="init: initdb", as_user=user,
+        )
+    write_file(conf / "postgresql.conf", render("postgresql.conf", context), user)
+    write_file(conf / "pg_hba.conf", render("pg_hba.conf", context), user, 0o600)
+    write_file(conf / "pg_ident.conf", "", user, 0o600)
+
+
+def configure_kafka(
+    settings: StackSettings, user: ServiceUser, dist: Distributions, context: dict[str, object]
+) -> None:
+    """Broker + controller configuration; the KRaft storage is formatted on first start."""
+    home = make_dir(settings.paths.service("kafka"), user)
+    make_dir(home / "tmp", user)
+    data = make_dir(home / "data", user)
+    write_file(home / "server.properties", render("server.properties", context), user)
+    write_file(home / "log4j2.properties", render("log4j2.properties", {**context, "service": "kafka"}), user)
+    if not (data / "meta.properties").exists():
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        log.info("formatting Kafka storage", cluster_id=cluster_id)
+        run(
+            [dist.java, "-cp", f"{dist.kafka}/*", f"-Dlog4j2.configurationFile={home}/log4j2.properties",
+             "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
+             "--config", home / "server.properties", "--standalone"],
+            step="init: kafka storage format", as_user=user,
+        )
+
+
+def configure_connect(settings: StackSettings, user: ServiceUser, context: dict[str, object]) -> None:
+    """Distributed worker configuration (its state lives in Kafka topics)."""
+    home = make_dir(settings.paths.service("connect"), user)
+    make_dir(home / "tmp", user)
+    write_file(home / "worker.properties", render("worker.properties", context), user)
+    write_file(home / "log4j2.properties", render("log4j2.properties", {**context, "service": "connect"}), user)
+
+
+def configure_elasticsearch(
+    settings: StackSettings, user: ServiceUser, dist: Distributions, context: dict[str, object]
+) -> None:
+    """Node configuration and heap; the keystore with `bootstrap.password` is created once."""
+    home = make_dir(settings.paths.service("elasticsearch"), user)
+    for folder in ("data", "tmp", "logs"):
+        make_dir(home / folder, user)
+    config = home / "config"
+    if not config.exists():
+        shutil.copytree(dist.elasticsearch / "config", config)
+        _chown_tree(config, user)
+    write_file(config / "elasticsearch.yml", render("elasticsearch.yml", context), user, 0o600)
+    write_file(
+        config / "jvm.options.d" / "streamviews.options",
+        f"-Xms{settings.es_heap}\n-Xmx{settings.es_heap}\n"
+        # The integ-test distribution lacks analysis-common, which the queryable built-in roles index
+        # needs; without this the node logs a failed sync on every start.
+        "-Des.queryable_built_in_roles_enabled=false\n",
+        user,
+    )
+    keystore = config / "elasticsearch.keystore"
+    if not keystore.exists():
+        log.info("creating Elasticsearch keystore with bootstrap.password")
+        tool = dist.elasticsearch / "bin" / "elasticsearch-keystore"
+        env = {"ES_PATH_CONF": str(config), "ES_JAVA_HOME": str(dist.java_home)}
+        run([tool, "create"], step="init: elasticsearch keystore", as_user=user, env=env)
+        run([tool, "add", "-x", "bootstrap.password"], step="init: elasticsearch keystore",
+            as_user=user, env=env, stdin=read_secret(settings.paths, "elastic_password"))
+
+
+def _chown_tree(root: Path, user: ServiceUser) -> None:
+    if not user.is_other:
+        return
+    for path in [root, *root.rglob("*")]:
+        shutil.chown(path, user.uid, user.gid)
+
+
+def client_env(settings: StackSettings) -> str:
+    """Settings that point the pipelines, tests and `psql` at this stack."""
+    paths = settings.paths
+    return "\n".join([
+        f"# Client settings for the local stack in {paths.root}; written by `python -m stack up`.",
+        "PGHOST=127.0.0.1",
+        f"PGPORT={settings.pgport}",
+        f"PGDATABASE={DATABASE}",
+        f"PGPASSFILE={paths.secrets / 'pgpass'}",
+        f"SECRETS_DIR={paths.secrets}",
+        f"KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.kafka_port}",
+        f"CONNECT_URL=http://127.0.0.1:{settings.connect_port}",
+        f"ES_URL=http://127.0.0.1:{settings.es_port}",
+        "ES_USERNAME=elastic",
+        "",
+    ])
+
+
+def pgpass(settings: StackSettings) -> str:
+    """A libpq password file for every role, so `psql -U sv_reader` just works with `PGPASSFILE`."""
+    lines = []
+    for role in ("postgres", *APP_ROLES):
+        password = read_secret(settings.paths, secret_file_name(role))
+        for host in ("127.0.0.1", "localhost"):
+            lines.append(f"{host}:{settings.pgport}:*:{role}:{password}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,98 @@
+"""Settings of the local stack: versions, ports, heaps and where its state lives.
+
+Every value has a documented default (see `.env.sample`) and can be overridden from the environment,
+so two stacks can run side by side on one machine (different `STACK_STATE_DIR` and ports).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class StackSettings(BaseSettings):
+    """What `python -m stack` installs and starts."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    stack_state_dir: Path = REPO_ROOT / ".state"
+    stack_user: str = "streamviews"
+    stack_ready_timeout: float = 240.0
+    stack_maven_repo: Path | None = None
+
+    kafka_version: str = "4.3.1"
+    debezium_version: str = "3.7.0.Final"
+    elasticsearch_version: str = "8.19.21"
+    log4j_version: str = "2.25.3"
+    postgres_major: int = 15
+
+    pgport: int = 5432
+    kafka_port: int = 9092
+    kafka_controller_port: int = 9093
+    connect_port: int = 8083
+    es_port: int = 9200
+    es_transport_port: int = 9300
+
+    kafka_heap: str = "256m"
+    connect_heap: str = "384m"
+    es_heap: str = "1g"
+    pg_shared_buffers: str = "1GB"
+
+    @property
+    def pg_bin(self) -> Path:
+        """Debian's PostgreSQL server binaries for the configured major version."""
+        return Path(f"/usr/lib/postgresql/{self.postgres_major}/bin")
+
+    @property
+    def paths(self) -> StackPaths:
+        """Where each part of the stack keeps its files."""
+        return StackPaths(self.stack_state_dir.resolve())
+
+    def describe(self) -> dict[str, object]:
+        """Effective settings for the start-up log (the stack's own settings hold no secrets)."""
+        return {name: str(value) for name, value in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class StackPaths:
+    """The state directory's layout, derived from its root so nothing else hard-codes a path."""
+
+    root: Path
+
+    @property
+    def dist(self) -> Path:
+        """Jars and unpacked distributions, one folder per component and version."""
+        return self.root / "dist"
+
+    @property
+    def secrets(self) -> Path:
+        """Generated passwords, one 0600 file each (the `SECRETS_DIR` of the local stack)."""
+        return self.root / "secrets"
+
+    @property
+    def logs(self) -> Path:
+        """Every service's log, `<service>.log`, plus supervisord's captured output."""
+        return self.root / "logs"
+
+    @property
+    def run(self) -> Path:
+        """Supervisord's socket and pid file."""
+        return self.root / "run"
+
+    @property
+    def supervisord_conf(self) -> Path:
+        """The process manager's configuration, rendered on every `up`."""
+        return self.root / "supervisord.conf"
+
+    @property
+    def env_file(self) -> Path:
+        """Client settings pointing at this stack, for `set -a; . .state/stack.env`."""
+        return self.root / "stack.env"
+
+    def service(self, name: str) -> Path:
+        """A service's own folder: its configuration, data and temporary files."""
+        return self.root / name
