@@ -44,6 +44,11 @@ def read_secret(name: str, secrets_dir: Path | None) -> SecretStr | None:
     return SecretStr(path.read_text().strip())
 
 
+def _has_value(secret: SecretStr | None) -> bool:
+    # An empty variable (`PGPASSWORD=` as in .env.sample) means "not set".
+    return secret is not None and secret.get_secret_value() != ""
+
+
 class _Settings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
@@ -72,7 +77,7 @@ class PostgresSettings(_Settings):
 
     def model_post_init(self, _context: Any) -> None:
         """Fall back to the role's secret file when no password is in the environment."""
-        if self.password is None:
+        if not _has_value(self.password):
             object.__setattr__(self, "password", self.role_password(self.user))
 
     def role_password(self, role: str) -> SecretStr | None:
@@ -123,7 +128,7 @@ class ElasticsearchSettings(_Settings):
 
     def model_post_init(self, _context: Any) -> None:
         """Fall back to `$SECRETS_DIR/elastic_password`."""
-        if self.password is None:
+        if not _has_value(self.password):
             object.__setattr__(self, "password", read_secret("elastic_password", self.secrets_dir))
 
     def basic_auth(self) -> tuple[str, str] | None:

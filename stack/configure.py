@@ -58,12 +58,15 @@ def prepare(settings: StackSettings, user: ServiceUser, dist: Distributions) -> 
 
 
 def ensure_secrets(paths: StackPaths, user: ServiceUser) -> None:
-    """Generate each password once, into its own 0600 file (the local stack's `SECRETS_DIR`)."""
+    """Generate each password once, into its own 0600 file (the local stack's `SECRETS_DIR`).
+
+    No trailing newline: Connect's DirectoryConfigProvider passes a file's content on verbatim.
+    """
     make_dir(paths.secrets, user, 0o700)
     for name in SECRET_NAMES:
         path = paths.secrets / name
-        if not path.exists():
-            write_file(path, secrets.token_urlsafe(24) + "\n", user, 0o600)
+        value = path.read_text().strip() if path.exists() else secrets.token_urlsafe(24)
+        write_file(path, value, user, 0o600)
 
 
 def read_secret(paths: StackPaths, name: str) -> str:

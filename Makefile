@@ -1,0 +1,57 @@
+# The two commands a newcomer needs: `make demo` (the main job) and `make test`.
+# Everything else is plumbing around `python -m stack`, which installs and runs the local stack.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+
+.PHONY: help demo test test-unit lint format up down status logs psql footprint clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-* && touch $@
+
+demo: up ## bring the stack up and show each service's health
+	@echo; echo "The stack is up. Client settings: . $(CURDIR)/.state/stack.env"
+
+test: $(STAMP) ## start the stack if needed, then run every test (unit and integration)
+	$(PY) -m stack up
+	$(PY) -m pytest tests
+
+test-unit: $(STAMP) ## only the tests that need no services
+	$(PY) -m pytest tests/unit
+
+lint: $(STAMP) ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(STAMP) ## apply ruff's formatting and safe fixes
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+up: $(STAMP) ## install what is missing and start Kafka, Connect, PostgreSQL, Elasticsearch
+	$(PY) -m stack up
+
+down: $(STAMP) ## stop every service (data stays in .state/)
+	$(PY) -m stack down
+
+status: $(STAMP) ## state, readiness, port and memory of each service
+	$(PY) -m stack status
+
+logs: $(STAMP) ## follow every service's log (make logs S=kafka for one)
+	$(PY) -m stack logs -f $(S)
+
+psql: $(STAMP) ## psql as the read-only role (ROLE=sv_owner for another)
+	set -a && . .state/stack.env && psql -U $${ROLE:-sv_reader}
+
+footprint: $(STAMP) ## measure cold and warm `up` times and each service's memory
+	$(PY) -m loadgen.stack_footprint
+
+clean: down ## stop the stack and delete its state (data, logs, secrets)
+	rm -rf .state

@@ -1,0 +1,105 @@
+"""Session fixtures for the real stack: started (or found running) once, then waited for, never slept for.
+
+`stack` runs `python -m stack up`, which is idempotent and returns only when Kafka, Connect,
+PostgreSQL and Elasticsearch all answer. Per-test resources (topics, schemas, indices, connectors) get
+unique names so tests never see each other's data.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+from elasticsearch import Elasticsearch
+
+from pipelines.settings import ConnectSettings, ElasticsearchSettings, KafkaSettings, PostgresSettings
+from stack.settings import StackSettings
+
+
+def unique(prefix: str) -> str:
+    """A name no other test (or earlier run) uses."""
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 60, interval: float = 0.2, what: str = "") -> object:
+    """Poll until `condition()` returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def stack() -> StackSettings:
+    """The local stack, up and ready."""
+    subprocess.run([sys.executable, "-m", "stack", "up"], check=True)
+    return StackSettings()
+
+
+@pytest.fixture(scope="session")
+def secrets_dir(stack: StackSettings) -> Path:
+    return stack.paths.secrets
+
+
+@pytest.fixture(scope="session")
+def pg(stack: StackSettings, secrets_dir: Path) -> Callable[..., psycopg.Connection]:
+    """Connect to the stack's database as a given role (its password comes from the secrets folder)."""
+    settings = PostgresSettings(host="127.0.0.1", port=stack.pgport, secrets_dir=secrets_dir)
+
+    def connect(role: str = "sv_owner", **kwargs: object) -> psycopg.Connection:
+        return psycopg.connect(settings.conninfo(user=role), **kwargs)
+
+    return connect
+
+
+@pytest.fixture(scope="session")
+def kafka(stack: StackSettings) -> KafkaSettings:
+    return KafkaSettings(bootstrap_servers=f"127.0.0.1:{stack.kafka_port}")
+
+
+@pytest.fixture(scope="session")
+def admin(kafka: KafkaSettings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+
+
+@pytest.fixture
+def topic_factory(admin: AdminClient) -> Iterator[Callable[..., str]]:
+    """Create uniquely named topics for one test; they are deleted afterwards."""
+    created: list[str] = []
+
+    def create(prefix: str = "test", partitions: int = 1) -> str:
+        name = unique(prefix)
+        admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name].result(30)
+        created.append(name)
+        return name
+
+    yield create
+    if created:
+        for future in admin.delete_topics(created).values():
+            future.result(30)
+
+
+@pytest.fixture(scope="session")
+def es_settings(stack: StackSettings, secrets_dir: Path) -> ElasticsearchSettings:
+    return ElasticsearchSettings(url=f"http://127.0.0.1:{stack.es_port}", secrets_dir=secrets_dir)
+
+
+@pytest.fixture(scope="session")
+def es(es_settings: ElasticsearchSettings) -> Elasticsearch:
+    return Elasticsearch(es_settings.url, basic_auth=es_settings.basic_auth(), request_timeout=30)
+
+
+@pytest.fixture(scope="session")
+def connect(stack: StackSettings) -> ConnectSettings:
+    return ConnectSettings(url=f"http://127.0.0.1:{stack.connect_port}")

@@ -1,0 +1,120 @@
+"""PostgreSQL is the project's own cluster, configured for the workload and locked down.
+
+Logical WAL, loopback only, SCRAM passwords, the extensions the schema needs, and roles that can do
+their duty and nothing more.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from psycopg import errors
+
+from pipelines.dbsetup import apply_migrations, load_migrations, setup_database
+from pipelines.settings import PostgresSettings
+from tests.integration.conftest import unique
+
+
+def test_the_cluster_is_configured_for_change_data_capture_on_loopback_only(pg):
+    with pg("postgres") as conn:
+        settings = dict(conn.execute(
+            "SELECT name, setting FROM pg_settings WHERE name IN "
+            "('wal_level', 'listen_addresses', 'password_encryption', 'server_version_num')"
+        ).fetchall())
+    assert settings["wal_level"] == "logical"
+    assert settings["listen_addresses"] == "127.0.0.1"
+    assert settings["password_encryption"] == "scram-sha-256"
+    assert settings["server_version_num"].startswith("15")
+
+
+def test_a_connection_without_the_password_is_refused(stack):
+    conninfo = f"host=127.0.0.1 port={stack.pgport} dbname=streamviews user=sv_reader password=wrong"
+    with pytest.raises(psycopg.OperationalError, match="password authentication failed"):
+        psycopg.connect(conninfo)
+
+
+def test_hll_and_rum_are_installed_and_usable(pg):
+    with pg("sv_owner") as conn:
+        installed = {r[0] for r in conn.execute("SELECT extname FROM pg_extension")}
+        estimate = conn.execute(
+            "SELECT hll_cardinality(hll_add_agg(hll_hash_bigint(i))) FROM generate_series(1, 1000) i"
+        ).fetchone()[0]
+        conn.execute("CREATE TEMP TABLE docs (body tsvector)")
+        conn.execute("CREATE INDEX ON docs USING rum (body rum_tsvector_ops)")
+    assert {"hll", "rum"} <= installed
+    assert 950 <= estimate <= 1050
+
+
+@pytest.fixture
+def owned_table(pg):
+    """A table the owner created and granted as migrations do: reader may SELECT, writer may write."""
+    schema = unique("it")
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.likes (oid bigint PRIMARY KEY, n bigint NOT NULL)")
+        conn.execute(f"INSERT INTO {schema}.likes VALUES (1, 10)")
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO sv_reader, sv_writer")
+        conn.execute(f"GRANT SELECT ON {schema}.likes TO sv_reader")
+        conn.execute(f"GRANT SELECT, INSERT, UPDATE ON {schema}.likes TO sv_writer")
+    yield f"{schema}.likes"
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_the_read_only_role_reads_but_is_denied_every_write(pg, owned_table):
+    with pg("sv_reader", autocommit=True) as conn:
+        assert conn.execute(f"SELECT n FROM {owned_table} WHERE oid = 1").fetchone() == (10,)
+        with pytest.raises(errors.ReadOnlySqlTransaction):
+            conn.execute(f"INSERT INTO {owned_table} VALUES (2, 1)")
+        # Even a session that switches read-only off has no privilege to write or create.
+        conn.execute("SET default_transaction_read_only = off")
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute(f"UPDATE {owned_table} SET n = 0")
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute(f"DELETE FROM {owned_table}")
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("CREATE TABLE public.sneaky (x int)")
+
+
+def test_the_writer_writes_data_and_offsets_but_cannot_change_the_schema(pg, owned_table):
+    group = unique("group")
+    with pg("sv_writer") as conn:
+        conn.execute(f"UPDATE {owned_table} SET n = n + 1 WHERE oid = 1")
+        conn.execute(
+            "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset) VALUES (%s, 'likes', 0, 42)",
+            (group,),
+        )
+        conn.commit()
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute(f"ALTER TABLE {owned_table} ADD COLUMN x int")
+        conn.rollback()
+        with pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("CREATE TABLE ops.sneaky (x int)")
+        conn.rollback()
+    with pg("sv_owner") as conn:
+        assert conn.execute(f"SELECT n FROM {owned_table}").fetchone() == (11,)
+        conn.execute("DELETE FROM ops.kafka_offsets WHERE group_id = %s", (group,))
+        conn.commit()
+
+
+def test_only_the_writer_reads_kafka_offsets(pg):
+    for role in ("sv_reader", "sv_indexer", "sv_cdc"):
+        with pg(role) as conn, pytest.raises(errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM ops.kafka_offsets")
+
+
+def test_only_the_cdc_role_may_replicate(pg):
+    with pg("postgres") as conn:
+        rows = dict(conn.execute(
+            "SELECT rolname, rolreplication FROM pg_roles WHERE rolname LIKE 'sv\\_%'"
+        ).fetchall())
+    assert rows == {"sv_owner": False, "sv_writer": False, "sv_reader": False, "sv_indexer": False, "sv_cdc": True}
+
+
+def test_database_setup_is_idempotent(stack, pg, secrets_dir):
+    admin = PostgresSettings(host="127.0.0.1", port=stack.pgport, user="postgres", secrets_dir=secrets_dir)
+    setup_database(admin)
+    with pg("sv_owner") as conn:
+        assert apply_migrations(conn, load_migrations()) == []
+        applied = [r[0] for r in conn.execute("SELECT version FROM ops.schema_migrations ORDER BY version")]
+    assert applied == [m.version for m in load_migrations()]

@@ -1,0 +1,44 @@
+"""The local stack is supervised and idempotent: `up` twice restarts nothing; a crash is restarted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from stack.configure import read_secret
+from stack.services import readiness_check
+from stack.supervisor import RUNNING, Supervisor
+from tests.integration.conftest import wait_for
+
+
+def test_a_second_up_restarts_nothing(stack):
+    supervisor = Supervisor(stack.paths)
+    before = {name: info.pid for name, info in supervisor.processes().items()}
+
+    subprocess.run([sys.executable, "-m", "stack", "up"], check=True, capture_output=True)
+
+    assert {name: info.pid for name, info in supervisor.processes().items()} == before
+
+
+def test_status_reports_every_service_ready(stack):
+    done = subprocess.run([sys.executable, "-m", "stack", "status"], capture_output=True, text=True, check=False)
+
+    assert done.returncode == 0, done.stdout
+    for name in ("postgres", "kafka", "elasticsearch", "connect"):
+        assert any(line.startswith(name) and " yes " in line for line in done.stdout.splitlines()), done.stdout
+
+
+def test_a_killed_service_is_restarted_by_the_process_manager(stack):
+    supervisor = Supervisor(stack.paths)
+    killed = supervisor.processes()["connect"].pid
+
+    os.kill(killed, signal.SIGKILL)
+
+    wait_for(
+        lambda: (info := supervisor.processes()["connect"]).state == RUNNING and info.pid != killed,
+        timeout=60, what="supervisord to restart connect",
+    )
+    probe = readiness_check("connect", stack, read_secret(stack.paths, "elastic_password"))
+    wait_for(lambda: probe()[0], timeout=120, what="the restarted connect worker to answer")

@@ -1,0 +1,74 @@
+"""The local stack's configuration renders completely and keeps its promises (loopback, logical WAL, ...)."""
+
+from __future__ import annotations
+
+import configparser
+import re
+from pathlib import Path
+
+import pytest
+
+from stack.configure import TEMPLATES, render, render_context
+from stack.install import Distributions
+from stack.settings import StackSettings
+from stack.shell import ServiceUser
+
+
+@pytest.fixture
+def context(tmp_path) -> dict[str, object]:
+    settings = StackSettings(stack_state_dir=tmp_path / "state", pgport=15432, kafka_port=19092, es_heap="2g")
+    dist = Distributions(
+        java=Path("/usr/lib/jvm/jdk/bin/java"),
+        kafka=tmp_path / "kafka", connect=tmp_path / "connect",
+        connect_plugins=tmp_path / "plugins", elasticsearch=tmp_path / "es",
+    )
+    return render_context(settings, ServiceUser("nobody", 65534, 65534), dist)
+
+
+@pytest.mark.parametrize("template", sorted(p.name for p in TEMPLATES.iterdir()))
+def test_every_template_renders_without_leftover_placeholders(template, context):
+    text = render(template, {**context, "service": "kafka"})
+    assert not re.search(r"@\{\w+\}", text)
+
+
+def test_postgres_listens_on_loopback_with_logical_wal_and_scram(context):
+    conf = render("postgresql.conf", context)
+    assert "listen_addresses = '127.0.0.1'" in conf
+    assert "port = 15432" in conf
+    assert "wal_level = logical" in conf
+    assert "password_encryption = scram-sha-256" in conf
+    assert "%u@%d" in conf  # the escaped @ of the log prefix survives rendering
+    hba = [line.split() for line in render("pg_hba.conf", context).splitlines() if line and not line.startswith("#")]
+    assert all(rule[-1] == "scram-sha-256" for rule in hba)
+    assert all(rule[0] == "local" or rule[3] == "127.0.0.1/32" for rule in hba)
+
+
+def test_kafka_runs_kraft_on_loopback_without_topic_auto_creation(context):
+    conf = render("server.properties", context)
+    assert "process.roles=broker,controller" in conf
+    assert "listeners=PLAINTEXT://127.0.0.1:19092,CONTROLLER://127.0.0.1:9093" in conf
+    assert "auto.create.topics.enable=false" in conf
+
+
+def test_connect_finds_plugins_by_service_loader_and_reads_secrets_through_providers(context):
+    conf = render("worker.properties", context)
+    assert "plugin.discovery=service_load" in conf
+    assert "listeners=http://127.0.0.1:8083" in conf
+    assert f"config.providers.dir.param.allowed.paths={context['secrets_dir']}" in conf
+
+
+def test_elasticsearch_is_secured_and_bound_to_loopback(context):
+    conf = render("elasticsearch.yml", context)
+    assert "network.host: 127.0.0.1" in conf
+    assert "xpack.security.enabled: true" in conf
+
+
+def test_every_service_is_supervised_restarted_and_run_unprivileged(context):
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(render("supervisord.conf", context))
+    programs = [s for s in parser.sections() if s.startswith("program:")]
+    assert sorted(programs) == ["program:connect", "program:elasticsearch", "program:kafka", "program:postgres"]
+    for section in programs:
+        assert parser[section]["autorestart"] == "true"
+        assert parser[section]["user"] == "nobody"
+    assert "-Xmx256m" in parser["program:kafka"]["command"]
