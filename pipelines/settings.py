@@ -56,10 +56,7 @@ class _Settings(BaseSettings):
 
     def describe(self) -> dict[str, Any]:
         """Effective settings for the start-up log, secrets shown as `**********`."""
-        return {
-            name: (str(value) if isinstance(value, SecretStr) else value)
-            for name, value in self.__dict__.items()
-        }
+        return {name: (str(value) if isinstance(value, SecretStr) else value) for name, value in self.__dict__.items()}
 
 
 class PostgresSettings(_Settings):

@@ -65,17 +65,24 @@ def _wait(settings: StackSettings, supervisor: Supervisor, name: str, password: 
 def admin_settings(settings: StackSettings) -> PostgresSettings:
     """Superuser connection to the local cluster, for roles and migrations."""
     return PostgresSettings(
-        host="127.0.0.1", port=settings.pgport, database=DATABASE, user="postgres",
-        password=None, secrets_dir=settings.paths.secrets,
+        host="127.0.0.1",
+        port=settings.pgport,
+        database=DATABASE,
+        user="postgres",
+        password=None,
+        secrets_dir=settings.paths.secrets,
     )
 
 
 def check_ports_free(settings: StackSettings) -> None:
     """Fail before starting anything when another process holds one of the stack's ports."""
     ports = {
-        "PGPORT": settings.pgport, "KAFKA_PORT": settings.kafka_port,
-        "KAFKA_CONTROLLER_PORT": settings.kafka_controller_port, "CONNECT_PORT": settings.connect_port,
-        "ES_PORT": settings.es_port, "ES_TRANSPORT_PORT": settings.es_transport_port,
+        "PGPORT": settings.pgport,
+        "KAFKA_PORT": settings.kafka_port,
+        "KAFKA_CONTROLLER_PORT": settings.kafka_controller_port,
+        "CONNECT_PORT": settings.connect_port,
+        "ES_PORT": settings.es_port,
+        "ES_TRANSPORT_PORT": settings.es_transport_port,
     }
     for variable, port in ports.items():
         with socket.socket() as probe:
@@ -128,8 +135,7 @@ def status(settings: StackSettings) -> int:
 def logs(settings: StackSettings, names: list[str], follow: bool, lines: int) -> None:
     """Show (or follow) the services' log files."""
     files = [
-        str(path) for name in (names or SERVICE_NAMES) for path in service(name).log_files(settings)
-        if path.exists()
+        str(path) for name in (names or SERVICE_NAMES) for path in service(name).log_files(settings) if path.exists()
     ]
     if not files:
         print(f"no logs yet under {settings.paths.logs}")

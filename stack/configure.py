@@ -116,10 +116,24 @@ def configure_postgres(
         log.info("initialising PostgreSQL cluster", data=str(data))
         make_dir(data, user, 0o700)
         run(
-            [settings.pg_bin / "initdb", "--pgdata", data, "--username", "postgres",
-             "--pwfile", settings.paths.secrets / secret_file_name("postgres"),
-             "--auth", "scram-sha-256", "--encoding", "UTF8", "--locale", "C.UTF-8", "--data-checksums"],
-            step="init: initdb", as_user=user,
+            [
+                settings.pg_bin / "initdb",
+                "--pgdata",
+                data,
+                "--username",
+                "postgres",
+                "--pwfile",
+                settings.paths.secrets / secret_file_name("postgres"),
+                "--auth",
+                "scram-sha-256",
+                "--encoding",
+                "UTF8",
+                "--locale",
+                "C.UTF-8",
+                "--data-checksums",
+            ],
+            step="init: initdb",
+            as_user=user,
         )
     write_file(conf / "postgresql.conf", render("postgresql.conf", context), user)
     write_file(conf / "pg_hba.conf", render("pg_hba.conf", context), user, 0o600)
@@ -139,10 +153,21 @@ def configure_kafka(
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         log.info("formatting Kafka storage", cluster_id=cluster_id)
         run(
-            [dist.java, "-cp", f"{dist.kafka}/*", f"-Dlog4j2.configurationFile={home}/log4j2.properties",
-             "kafka.tools.StorageTool", "format", "--cluster-id", cluster_id,
-             "--config", home / "server.properties", "--standalone"],
-            step="init: kafka storage format", as_user=user,
+            [
+                dist.java,
+                "-cp",
+                f"{dist.kafka}/*",
+                f"-Dlog4j2.configurationFile={home}/log4j2.properties",
+                "kafka.tools.StorageTool",
+                "format",
+                "--cluster-id",
+                cluster_id,
+                "--config",
+                home / "server.properties",
+                "--standalone",
+            ],
+            step="init: kafka storage format",
+            as_user=user,
         )
 
 
@@ -180,8 +205,13 @@ def configure_elasticsearch(
         tool = dist.elasticsearch / "bin" / "elasticsearch-keystore"
         env = {"ES_PATH_CONF": str(config), "ES_JAVA_HOME": str(dist.java_home)}
         run([tool, "create"], step="init: elasticsearch keystore", as_user=user, env=env)
-        run([tool, "add", "-x", "bootstrap.password"], step="init: elasticsearch keystore",
-            as_user=user, env=env, stdin=read_secret(settings.paths, "elastic_password"))
+        run(
+            [tool, "add", "-x", "bootstrap.password"],
+            step="init: elasticsearch keystore",
+            as_user=user,
+            env=env,
+            stdin=read_secret(settings.paths, "elastic_password"),
+        )
 
 
 def _chown_tree(root: Path, user: ServiceUser) -> None:
@@ -194,19 +224,21 @@ def _chown_tree(root: Path, user: ServiceUser) -> None:
 def client_env(settings: StackSettings) -> str:
     """Settings that point the pipelines, tests and `psql` at this stack."""
     paths = settings.paths
-    return "\n".join([
-        f"# Client settings for the local stack in {paths.root}; written by `python -m stack up`.",
-        "PGHOST=127.0.0.1",
-        f"PGPORT={settings.pgport}",
-        f"PGDATABASE={DATABASE}",
-        f"PGPASSFILE={paths.secrets / 'pgpass'}",
-        f"SECRETS_DIR={paths.secrets}",
-        f"KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.kafka_port}",
-        f"CONNECT_URL=http://127.0.0.1:{settings.connect_port}",
-        f"ES_URL=http://127.0.0.1:{settings.es_port}",
-        "ES_USERNAME=elastic",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"# Client settings for the local stack in {paths.root}; written by `python -m stack up`.",
+            "PGHOST=127.0.0.1",
+            f"PGPORT={settings.pgport}",
+            f"PGDATABASE={DATABASE}",
+            f"PGPASSFILE={paths.secrets / 'pgpass'}",
+            f"SECRETS_DIR={paths.secrets}",
+            f"KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.kafka_port}",
+            f"CONNECT_URL=http://127.0.0.1:{settings.connect_port}",
+            f"ES_URL=http://127.0.0.1:{settings.es_port}",
+            "ES_USERNAME=elastic",
+            "",
+        ]
+    )
 
 
 def pgpass(settings: StackSettings) -> str:

@@ -87,9 +87,7 @@ def ensure_debian_packages(postgres_major: int) -> None:
 
 
 def _dpkg_installed(package: str) -> bool:
-    done = subprocess.run(
-        ["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True, check=False
-    )
+    done = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True, check=False)
     return done.returncode == 0 and done.stdout.strip() == "install ok installed"
 
 
@@ -102,8 +100,17 @@ def ensure_service_user(name: str) -> ServiceUser:
     except KeyError:
         log.info("creating system user", user=name)
         run(
-            ["useradd", "--system", "--user-group", "--no-create-home",
-             "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin", name],
+            [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+                "--shell",
+                "/usr/sbin/nologin",
+                name,
+            ],
             step="install: useradd",
         )
         entry = pwd.getpwnam(name)
@@ -139,8 +146,14 @@ def maven_copy(settings: StackSettings, pom: str, target: Path, properties: dict
     staging = target.with_name(f".{target.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
     cmd = [
-        "mvn", "-q", "-B", "-f", MAVEN_DIR / f"{pom}.xml",
-        "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}",
+        "mvn",
+        "-q",
+        "-B",
+        "-f",
+        MAVEN_DIR / f"{pom}.xml",
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={staging}",
         *(f"-D{key}={value}" for key, value in properties.items()),
     ]
     if settings.stack_maven_repo:
@@ -157,8 +170,9 @@ def debezium_plugin_path(settings: StackSettings, dist: Path) -> Path:
     """A Connect `plugin.path` holding the Debezium PostgreSQL connector in its own folder."""
     plugins = dist / f"connect-plugins-debezium-{settings.debezium_version}"
     plugins.mkdir(exist_ok=True)
-    maven_copy(settings, "debezium", plugins / "debezium-connector-postgres",
-               {"debezium.version": settings.debezium_version})
+    maven_copy(
+        settings, "debezium", plugins / "debezium-connector-postgres", {"debezium.version": settings.debezium_version}
+    )
     return plugins
 
 
@@ -168,8 +182,9 @@ def elasticsearch_home(settings: StackSettings, dist: Path) -> Path:
     home = dist / f"elasticsearch-{version}"
     if (home / COMPLETE_MARKER).exists():
         return home
-    download = maven_copy(settings, "elasticsearch", dist / f"elasticsearch-{version}-zip",
-                          {"elasticsearch.version": version})
+    download = maven_copy(
+        settings, "elasticsearch", dist / f"elasticsearch-{version}-zip", {"elasticsearch.version": version}
+    )
     staging = dist / f".elasticsearch-{version}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     with zipfile.ZipFile(download / f"elasticsearch-{version}.zip") as archive:

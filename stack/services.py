@@ -108,7 +108,9 @@ def log_tail(name: str, settings: StackSettings, lines: int = 40) -> str:
 def _pg_isready(pg_bin: Path, port: int) -> tuple[bool, str]:
     done = subprocess.run(
         [pg_bin / "pg_isready", "-h", "127.0.0.1", "-p", str(port), "-t", "2"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     return done.returncode == 0, done.stdout.strip()
 

@@ -30,9 +30,11 @@ def source_table(pg):
         slot = f"{schema}_slot"
         # The slot outlives the connector; it stays active until the task has fully stopped.
         wait_for(
-            lambda: not conn.execute(
-                "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
-            ).fetchone(),
+            lambda: (
+                not conn.execute(
+                    "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+                ).fetchone()
+            ),
             what=f"slot {slot} to become inactive",
         )
         conn.execute(
@@ -102,12 +104,14 @@ def test_debezium_connector_streams_snapshot_and_live_changes(pg, kafka, stack, 
         conn.execute(f"INSERT INTO {source_table}.likes VALUES (2, 200)")
 
     topic = f"{source_table}.{source_table}.likes"
-    consumer = Consumer({
-        "bootstrap.servers": kafka.bootstrap_servers,
-        "group.id": unique("cdc-test"),
-        "auto.offset.reset": "earliest",
-        "topic.metadata.refresh.interval.ms": 1000,
-    })
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": unique("cdc-test"),
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000,
+        }
+    )
     consumer.subscribe([f"^{topic}$"])  # a pattern: the topic appears when Debezium writes to it
     events: dict[int, str] = {}
 

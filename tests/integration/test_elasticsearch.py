@@ -38,8 +38,13 @@ def index(es: Elasticsearch):
 
 def test_bulk_indexed_documents_are_found_by_full_text_search(es: Elasticsearch, index: str):
     docs = [
-        {"_index": index, "_id": f"audit.t1:0:{i}", "ts": f"2026-11-22T00:00:{i:02d}Z", "uid": i % 3,
-         "content": "failed login from 10.0.0.1" if i % 10 == 0 else "page view"}
+        {
+            "_index": index,
+            "_id": f"audit.t1:0:{i}",
+            "ts": f"2026-11-22T00:00:{i:02d}Z",
+            "uid": i % 3,
+            "content": "failed login from 10.0.0.1" if i % 10 == 0 else "page view",
+        }
         for i in range(50)
     ]
     indexed, errors = helpers.bulk(es, docs, refresh="wait_for")

@@ -17,10 +17,12 @@ from tests.integration.conftest import unique
 
 def test_the_cluster_is_configured_for_change_data_capture_on_loopback_only(pg):
     with pg("postgres") as conn:
-        settings = dict(conn.execute(
-            "SELECT name, setting FROM pg_settings WHERE name IN "
-            "('wal_level', 'listen_addresses', 'password_encryption', 'server_version_num')"
-        ).fetchall())
+        settings = dict(
+            conn.execute(
+                "SELECT name, setting FROM pg_settings WHERE name IN "
+                "('wal_level', 'listen_addresses', 'password_encryption', 'server_version_num')"
+            ).fetchall()
+        )
     assert settings["wal_level"] == "logical"
     assert settings["listen_addresses"] == "127.0.0.1"
     assert settings["password_encryption"] == "scram-sha-256"
@@ -105,9 +107,7 @@ def test_only_the_writer_reads_kafka_offsets(pg):
 
 def test_only_the_cdc_role_may_replicate(pg):
     with pg("postgres") as conn:
-        rows = dict(conn.execute(
-            "SELECT rolname, rolreplication FROM pg_roles WHERE rolname LIKE 'sv\\_%'"
-        ).fetchall())
+        rows = dict(conn.execute("SELECT rolname, rolreplication FROM pg_roles WHERE rolname LIKE 'sv\\_%'").fetchall())
     assert rows == {"sv_owner": False, "sv_writer": False, "sv_reader": False, "sv_indexer": False, "sv_cdc": True}
 
 

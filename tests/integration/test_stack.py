@@ -38,7 +38,8 @@ def test_a_killed_service_is_restarted_by_the_process_manager(stack):
 
     wait_for(
         lambda: (info := supervisor.processes()["connect"]).state == RUNNING and info.pid != killed,
-        timeout=60, what="supervisord to restart connect",
+        timeout=60,
+        what="supervisord to restart connect",
     )
     probe = readiness_check("connect", stack, read_secret(stack.paths, "elastic_password"))
     wait_for(lambda: probe()[0], timeout=120, what="the restarted connect worker to answer")

@@ -15,8 +15,19 @@ from pipelines.settings import (
 
 @pytest.fixture(autouse=True)
 def clean_environment(monkeypatch):
-    for name in ("PGHOST", "PGPORT", "PGUSER", "PGPASSWORD", "PGDATABASE", "SECRETS_DIR",
-                 "KAFKA_BOOTSTRAP_SERVERS", "ES_URL", "ES_PASSWORD", "LOG_FORMAT", "LOG_LEVEL"):
+    for name in (
+        "PGHOST",
+        "PGPORT",
+        "PGUSER",
+        "PGPASSWORD",
+        "PGDATABASE",
+        "SECRETS_DIR",
+        "KAFKA_BOOTSTRAP_SERVERS",
+        "ES_URL",
+        "ES_PASSWORD",
+        "LOG_FORMAT",
+        "LOG_LEVEL",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -19,8 +19,10 @@ def context(tmp_path) -> dict[str, object]:
     settings = StackSettings(stack_state_dir=tmp_path / "state", pgport=15432, kafka_port=19092, es_heap="2g")
     dist = Distributions(
         java=Path("/usr/lib/jvm/jdk/bin/java"),
-        kafka=tmp_path / "kafka", connect=tmp_path / "connect",
-        connect_plugins=tmp_path / "plugins", elasticsearch=tmp_path / "es",
+        kafka=tmp_path / "kafka",
+        connect=tmp_path / "connect",
+        connect_plugins=tmp_path / "plugins",
+        elasticsearch=tmp_path / "es",
     )
     return render_context(settings, ServiceUser("nobody", 65534, 65534), dist)
 
