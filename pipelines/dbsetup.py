@@ -8,6 +8,8 @@ docker-compose.yml; every step is idempotent, so it runs on each start.
 2. As the superuser, in the database: `sql/extensions.sql` (hll, rum, TimescaleDB when offered).
 3. As `sv_owner`: each `sql/migrations/NNNN_*.sql` not yet applied, each in its own transaction with
    its row in `ops.schema_migrations`; an applied migration whose text changed is an error.
+4. As `sv_owner`: the streams and continuous views of `sql/views/*.sql` (an unchanged definition is
+   left alone, a new view is backfilled), then `sql/functions/*.sql` (CREATE OR REPLACE).
 
 Usage: `PGUSER=postgres python -m pipelines.dbsetup`.
 """
@@ -23,6 +25,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from pipelines.cv import catalog
+from pipelines.cv.definitions import DefinitionError
 from pipelines.errors import DatabaseSetupError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import (
@@ -30,6 +34,7 @@ from pipelines.settings import (
     ROLE_CDC,
     ROLE_OWNER,
     ROLE_READER,
+    ROLE_WRITER,
     PostgresSettings,
     secret_file_name,
 )
@@ -76,6 +81,12 @@ def setup_database(admin: PostgresSettings) -> None:
         conn.execute((SQL_DIR / "extensions.sql").read_text())
     with psycopg.connect(admin.conninfo(user=ROLE_OWNER)) as conn:
         apply_migrations(conn, load_migrations())
+    with psycopg.connect(admin.conninfo(user=ROLE_OWNER), autocommit=True) as conn:
+        for path in sorted((SQL_DIR / "views").glob("*.sql")):
+            catalog.define_file(conn, path.read_text())
+        for path in sorted((SQL_DIR / "functions").glob("*.sql")):
+            with conn.transaction():
+                conn.execute(path.read_text())
 
 
 def ensure_roles_and_database(admin: PostgresSettings) -> None:
@@ -118,10 +129,15 @@ def ensure_roles_and_database(admin: PostgresSettings) -> None:
                 sql.Identifier(database), sql.SQL(", ").join(map(sql.Identifier, APP_ROLES))
             )
         )
-        # The owner creates the schemas (migrations).
+        # The owner creates the schemas (migrations); the pipelines stage each batch in temporary tables.
         conn.execute(
             sql.SQL("GRANT CREATE, TEMPORARY ON DATABASE {} TO {}").format(
                 sql.Identifier(database), sql.Identifier(ROLE_OWNER)
+            )
+        )
+        conn.execute(
+            sql.SQL("GRANT TEMPORARY ON DATABASE {} TO {}").format(
+                sql.Identifier(database), sql.Identifier(ROLE_WRITER)
             )
         )
 
@@ -175,7 +191,7 @@ def main() -> int:
     log.info("database setup", **admin.describe())
     try:
         setup_database(admin)
-    except (DatabaseSetupError, psycopg.Error) as e:
+    except (DatabaseSetupError, DefinitionError, psycopg.Error) as e:
         log.error("database setup failed", error=str(e))
         return 1
     log.info("database ready", database=admin.database)

@@ -1,0 +1,1 @@
+"""The continuous-view engine: streams and views declared in SQL, maintained in batches."""

@@ -1,0 +1,226 @@
+"""The catalog of streams and views in PostgreSQL: defining, loading and dropping them.
+
+Defining a view is one transaction that takes the stream's lock exclusively (pipelines hold it shared
+while they apply a batch), creates the view's table, backfills it from the stream's current state
+(keyed streams) and records it. So a new view on a running system is exact: it misses no batch and
+counts none twice. Views over append-only streams have no state to backfill from and start from now.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from pipelines.cv import compiler
+from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, split_statements
+from pipelines.logs import get_logger
+from pipelines.settings import ROLE_READER, ROLE_WRITER
+
+log = get_logger("cv.catalog")
+
+# Advisory-lock class for streams: (STREAM_LOCK, hashtext(stream name)).
+STREAM_LOCK = 0x4356  # "CV"
+
+
+@dataclass(frozen=True)
+class CompiledView:
+    """A view with its types, ready to be maintained."""
+
+    view: ViewDef
+    types: compiler.ViewTypes
+
+
+def lock_stream(conn: psycopg.Connection, stream: str, *, shared: bool) -> None:
+    """Pipelines apply batches holding the stream's lock shared; (re)definitions hold it exclusively."""
+    function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
+    conn.execute(sql.SQL("SELECT {}(%s, hashtext(%s))").format(sql.Identifier(function)), (STREAM_LOCK, stream))
+
+
+def catalog_version(conn: psycopg.Connection) -> int:
+    """Changes whenever a stream or view is defined or dropped."""
+    return conn.execute("SELECT version FROM cv.catalog").fetchone()[0]
+
+
+def load_streams(conn: psycopg.Connection) -> dict[str, StreamDef]:
+    """Every stream, re-parsed from its stored definition."""
+    streams: dict[str, StreamDef] = {}
+    for (definition,) in conn.execute("SELECT definition FROM cv.streams ORDER BY name"):
+        stream = parse(definition, streams)
+        assert isinstance(stream, StreamDef)
+        streams[stream.name] = stream
+    return streams
+
+
+def load_views(conn: psycopg.Connection, streams: dict[str, StreamDef], stream: str) -> list[CompiledView]:
+    """The views of one stream in name order (the order their rows are locked in)."""
+    views = []
+    rows = conn.execute("SELECT definition, types FROM cv.views WHERE stream = %s ORDER BY name", (stream,))
+    for definition, types in rows.fetchall():
+        view = parse(definition, streams)
+        assert isinstance(view, ViewDef)
+        views.append(
+            CompiledView(
+                view, compiler.ViewTypes(tuple(types["groups"]), tuple(types["aggregates"]), types["distinct_arg"])
+            )
+        )
+    return views
+
+
+def resolve_types(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> compiler.ViewTypes:
+    """Ask PostgreSQL the type of every output column, which also checks the expressions."""
+    sample = sql.SQL("(SELECT {}) AS s").format(
+        sql.SQL(", ").join(
+            sql.SQL("NULL::{} AS {}").format(sql.SQL(c.type), sql.Identifier(c.name)) for c in stream.columns
+        )
+    )
+
+    def types_of(expressions: list[str], aggregate: bool = False) -> list[str]:
+        if not expressions:
+            return []
+        select = sql.SQL(", ").join(sql.SQL("pg_typeof({})::text").format(sql.SQL(e)) for e in expressions)
+        where = (
+            sql.SQL(" WHERE {}").format(sql.SQL(view.where_sql)) if view.where_sql and not aggregate else sql.SQL("")
+        )
+        query = sql.SQL("SELECT {} FROM {}{}").format(select, sample, where)
+        try:
+            with conn.transaction():
+                row = conn.execute(query).fetchone()
+        except psycopg.Error as e:
+            raise DefinitionError(f"continuous view {view.qualified_name}: {e.diag.message_primary or e}") from e
+        return list(row) if row else []
+
+    group_types = types_of([g.sql for g in view.groups])
+    if view.where_sql:
+        types_of(["(" + view.where_sql + ")::boolean"])
+    aggregate_types = []
+    for aggregate in view.aggregates:
+        if aggregate.kind in {"count", "count_distinct"}:
+            aggregate_types.append("bigint")
+        elif aggregate.kind == "hll":
+            types_of([f"hll_add_agg({aggregate.arg_sql})"], aggregate=True)
+            aggregate_types.append("hll")
+        elif aggregate.kind == "sum":
+            aggregate_types.append(types_of([f"sum({aggregate.arg_sql})"], aggregate=True)[0])
+        else:
+            (arg_type,) = types_of([aggregate.arg_sql or ""])
+            aggregate_types.append(arg_type + "[]" if aggregate.kind == "set" else arg_type)
+    distinct = types_of([view.distinct_arg])[0] if view.distinct_arg else None
+    return compiler.ViewTypes(tuple(group_types), tuple(aggregate_types), distinct)
+
+
+def define(conn: psycopg.Connection, statement: str) -> str:
+    """Create a stream or continuous view from its statement; idempotent for an identical definition."""
+    streams = load_streams(conn)
+    definition = parse(statement, streams)
+    with conn.transaction():
+        if isinstance(definition, StreamDef):
+            return _define_stream(conn, definition)
+        return _define_view(conn, definition, streams[definition.stream])
+
+
+def define_file(conn: psycopg.Connection, text: str) -> list[str]:
+    """Apply every statement of a definitions file, in order."""
+    return [define(conn, statement) for statement in split_statements(text)]
+
+
+def _bump(conn: psycopg.Connection) -> None:
+    conn.execute("UPDATE cv.catalog SET version = version + 1")
+
+
+def _same_or_conflict(conn: psycopg.Connection, table: str, name: str, definition: str) -> bool:
+    row = conn.execute(
+        sql.SQL("SELECT definition FROM {} WHERE name = %s").format(sql.Identifier("cv", table)), (name,)
+    ).fetchone()
+    if row is None:
+        return False
+    if " ".join(row[0].split()) != " ".join(definition.split()):
+        raise DefinitionError(f"{name} already exists with another definition; drop it first")
+    return True
+
+
+def _define_stream(conn: psycopg.Connection, stream: StreamDef) -> str:
+    if _same_or_conflict(conn, "streams", stream.name, stream.definition):
+        return f"stream {stream.name} unchanged"
+    conn.execute(
+        "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)",
+        (stream.name, stream.topic, stream.definition),
+    )
+    if stream.key is not None:
+        conn.execute(compiler.create_state_table(stream))
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                compiler.state_table(stream), sql.Identifier(ROLE_WRITER)
+            )
+        )
+    _bump(conn)
+    log.info("stream defined", stream=stream.name, topic=stream.topic, key=stream.key)
+    return f"stream {stream.name} created"
+
+
+def _define_view(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> str:
+    lock_stream(conn, stream.name, shared=False)
+    if _same_or_conflict(conn, "views", view.qualified_name, view.definition):
+        return f"view {view.qualified_name} unchanged"
+    types = resolve_types(conn, view, stream)
+    for statement in compiler.create_view_tables(view, stream, types):
+        conn.execute(statement)
+    table = sql.Identifier(view.schema, view.name)
+    conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(table, sql.Identifier(ROLE_WRITER)))
+    conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(table, sql.Identifier(ROLE_READER)))
+    if compiler.uses_refs(view, stream):
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                compiler.refs_table(view), sql.Identifier(ROLE_WRITER)
+            )
+        )
+    backfilled = "starts from now (append-only stream: no state to backfill from)"
+    if stream.key is not None:
+        source = compiler.backfill_source(stream)
+        if compiler.uses_refs(view, stream):
+            conn.execute(compiler.create_transitions_table(view, types))
+            conn.execute(compiler.update_refs(view, source))
+        rows = conn.execute(compiler.apply_deltas(view, stream, source)).rowcount
+        backfilled = f"backfilled {rows} groups from the current state of {stream.name}"
+    conn.execute(
+        "INSERT INTO cv.views (name, stream, definition, types) VALUES (%s, %s, %s, %s)",
+        (
+            view.qualified_name,
+            stream.name,
+            view.definition,
+            Jsonb({"groups": types.groups, "aggregates": types.aggregates, "distinct_arg": types.distinct_arg}),
+        ),
+    )
+    _bump(conn)
+    log.info("view defined", view=view.qualified_name, stream=stream.name, backfill=backfilled)
+    return f"view {view.qualified_name} created; {backfilled}"
+
+
+def drop_view(conn: psycopg.Connection, name: str) -> str:
+    """Drop a continuous view, its table and its reference counts."""
+    with conn.transaction():
+        row = conn.execute("SELECT stream, definition FROM cv.views WHERE name = %s", (name,)).fetchone()
+        if row is None:
+            raise DefinitionError(f"no continuous view named {name}")
+        lock_stream(conn, row[0], shared=False)
+        schema, _, table = name.partition(".")
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table)))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, f"{table}__refs")))
+        conn.execute("DELETE FROM cv.views WHERE name = %s", (name,))
+        _bump(conn)
+    return f"view {name} dropped"
+
+
+def drop_stream(conn: psycopg.Connection, name: str) -> str:
+    """Drop a stream that has no views left, and its state."""
+    with conn.transaction():
+        if conn.execute("SELECT 1 FROM cv.views WHERE stream = %s", (name,)).fetchone():
+            raise DefinitionError(f"stream {name} still has views; drop them first")
+        lock_stream(conn, name, shared=False)
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("cv", f"state_{name}")))
+        if conn.execute("DELETE FROM cv.streams WHERE name = %s", (name,)).rowcount == 0:
+            raise DefinitionError(f"no stream named {name}")
+        _bump(conn)
+    return f"stream {name} dropped"

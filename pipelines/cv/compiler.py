@@ -1,0 +1,406 @@
+"""Compiling definitions into maintenance SQL: set-based, batched, with retractions.
+
+A batch of stream changes becomes *deltas* (sign +1 for a row entering the stream's state, -1 for a
+row leaving it) in a temporary table, in one statement. Each view then applies the deltas in one
+`INSERT ... ON CONFLICT DO UPDATE` whose rows are sorted by the view's group key, so every writer
+takes row locks in the same order (views in name order, groups in key order): several pipeline
+processes can never deadlock.
+
+How each aggregate merges a batch (`v` the stored row, `d` the batch's aggregate for the group):
+
+| aggregate            | stored              | merge                                             |
+| count(*) / count(x)  | bigint              | v + d (d may be negative)                         |
+| sum(x)               | type of sum(x)      | v + d (sum over no rows is 0, not NULL)           |
+| min(x) / max(x)      | type of x           | least / greatest (append-only streams only)       |
+| hll_add_agg(x)       | hll                 | hll_union; retractions leave it unchanged         |
+| count(DISTINCT x)    | bigint              | v + (values entering - values leaving the group)  |
+| array_agg(DISTINCT x)| x[]                 | (v - values leaving) || values entering           |
+
+DISTINCT aggregates need to know when a value enters or leaves a group. When the stream's key is
+covered by the group columns plus x, each delta *is* such a transition. Otherwise a reference-count
+table `<view>__refs(groups, value, n)` counts the rows behind each value and reports transitions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from pipelines.cv.definitions import StreamDef, ViewDef
+
+CV_SCHEMA = "cv"
+ROWS = "_cv_rows"  # stream rows behind a group: the group is deleted when it reaches 0
+REMOVED = "_cv_removed"  # scratch column carrying a batch's removals into ON CONFLICT; always NULL at rest
+
+
+@dataclass(frozen=True)
+class ViewTypes:
+    """Column types of a view, resolved by PostgreSQL (see catalog.resolve_types)."""
+
+    groups: tuple[str, ...]
+    aggregates: tuple[str, ...]
+    distinct_arg: str | None
+
+
+def _ident(*parts: str) -> sql.Identifier:
+    return sql.Identifier(*parts)
+
+
+def _raw(text: str) -> sql.SQL:
+    # Expressions come from the view definition, parsed and deparsed by pglast and checked to
+    # reference stream columns only; they are SQL text written by the view's author, never event data.
+    return sql.SQL(text)
+
+
+def _list(items: list[sql.Composable]) -> sql.Composed:
+    return sql.SQL(", ").join(items)
+
+
+def delta_table(stream: StreamDef) -> sql.Identifier:
+    """The per-session temporary table a batch's deltas land in."""
+    return _ident("pg_temp", f"cv_delta_{stream.name}")
+
+
+def state_table(stream: StreamDef) -> sql.Identifier:
+    """The table of a keyed stream's current rows."""
+    return _ident(CV_SCHEMA, stream.state_table)
+
+
+def refs_table(view: ViewDef) -> sql.Identifier:
+    """Reference counts behind a view's DISTINCT aggregates, when they are needed."""
+    return _ident(view.schema, f"{view.name}__refs")
+
+
+def transitions_table(view: ViewDef) -> sql.Identifier:
+    """Per-session table of a batch's DISTINCT transitions (values entering or leaving groups)."""
+    return _ident("pg_temp", f"cv_trans_{view.schema}_{view.name}")
+
+
+# --- streams --------------------------------------------------------------------------------------
+
+
+def create_state_table(stream: StreamDef) -> sql.Composed:
+    """DDL of a keyed stream's state: one row per key, holding the row's current values."""
+    assert stream.key is not None
+    columns = [
+        sql.SQL("{} {}{}").format(_ident(c.name), _raw(c.type), sql.SQL(" NOT NULL" if c.name in stream.key else ""))
+        for c in stream.columns
+    ]
+    return sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
+        state_table(stream), _list(columns), _list([_ident(k) for k in stream.key])
+    )
+
+
+def create_delta_table(stream: StreamDef) -> sql.Composed:
+    """DDL of the session's delta table; emptied at every commit."""
+    columns = [sql.SQL("{} {}").format(_ident(c.name), _raw(c.type)) for c in stream.columns]
+    return sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (sign int2 NOT NULL, {}) ON COMMIT DELETE ROWS").format(
+        delta_table(stream), _list(columns)
+    )
+
+
+def batch_to_deltas(stream: StreamDef) -> sql.Composed:
+    """One statement: a batch (parallel arrays: op, then each column) into deltas.
+
+    Keyed streams keep the last change per key in batch order (so like, unlike, like of one pair in a
+    batch nets to like), then insert what is absent and delete what is present: only real changes to
+    the set become deltas, which is what makes replays and duplicates harmless.
+    """
+    names = [_ident(c.name) for c in stream.columns]
+    arrays = [sql.SQL("%s::{}[]").format(_raw(c.type)) for c in stream.columns]
+    batch = sql.SQL("SELECT * FROM unnest(%s::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
+        _list(arrays), _list(names)
+    )
+    if stream.key is None:
+        return sql.SQL("INSERT INTO {} (sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
+            delta_table(stream), _list(names), _list(names), batch
+        )
+    key = _list([_ident(k) for k in stream.key])
+    key_match = sql.SQL(" AND ").join(sql.SQL("s.{0} = n.{0}").format(_ident(k)) for k in stream.key)
+    returning = _list([sql.SQL("s.{}").format(n) for n in names])
+    return sql.SQL(
+        "WITH b AS ({batch}),"
+        " n AS (SELECT DISTINCT ON ({key}) * FROM b ORDER BY {key}, seq DESC),"
+        " ins AS (INSERT INTO {state} AS s ({cols}) SELECT {cols} FROM n WHERE op = 1 ORDER BY {key}"
+        " ON CONFLICT ({key}) DO NOTHING RETURNING {returning}),"
+        " del AS (DELETE FROM {state} AS s USING n WHERE n.op = -1 AND {key_match} RETURNING {returning})"
+        " INSERT INTO {delta} (sign, {cols}) SELECT 1, * FROM ins UNION ALL SELECT -1, * FROM del"
+    ).format(
+        batch=batch,
+        key=key,
+        state=state_table(stream),
+        cols=_list(names),
+        returning=returning,
+        key_match=key_match,
+        delta=delta_table(stream),
+    )
+
+
+def backfill_source(stream: StreamDef) -> sql.Composed:
+    """The current state seen as deltas: what a new view over a keyed stream starts from."""
+    return sql.SQL("(SELECT 1::int2 AS sign, * FROM {})").format(state_table(stream))
+
+
+# --- views ----------------------------------------------------------------------------------------
+
+
+def distinct_is_covered(view: ViewDef, stream: StreamDef) -> bool:
+    """True when (groups, distinct argument) identify at most one stream row: deltas are transitions."""
+    if stream.key is None or view.distinct_arg is None:
+        return False
+    columns = {g.source_column for g in view.groups}
+    if None in columns or view.distinct_arg not in stream.column_names:
+        return False
+    return set(stream.key) <= columns | {view.distinct_arg}
+
+
+def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> list[sql.Composed]:
+    """DDL: the view's table (plus its reference counts when DISTINCT needs them)."""
+    columns = [sql.SQL("{} {}").format(_ident(g.name), _raw(t)) for g, t in zip(view.groups, types.groups, strict=True)]
+    for aggregate, type_ in zip(view.aggregates, types.aggregates, strict=True):
+        default = {"count": "0", "count_distinct": "0", "set": "'{}'"}.get(aggregate.kind)
+        columns.append(
+            sql.SQL("{} {}{}").format(
+                _ident(aggregate.name), _raw(type_), sql.SQL(f" NOT NULL DEFAULT {default}" if default else "")
+            )
+        )
+    columns.append(sql.SQL("{} bigint NOT NULL DEFAULT 0").format(_ident(ROWS)))
+    if any(a.kind == "set" for a in view.aggregates):
+        columns.append(sql.SQL("{} {}[]").format(_ident(REMOVED), _raw(types.distinct_arg or "")))
+    groups = _list([_ident(g.name) for g in view.groups])
+    statements = [
+        # fillfactor leaves room on each page so that updates of a group can stay on its page (HOT).
+        sql.SQL("CREATE TABLE {} ({}, UNIQUE NULLS NOT DISTINCT ({})) WITH (fillfactor = 80)").format(
+            _ident(view.schema, view.name), _list(columns), groups
+        )
+    ]
+    if view.ttl and view.bucket:
+        statements.append(
+            sql.SQL("CREATE INDEX ON {} ({})").format(_ident(view.schema, view.name), _ident(view.bucket.name))
+        )
+    if view.distinct_arg is not None and not distinct_is_covered(view, stream):
+        ref_columns = [
+            sql.SQL("{} {}").format(_ident(g.name), _raw(t)) for g, t in zip(view.groups, types.groups, strict=True)
+        ]
+        statements.append(
+            sql.SQL(
+                "CREATE TABLE {} ({}, value {} NOT NULL, n bigint NOT NULL, UNIQUE NULLS NOT DISTINCT ({}, value))"
+            ).format(refs_table(view), _list(ref_columns), _raw(types.distinct_arg or ""), groups)
+        )
+    return statements
+
+
+def create_transitions_table(view: ViewDef, types: ViewTypes) -> sql.Composed:
+    """DDL of the session's transitions table for a view with reference counts."""
+    columns = [sql.SQL("{} {}").format(_ident(g.name), _raw(t)) for g, t in zip(view.groups, types.groups, strict=True)]
+    return sql.SQL(
+        "CREATE TEMP TABLE IF NOT EXISTS {} (sign int2 NOT NULL, {}, value {}) ON COMMIT DELETE ROWS"
+    ).format(transitions_table(view), _list(columns), _raw(types.distinct_arg or ""))
+
+
+def _delta_filter(view: ViewDef) -> sql.Composable:
+    conditions = []
+    if view.where_sql:
+        conditions.append(sql.SQL("({})").format(_raw(view.where_sql)))
+    if view.ttl and view.bucket:
+        # Deltas for buckets already past retention would resurrect deleted groups: skip them.
+        conditions.append(sql.SQL("{} >= now() - {}::interval").format(_raw(view.bucket.sql), sql.Literal(view.ttl)))
+    if not conditions:
+        return sql.SQL("")
+    return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
+
+
+def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
+    """Reference counts of (group, value) move by the batch's deltas; record values entering or leaving."""
+    group_exprs = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
+    group_names = [_ident(g.name) for g in view.groups]
+    arg = _raw(view.distinct_arg or "")
+    not_null = sql.SQL("({}) IS NOT NULL").format(arg)
+    where = _delta_filter(view)
+    where = (where + sql.SQL(" AND ") + not_null) if where.as_string() else sql.SQL(" WHERE ") + not_null
+    join = sql.SQL(" AND ").join(
+        [sql.SQL("up.{0} IS NOT DISTINCT FROM i.{0}").format(n) for n in group_names] + [sql.SQL("up.value = i.value")]
+    )
+    return sql.SQL(
+        "WITH i AS (SELECT {gexprs}, {arg} AS value, sum(sign)::bigint AS n FROM {source} AS d{where}"
+        " GROUP BY {gnames}, value ORDER BY {gnames}, value),"
+        " up AS (INSERT INTO {refs} AS r ({gnames}, value, n) SELECT * FROM i"
+        " ON CONFLICT ({gnames}, value) DO UPDATE SET n = r.n + excluded.n RETURNING r.*)"
+        " INSERT INTO {trans} (sign, {gnames}, value)"
+        " SELECT CASE WHEN up.n > 0 THEN 1 ELSE -1 END, {up_groups}, up.value FROM up JOIN i ON {join}"
+        " WHERE (up.n > 0) <> (up.n - i.n > 0)"
+    ).format(
+        gexprs=_list(group_exprs),
+        arg=arg,
+        source=source,
+        where=where,
+        gnames=_list(group_names),
+        refs=refs_table(view),
+        trans=transitions_table(view),
+        join=join,
+        up_groups=_list([sql.SQL("up.{}").format(n) for n in group_names]),
+    )
+
+
+def drop_dead_refs(view: ViewDef) -> sql.Composed:
+    """Forget the values this batch made unreferenced (only they can have reached zero)."""
+    match = sql.SQL(" AND ").join(
+        [sql.SQL("r.{0} IS NOT DISTINCT FROM t.{0}").format(_ident(g.name)) for g in view.groups]
+        + [sql.SQL("r.value = t.value")]
+    )
+    return sql.SQL("DELETE FROM {} AS r USING {} AS t WHERE t.sign < 0 AND r.n <= 0 AND {}").format(
+        refs_table(view), transitions_table(view), match
+    )
+
+
+@dataclass(frozen=True)
+class _Column:
+    """How one stored column receives a batch: its aggregate over the batch, and its merge."""
+
+    target: str
+    batch: sql.Composable
+    merge: sql.Composable | None
+    from_transitions: bool = False
+    when_absent: str = "NULL"  # its value for a group without transitions
+
+
+def _columns(view: ViewDef, sign: sql.Composable, value: sql.Composable | None) -> list[_Column]:
+    """`sign`/`value`: where DISTINCT transitions come from (the deltas, or the transitions table)."""
+    columns = []
+    for aggregate in view.aggregates:
+        col = _ident(aggregate.name)
+        a = _raw(aggregate.arg_sql) if aggregate.arg_sql else None
+        add = sql.SQL("v.{0} + excluded.{0}").format(col)
+        if aggregate.kind == "count" and a is None:
+            columns.append(_Column(aggregate.name, sql.SQL("sum(sign)"), add))
+        elif aggregate.kind == "count":
+            columns.append(
+                _Column(
+                    aggregate.name, sql.SQL("coalesce(sum(sign) FILTER (WHERE ({}) IS NOT NULL), 0)").format(a), add
+                )
+            )
+        elif aggregate.kind == "sum":
+            batch = sql.SQL("coalesce(sum(CASE WHEN sign > 0 THEN ({0}) ELSE -({0}) END), 0)").format(a)
+            columns.append(_Column(aggregate.name, batch, add))
+        elif aggregate.kind in {"min", "max"}:
+            extreme = "least" if aggregate.kind == "min" else "greatest"
+            columns.append(
+                _Column(
+                    aggregate.name,
+                    sql.SQL(f"{aggregate.kind}({{}})").format(a),
+                    sql.SQL(f"{extreme}(v.{{0}}, excluded.{{0}})").format(col),
+                )
+            )
+        elif aggregate.kind == "hll":
+            merge = sql.SQL(
+                "CASE WHEN excluded.{0} IS NULL THEN v.{0} WHEN v.{0} IS NULL THEN excluded.{0}"
+                " ELSE hll_union(v.{0}, excluded.{0}) END"
+            ).format(col)
+            columns.append(_Column(aggregate.name, sql.SQL("hll_add_agg({}) FILTER (WHERE sign > 0)").format(a), merge))
+        elif aggregate.kind == "count_distinct":
+            batch = sql.SQL("coalesce(sum({}) FILTER (WHERE ({}) IS NOT NULL), 0)").format(sign, value)
+            columns.append(_Column(aggregate.name, batch, add, from_transitions=True, when_absent="0"))
+        else:  # set
+            entering = sql.SQL("coalesce(array_agg({0}) FILTER (WHERE {1} > 0 AND ({0}) IS NOT NULL), '{{}}')")
+            merge = sql.SQL(
+                "CASE WHEN excluded.{removed} IS NULL THEN v.{0} || excluded.{0}"
+                " ELSE cv.set_remove(v.{0}, excluded.{removed}) || excluded.{0} END"
+            ).format(col, removed=_ident(REMOVED))
+            columns.append(
+                _Column(aggregate.name, entering.format(value, sign), merge, from_transitions=True, when_absent="'{}'")
+            )
+    if any(a.kind == "set" for a in view.aggregates):
+        leaving = sql.SQL("array_agg({0}) FILTER (WHERE {1} < 0 AND ({0}) IS NOT NULL)").format(value, sign)
+        columns.append(_Column(REMOVED, leaving, sql.SQL("NULL"), from_transitions=True))
+    columns.append(_Column(ROWS, sql.SQL("sum(sign)"), sql.SQL("v.{0} + excluded.{0}").format(_ident(ROWS))))
+    return columns
+
+
+def uses_refs(view: ViewDef, stream: StreamDef) -> bool:
+    """True when the view's DISTINCT aggregates need the reference-count table."""
+    return view.distinct_arg is not None and not distinct_is_covered(view, stream)
+
+
+def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sql.Composed:
+    """One upsert of a batch's deltas into the view, rows sorted by group (the lock order)."""
+    group_names = [_ident(g.name) for g in view.groups]
+    group_exprs = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
+    by_position = _list([sql.SQL(str(i + 1)) for i in range(len(view.groups))])
+    if not uses_refs(view, stream):
+        arg = _raw(view.distinct_arg) if view.distinct_arg else None
+        columns = _columns(view, sql.SQL("sign"), arg)
+        body = sql.SQL("SELECT {groups}, {batch} FROM {source} AS d{where} GROUP BY {pos} ORDER BY {pos}").format(
+            groups=_list(group_exprs),
+            batch=_list([c.batch for c in columns]),
+            source=source,
+            where=_delta_filter(view),
+            pos=by_position,
+        )
+    else:
+        # Plain aggregates come from the deltas, DISTINCT ones from the transitions; join per group.
+        columns = _columns(view, sql.SQL("t.sign"), sql.SQL("t.value"))
+        aliases = [sql.Identifier(f"c{i}") for i in range(len(columns))]
+        from_deltas = [
+            sql.SQL("{} AS {}").format(c.batch, a)
+            for c, a in zip(columns, aliases, strict=True)
+            if not c.from_transitions
+        ]
+        from_trans = [
+            sql.SQL("{} AS {}").format(c.batch, a) for c, a in zip(columns, aliases, strict=True) if c.from_transitions
+        ]
+        picks = [
+            sql.SQL("coalesce(t.{}, {})").format(a, sql.SQL(c.when_absent))
+            if c.from_transitions
+            else sql.SQL("d.{}").format(a)
+            for c, a in zip(columns, aliases, strict=True)
+        ]
+        join = sql.SQL(" AND ").join(sql.SQL("d.{0} IS NOT DISTINCT FROM t.{0}").format(n) for n in group_names)
+        body = sql.SQL(
+            "SELECT {dgroups}, {picks} FROM"
+            " (SELECT {groups}, {from_deltas} FROM {source} AS d{where} GROUP BY {pos}) AS d"
+            " LEFT JOIN (SELECT {names}, {from_trans} FROM {trans} AS t GROUP BY {pos}) AS t ON {join}"
+            " ORDER BY {pos}"
+        ).format(
+            dgroups=_list([sql.SQL("d.{}").format(n) for n in group_names]),
+            picks=_list(picks),
+            groups=_list(group_exprs),
+            from_deltas=_list(from_deltas),
+            source=source,
+            where=_delta_filter(view),
+            pos=by_position,
+            names=_list(group_names),
+            from_trans=_list(from_trans),
+            trans=transitions_table(view),
+            join=join,
+        )
+    return sql.SQL(
+        "INSERT INTO {view} AS v ({groups}, {targets}) {body} ON CONFLICT ({groups}) DO UPDATE SET {merges}"
+    ).format(
+        view=_ident(view.schema, view.name),
+        groups=_list(group_names),
+        targets=_list([_ident(c.target) for c in columns]),
+        body=body,
+        merges=_list([sql.SQL("{} = {}").format(_ident(c.target), c.merge) for c in columns]),
+    )
+
+
+def delete_empty_groups(view: ViewDef, source: sql.Composable) -> sql.Composed | None:
+    """Groups a batch emptied disappear (unknown ids read as 0 / empty); monotonic views keep them."""
+    if view.is_monotonic:
+        return None
+    match = sql.SQL(" AND ").join(
+        sql.SQL("v.{} IS NOT DISTINCT FROM ({})").format(_ident(g.name), _raw(g.sql)) for g in view.groups
+    )
+    return sql.SQL("DELETE FROM {} AS v WHERE v.{} <= 0 AND EXISTS (SELECT FROM {} AS d WHERE sign < 0 AND {})").format(
+        _ident(view.schema, view.name), _ident(ROWS), source, match
+    )
+
+
+def expire(view: ViewDef) -> sql.Composed | None:
+    """Retention: delete time buckets older than the view's TTL (and their reference counts)."""
+    if not view.ttl or not view.bucket:
+        return None
+    return sql.SQL("DELETE FROM {} WHERE {} < now() - {}::interval").format(
+        _ident(view.schema, view.name), _ident(view.bucket.name), sql.Literal(view.ttl)
+    )

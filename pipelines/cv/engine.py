@@ -1,0 +1,121 @@
+"""Applying a batch of stream changes to the stream's state and every view of it, inside the caller's
+transaction: one statement turns the batch into deltas, then one upsert per view.
+
+The caller (the Checkpoint) owns the transaction, so the view updates commit together with the Kafka
+offsets they came from, or not at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg import sql
+
+from pipelines.cv import catalog, compiler
+from pipelines.cv.definitions import StreamDef
+from pipelines.errors import StreamviewsError
+from pipelines.logs import get_logger
+
+log = get_logger("cv.engine")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The compiled statements for one stream at one catalog version."""
+
+    version: int
+    stream: StreamDef
+    views: tuple[catalog.CompiledView, ...]
+    to_deltas: sql.Composed
+    per_view: tuple[tuple[sql.Composed, ...], ...]
+    temp_tables: tuple[sql.Composed, ...]
+
+
+@dataclass
+class StreamMaintainer:
+    """Keeps one stream's views up to date, batch by batch."""
+
+    stream_name: str
+    _plan: _Plan | None = None
+    _sessions_ready: set[int] = field(default_factory=set)
+
+    @property
+    def stream(self) -> StreamDef:
+        """The stream as last loaded from the catalog."""
+        if self._plan is None:
+            raise StreamviewsError(f"stream {self.stream_name}: not loaded yet")
+        return self._plan.stream
+
+    def apply(self, conn: psycopg.Connection, ops: Sequence[int], columns: Sequence[Sequence[object]]) -> int:
+        """Apply a batch in the current transaction; returns the number of deltas (real changes).
+
+        `ops` holds +1 (insert) or -1 (delete) per change, `columns` one sequence per stream column,
+        all in batch order: for one key, the last change wins.
+        """
+        catalog.lock_stream(conn, self.stream_name, shared=True)
+        plan = self._current_plan(conn)
+        session = conn.info.backend_pid
+        if session not in self._sessions_ready:
+            for statement in plan.temp_tables:
+                conn.execute(statement)
+            self._sessions_ready.add(session)
+        deltas = conn.execute(plan.to_deltas, [list(ops), *[list(c) for c in columns]]).rowcount
+        if deltas:
+            for statements in plan.per_view:
+                for statement in statements:
+                    conn.execute(statement)
+        return deltas
+
+    def forget_sessions(self) -> None:
+        """After a rollback: temporary tables created in that transaction are gone with it."""
+        self._sessions_ready.clear()
+
+    def expire(self, conn: psycopg.Connection) -> int:
+        """Delete time buckets past each view's retention; returns the rows deleted."""
+        catalog.lock_stream(conn, self.stream_name, shared=True)
+        plan = self._current_plan(conn)
+        deleted = 0
+        for compiled in plan.views:
+            statement = compiler.expire(compiled.view)
+            if statement is not None:
+                deleted += conn.execute(statement).rowcount
+        return deleted
+
+    def _current_plan(self, conn: psycopg.Connection) -> _Plan:
+        version = catalog.catalog_version(conn)
+        if self._plan is None or self._plan.version != version:
+            self._plan = self._compile(conn, version)
+            self._sessions_ready.clear()
+        return self._plan
+
+    def _compile(self, conn: psycopg.Connection, version: int) -> _Plan:
+        streams = catalog.load_streams(conn)
+        stream = streams.get(self.stream_name)
+        if stream is None:
+            raise StreamviewsError(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
+        views = tuple(catalog.load_views(conn, streams, stream.name))
+        source = compiler.delta_table(stream)
+        per_view = []
+        temp_tables = [compiler.create_delta_table(stream)]
+        for compiled in views:
+            view = compiled.view
+            statements = []
+            if compiler.uses_refs(view, stream):
+                temp_tables.append(compiler.create_transitions_table(view, compiled.types))
+                statements.append(compiler.update_refs(view, source))
+            statements.append(compiler.apply_deltas(view, stream, source))
+            if compiler.uses_refs(view, stream):
+                statements.append(compiler.drop_dead_refs(view))
+            empty = compiler.delete_empty_groups(view, source)
+            if empty is not None:
+                statements.append(empty)
+            per_view.append(tuple(statements))
+        log.info(
+            "stream plan loaded",
+            stream=stream.name,
+            catalog_version=version,
+            views=[c.view.qualified_name for c in views],
+        )
+        return _Plan(version, stream, views, compiler.batch_to_deltas(stream), tuple(per_view), tuple(temp_tables))
