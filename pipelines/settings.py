@@ -150,3 +150,22 @@ class LogSettings(_Settings):
 
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     format: Literal["json", "console"] | None = None
+
+
+class PipelineSettings(_Settings):
+    """How a pipeline consumes: its consumer group, batch size and wait, topic layout."""
+
+    model_config = SettingsConfigDict(env_prefix="PIPELINE_", extra="ignore", frozen=True, populate_by_name=True)
+
+    # Empty: `streamviews-<pipeline name>`.
+    group_id: str = ""
+    # Upper bound of records per batch (one PostgreSQL transaction).
+    batch_max: int = Field(20_000, gt=0)
+    # How long one poll waits for records before the batch is applied anyway: bounds freshness at low rates.
+    batch_wait_ms: int = Field(100, gt=0)
+    # Partitions of the topics a pipeline creates when they are missing (its input and dead-letter topics).
+    topic_partitions: int = Field(6, gt=0)
+    # Seconds between retention sweeps of views with a TTL.
+    expire_interval_s: float = Field(60.0, gt=0)
+    # Seconds between progress log lines.
+    report_interval_s: float = Field(10.0, gt=0)

@@ -44,8 +44,8 @@ def up(settings: StackSettings) -> None:
         supervisor.start_daemon()
     elastic_password = read_secret(settings.paths, "elastic_password")
     for svc in SERVICES:
-        if svc.name == "connect":
-            # Connect keeps its state in Kafka topics: start it once the broker answers.
+        if svc.name == "connect" or svc.is_pipeline:
+            # Connect keeps its state in Kafka topics, pipelines consume them: start once the broker answers.
             _wait(settings, supervisor, "kafka", elastic_password)
         supervisor.start(svc.name)
         if svc.name == "postgres":
@@ -125,7 +125,7 @@ def status(settings: StackSettings) -> int:
         all_ready &= ready
         memory = f"{tree_memory_mib(info.pid):.0f} MiB" if info.pid else "-"
         print(
-            f"{svc.name:<14}{info.state:<10}{info.pid or '-':>8}{info.uptime_s:>8}s{svc.port(settings):>7}"
+            f"{svc.name:<14}{info.state:<10}{info.pid or '-':>8}{info.uptime_s:>8}s{svc.port(settings) or '-':>7}"
             f"{memory:>11}  {'yes' if ready else 'NO'} ({detail})"
         )
     print(f"\nclient settings: {settings.paths.env_file}   logs: {settings.paths.logs}")

@@ -12,13 +12,14 @@ import resource
 import secrets
 import shutil
 import string
+import sys
 import uuid
 from pathlib import Path
 
 from pipelines.logs import get_logger
-from pipelines.settings import APP_ROLES, secret_file_name
+from pipelines.settings import APP_ROLES, ROLE_WRITER, secret_file_name
 from stack.install import Distributions
-from stack.settings import StackPaths, StackSettings
+from stack.settings import REPO_ROOT, StackPaths, StackSettings
 from stack.shell import ServiceUser, make_dir, run, write_file
 
 log = get_logger("stack.configure")
@@ -101,7 +102,18 @@ def render_context(settings: StackSettings, user: ServiceUser, dist: Distributio
         "plugin_path": dist.connect_plugins,
         "es_home": paths.service("elasticsearch"),
         "es_dist": dist.elasticsearch,
+        "python": sys.executable,
+        "repo_root": REPO_ROOT,
+        "pipeline_env": pipeline_env(settings),
     }
+
+
+def pipeline_env(settings: StackSettings) -> str:
+    """The supervised pipelines' environment: this stack's client settings, as the writer role."""
+    values = dict(line.split("=", 1) for line in client_env(settings).splitlines() if line and not line.startswith("#"))
+    values.update({"PGUSER": ROLE_WRITER, "LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"})
+    values.pop("PGPASSFILE", None)
+    return ",".join(f'{key}="{value}"' for key, value in values.items())
 
 
 def configure_postgres(

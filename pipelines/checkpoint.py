@@ -1,0 +1,175 @@
+"""Exactly-once into PostgreSQL: a batch's effects and its Kafka offsets commit in one transaction.
+
+Kafka's own committed offsets are not the source of truth: on partition assignment the consumer seeks
+to the offsets stored here (`ops.kafka_offsets`). A crash before COMMIT loses the whole batch and it is
+consumed again; a crash after COMMIT resumes after it. Either way each event counts once.
+
+A consumer that lost a partition in a rebalance may still be applying a batch for it while the new
+owner starts. The offset rows are the fence: each transaction locks them first and checks that they
+still hold the position the batch started from; the slower of two writers finds them moved, rolls
+back and re-seeks.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import psycopg
+
+from pipelines.cv.engine import StreamMaintainer
+from pipelines.errors import StreamviewsError
+from pipelines.logs import get_logger
+
+log = get_logger("checkpoint")
+
+TopicPartition = tuple[str, int]
+
+
+class Fenced(StreamviewsError):
+    """Stored offsets moved under us: another consumer owns (or owned) the partition."""
+
+
+@dataclass
+class StreamChanges:
+    """One stream's changes in a batch, as parallel lists in batch order."""
+
+    ops: list[int] = field(default_factory=list)
+    columns: list[list[object]] = field(default_factory=list)
+
+    def add(self, op: int, values: tuple) -> None:
+        """Append one change."""
+        if not self.columns:
+            self.columns = [[] for _ in values]
+        self.ops.append(op)
+        for column, value in zip(self.columns, values, strict=True):
+            column.append(value)
+
+
+@dataclass
+class Batch:
+    """What one poll produced: changes per stream, dead-letter counts, and the offsets it spans."""
+
+    changes: dict[str, StreamChanges] = field(default_factory=dict)
+    dead_letters: Counter[tuple[str, str]] = field(default_factory=Counter)  # (topic, reason) -> n
+    start: dict[TopicPartition, int | None] = field(default_factory=dict)  # stored position expected
+    end: dict[TopicPartition, int] = field(default_factory=dict)  # next offset after the batch
+
+    @property
+    def records(self) -> int:
+        """Records consumed, valid or not."""
+        return sum(len(c.ops) for c in self.changes.values()) + sum(self.dead_letters.values())
+
+
+class Checkpoint:
+    """Owns the transaction that applies a batch and stores its offsets."""
+
+    def __init__(self, conninfo: str, group_id: str, maintainers: dict[str, StreamMaintainer]) -> None:
+        self.conninfo = conninfo
+        self.group_id = group_id
+        self.maintainers = maintainers
+        self._conn: psycopg.Connection | None = None
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        """The checkpoint's connection, reopened after a failure."""
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.conninfo)
+            for maintainer in self.maintainers.values():
+                maintainer.forget_sessions()
+        return self._conn
+
+    def stored_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+        """Next offsets stored for this group; partitions never committed are absent."""
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                "SELECT partition, next_offset FROM ops.kafka_offsets"
+                " WHERE group_id = %s AND topic = %s AND partition = ANY(%s)",
+                (self.group_id, topic, partitions),
+            ).fetchall()
+        return dict(rows)
+
+    def commit(self, batch: Batch) -> int:
+        """Apply the batch and store its offsets atomically; returns the deltas applied.
+
+        1. Begin a transaction.
+        2. Lock the batch's offset rows in (topic, partition) order and check each still holds the
+           position the batch started from; otherwise raise Fenced (nothing was written).
+        3. Apply each stream's changes to its state and views (streams in name order).
+        4. Store the next offsets.
+        5. Add the dead-letter counts.
+        6. Commit. On any error roll back, so the batch is applied again after a re-seek or not at all.
+        """
+        conn = self.conn
+        try:
+            with conn.transaction():
+                self._verify_positions(conn, batch)
+                deltas = 0
+                for stream in sorted(batch.changes):
+                    changes = batch.changes[stream]
+                    if changes.ops:
+                        deltas += self.maintainers[stream].apply(conn, changes.ops, changes.columns)
+                self._store_offsets(conn, batch)
+                self._count_dead_letters(conn, batch)
+        except BaseException:
+            for maintainer in self.maintainers.values():
+                maintainer.forget_sessions()
+            if conn.broken:
+                self._conn = None
+            raise
+        return deltas
+
+    def _verify_positions(self, conn: psycopg.Connection, batch: Batch) -> None:
+        parts = sorted(batch.start)
+        rows = conn.execute(
+            "SELECT topic, partition, next_offset FROM ops.kafka_offsets"
+            " WHERE group_id = %s AND (topic, partition) IN (SELECT * FROM unnest(%s::text[], %s::int[]))"
+            " ORDER BY topic, partition FOR UPDATE",
+            (self.group_id, [t for t, _ in parts], [p for _, p in parts]),
+        ).fetchall()
+        stored = {(topic, partition): offset for topic, partition, offset in rows}
+        # A partition never committed: claim its row. A concurrent claimant waits for our commit and
+        # then finds the row taken, which fences it like a moved offset would.
+        unclaimed = [tp for tp in parts if batch.start[tp] is None and tp not in stored]
+        if unclaimed:
+            claimed = conn.execute(
+                "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset)"
+                " SELECT %s, *, 0 FROM unnest(%s::text[], %s::int[]) ON CONFLICT DO NOTHING",
+                (self.group_id, [t for t, _ in unclaimed], [p for _, p in unclaimed]),
+            ).rowcount
+            if claimed != len(unclaimed):
+                raise Fenced(f"checkpoint: another consumer started {unclaimed} first")
+            stored.update(dict.fromkeys(unclaimed))
+        for tp in parts:
+            if stored.get(tp) != batch.start[tp]:
+                raise Fenced(
+                    f"checkpoint: {tp[0]}[{tp[1]}] is at {stored.get(tp)} in PostgreSQL, this batch starts at "
+                    f"{batch.start[tp]}: another consumer moved it"
+                )
+
+    def _store_offsets(self, conn: psycopg.Connection, batch: Batch) -> None:
+        parts = sorted(batch.end)
+        conn.execute(
+            "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset)"
+            " SELECT %s, * FROM unnest(%s::text[], %s::int[], %s::bigint[])"
+            " ON CONFLICT (group_id, topic, partition)"
+            " DO UPDATE SET next_offset = excluded.next_offset, updated_at = now()",
+            (self.group_id, [t for t, _ in parts], [p for _, p in parts], [batch.end[tp] for tp in parts]),
+        )
+
+    def _count_dead_letters(self, conn: psycopg.Connection, batch: Batch) -> None:
+        if not batch.dead_letters:
+            return
+        keys = sorted(batch.dead_letters)
+        conn.execute(
+            "INSERT INTO ops.dead_letters (group_id, topic, reason, count)"
+            " SELECT %s, * FROM unnest(%s::text[], %s::text[], %s::bigint[])"
+            " ON CONFLICT (group_id, topic, reason)"
+            " DO UPDATE SET count = ops.dead_letters.count + excluded.count, last_at = now()",
+            (self.group_id, [t for t, _ in keys], [r for _, r in keys], [batch.dead_letters[k] for k in keys]),
+        )
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self._conn is not None:
+            self._conn.close()

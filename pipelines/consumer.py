@@ -1,0 +1,256 @@
+"""The pipeline runner: consume a topic in batches, decode, and commit each batch through a Checkpoint.
+
+One poll is one batch: `consume()` returns up to `PIPELINE_BATCH_MAX` records within
+`PIPELINE_BATCH_WAIT_MS`, so batches grow with load and stay small (fresh) when it is light. Bad
+records go to the dead-letter topic and never stop the pipeline. Any failure to commit (database
+down, a deadlock, a fence) rolls the batch back and re-seeks every partition to the offsets stored in
+PostgreSQL, so the same records are consumed again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+
+from pipelines.checkpoint import Batch, Checkpoint, Fenced, StreamChanges
+from pipelines.cv.engine import StreamMaintainer
+from pipelines.deadletter import DeadLetters, dead_letter_topic
+from pipelines.errors import StreamviewsError
+from pipelines.events import Change, InvalidEvent
+from pipelines.logs import configure_logging, get_logger
+from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
+from pipelines.topics import ensure_topics
+
+log = get_logger("consumer")
+
+Decoder = Callable[[bytes | None, bytes | None, int], Change]
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """What a pipeline module declares: its name, default topic and stream, and its event decoder."""
+
+    name: str
+    topic: str
+    stream: str
+    decode: Decoder
+
+
+class Pipeline:
+    """Consumes one topic into one stream's views, exactly once."""
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        *,
+        topic: str,
+        stream: str,
+        group_id: str,
+        kafka: KafkaSettings,
+        postgres: PostgresSettings,
+        settings: PipelineSettings,
+    ) -> None:
+        self.spec, self.topic, self.stream, self.group_id = spec, topic, stream, group_id
+        self.kafka, self.settings = kafka, settings
+        self.checkpoint = Checkpoint(postgres.conninfo(), group_id, {stream: StreamMaintainer(stream)})
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": kafka.bootstrap_servers,
+                "client.id": f"{kafka.client_id}-{spec.name}",
+                "group.id": group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "partition.assignment.strategy": "range",
+                "logger": logging.getLogger("librdkafka"),
+            }
+        )
+        self.dead_letters = DeadLetters(
+            Producer(
+                {
+                    "bootstrap.servers": kafka.bootstrap_servers,
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                    "logger": logging.getLogger("librdkafka"),
+                }
+            ),
+            spec.name,
+        )
+        # Where each assigned partition stands in PostgreSQL (None: never committed).
+        self.positions: dict[int, int | None] = {}
+        self.running = True
+        self.totals = {"batches": 0, "records": 0, "deltas": 0, "retries": 0}
+
+    def run(self) -> None:
+        """Consume until SIGTERM/SIGINT, then finish the current batch and leave the group."""
+        ensure_topics(
+            self.kafka.bootstrap_servers,
+            {
+                self.topic: self.settings.topic_partitions,
+                dead_letter_topic(self.topic): self.settings.topic_partitions,
+            },
+        )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+        self.consumer.subscribe(
+            [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+        )
+        log.info(
+            "pipeline started", pipeline=self.spec.name, topic=self.topic, stream=self.stream, group_id=self.group_id
+        )
+        next_expire = time.monotonic()
+        next_report = time.monotonic() + self.settings.report_interval_s
+        try:
+            while self.running:
+                messages = self.consumer.consume(self.settings.batch_max, self.settings.batch_wait_ms / 1000)
+                if messages:
+                    self._process(messages)
+                now = time.monotonic()
+                if now >= next_expire:
+                    self._expire()
+                    next_expire = now + self.settings.expire_interval_s
+                if now >= next_report:
+                    log.info(
+                        "progress", pipeline=self.spec.name, **self.totals, dead_letters=dict(self.dead_letters.counts)
+                    )
+                    next_report = now + self.settings.report_interval_s
+        finally:
+            self.consumer.close()
+            self.checkpoint.close()
+            log.info("pipeline stopped", pipeline=self.spec.name, **self.totals)
+
+    def stop(self) -> None:
+        """Ask the loop to end after the current batch."""
+        self.running = False
+
+    def _process(self, messages: list[Message]) -> None:
+        batch = self._decode(messages)
+        if not batch.end:
+            return
+        try:
+            self.dead_letters.flush()
+            deltas = self.checkpoint.commit(batch)
+        except (Fenced, psycopg.Error, StreamviewsError) as e:
+            self.totals["retries"] += 1
+            log.warning(
+                "batch not committed; re-seeking to stored offsets",
+                pipeline=self.spec.name,
+                error=str(e),
+                records=batch.records,
+            )
+            self._rewind()
+            return
+        for (_, partition), offset in batch.end.items():
+            self.positions[partition] = offset
+        self.totals["batches"] += 1
+        self.totals["records"] += batch.records
+        self.totals["deltas"] += deltas
+        # Kafka's committed offsets only inform lag tooling; PostgreSQL's are the truth.
+        self.consumer.commit(
+            offsets=[TopicPartition(self.topic, p, o) for (_, p), o in batch.end.items()], asynchronous=True
+        )
+
+    def _decode(self, messages: list[Message]) -> Batch:
+        batch = Batch()
+        changes = batch.changes.setdefault(self.stream, StreamChanges())
+        decode = self.spec.decode
+        for message in messages:
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error", error=str(error))
+                continue
+            partition = message.partition()
+            if partition not in self.positions:
+                continue  # revoked while this poll was in flight
+            tp = (message.topic(), partition)
+            if tp not in batch.start:
+                batch.start[tp] = self.positions[partition]
+            batch.end[tp] = message.offset() + 1
+            try:
+                change = decode(message.key(), message.value(), message.timestamp()[1])
+            except InvalidEvent as e:
+                self.dead_letters.send(message, e)
+                batch.dead_letters[(message.topic(), e.reason)] += 1
+                continue
+            changes.add(change.op, change.values)
+        return batch
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        stored = self._stored_offsets([p.partition for p in partitions])
+        for tp in partitions:
+            tp.offset = stored.get(tp.partition, OFFSET_BEGINNING)
+            self.positions[tp.partition] = stored.get(tp.partition)
+        consumer.assign(partitions)
+        log.info(
+            "partitions assigned",
+            pipeline=self.spec.name,
+            offsets={tp.partition: stored.get(tp.partition, "beginning") for tp in partitions},
+        )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.positions.pop(tp.partition, None)
+        consumer.unassign()
+        log.info("partitions revoked", pipeline=self.spec.name, partitions=[tp.partition for tp in partitions])
+
+    def _stored_offsets(self, partitions: list[int]) -> dict[int, int]:
+        """Offsets from PostgreSQL, retried until it answers: without them we must not consume."""
+        delay = 0.5
+        while True:
+            try:
+                return self.checkpoint.stored_offsets(self.topic, partitions)
+            except psycopg.Error as e:
+                log.warning("cannot read stored offsets; retrying", error=str(e), retry_in_s=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10)
+
+    def _rewind(self) -> None:
+        """Seek every assigned partition back to the offsets stored in PostgreSQL."""
+        partitions = sorted(self.positions)
+        if not partitions:
+            return
+        stored = self._stored_offsets(partitions)
+        for partition in partitions:
+            self.positions[partition] = stored.get(partition)
+            self.consumer.seek(TopicPartition(self.topic, partition, stored.get(partition, OFFSET_BEGINNING)))
+
+    def _expire(self) -> None:
+        try:
+            with self.checkpoint.conn.transaction():
+                deleted = self.checkpoint.maintainers[self.stream].expire(self.checkpoint.conn)
+            if deleted:
+                log.info("expired time buckets", stream=self.stream, rows=deleted)
+        except (psycopg.Error, StreamviewsError) as e:
+            log.warning("retention sweep failed; will retry", error=str(e))
+
+
+def main(spec: PipelineSpec, argv: list[str] | None = None) -> int:
+    """Command line of a pipeline module: `python -m pipelines.<name> [--topic T] [--stream S] [--group G]`."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m pipelines.{spec.name}",
+        description=f"Consume {spec.topic} into the views of stream {spec.stream}.",
+    )
+    parser.add_argument("--topic", default=spec.topic, help=f"Kafka topic (default {spec.topic})")
+    parser.add_argument(
+        "--stream", default=spec.stream, help=f"stream whose views it maintains (default {spec.stream})"
+    )
+    parser.add_argument("--group", default="", help="consumer group (default PIPELINE_GROUP_ID or streamviews-<name>)")
+    args = parser.parse_args(argv)
+    configure_logging()
+    settings, kafka, postgres = PipelineSettings(), KafkaSettings(), PostgresSettings()
+    group_id = args.group or settings.group_id or f"streamviews-{spec.name}"
+    log.info(
+        "settings", pipeline=spec.name, **settings.describe(), kafka=kafka.describe(), postgres=postgres.describe()
+    )
+    Pipeline(
+        spec, topic=args.topic, stream=args.stream, group_id=group_id, kafka=kafka, postgres=postgres, settings=settings
+    ).run()
+    return 0
