@@ -77,20 +77,16 @@ def resolve_types(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) ->
         )
     )
 
-    def types_of(expressions: list[str], aggregate: bool = False) -> list[str]:
-        if not expressions:
-            return []
+    def types_of(expressions: list[str]) -> list[str]:
+        # No WHERE here: it would filter away the one all-NULL sample row. It is type-checked on its own.
         select = sql.SQL(", ").join(sql.SQL("pg_typeof({})::text").format(sql.SQL(e)) for e in expressions)
-        where = (
-            sql.SQL(" WHERE {}").format(sql.SQL(view.where_sql)) if view.where_sql and not aggregate else sql.SQL("")
-        )
-        query = sql.SQL("SELECT {} FROM {}{}").format(select, sample, where)
+        query = sql.SQL("SELECT {} FROM {}").format(select, sample)
         try:
             with conn.transaction():
                 row = conn.execute(query).fetchone()
         except psycopg.Error as e:
             raise DefinitionError(f"continuous view {view.qualified_name}: {e.diag.message_primary or e}") from e
-        return list(row) if row else []
+        return list(row)
 
     group_types = types_of([g.sql for g in view.groups])
     if view.where_sql:
@@ -100,10 +96,10 @@ def resolve_types(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) ->
         if aggregate.kind in {"count", "count_distinct"}:
             aggregate_types.append("bigint")
         elif aggregate.kind == "hll":
-            types_of([f"hll_add_agg({aggregate.arg_sql})"], aggregate=True)
+            types_of([f"hll_add_agg({aggregate.arg_sql})"])
             aggregate_types.append("hll")
         elif aggregate.kind == "sum":
-            aggregate_types.append(types_of([f"sum({aggregate.arg_sql})"], aggregate=True)[0])
+            aggregate_types.append(types_of([f"sum({aggregate.arg_sql})"])[0])
         else:
             (arg_type,) = types_of([aggregate.arg_sql or ""])
             aggregate_types.append(arg_type + "[]" if aggregate.kind == "set" else arg_type)

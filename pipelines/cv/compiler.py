@@ -17,8 +17,9 @@ How each aggregate merges a batch (`v` the stored row, `d` the batch's aggregate
 | array_agg(DISTINCT x)| x[]                 | (v - values leaving) || values entering           |
 
 DISTINCT aggregates need to know when a value enters or leaves a group. When the stream's key is
-covered by the group columns plus x, each delta *is* such a transition. Otherwise a reference-count
-table `<view>__refs(groups, value, n)` counts the rows behind each value and reports transitions.
+covered by the group columns plus x, the batch's deltas netted per (group, x) are exactly those
+transitions. Otherwise a reference-count table `<view>__refs(groups, value, n)` counts the rows behind
+each value and reports them.
 """
 
 from __future__ import annotations
@@ -103,9 +104,13 @@ def create_delta_table(stream: StreamDef) -> sql.Composed:
 def batch_to_deltas(stream: StreamDef) -> sql.Composed:
     """One statement: a batch (parallel arrays: op, then each column) into deltas.
 
-    Keyed streams keep the last change per key in batch order (so like, unlike, like of one pair in a
-    batch nets to like), then insert what is absent and delete what is present: only real changes to
-    the set become deltas, which is what makes replays and duplicates harmless.
+    Keyed streams replay each key's changes against its stored presence and keep the *effective*
+    ones: an insert of an absent key or a delete of a present one (a change is effective exactly when
+    its op differs from the previous change of its key, or, for the first, from the stored presence).
+    A delete takes away the values that the previous effective insert (or the stored row) put there.
+    So a repeated like changes nothing, unlike + like moves the row to its new values, any batching of
+    the same events gives the same views, and a replayed batch gives no deltas at all. The stored rows
+    of the batch's keys are locked in key order first.
     """
     names = [_ident(c.name) for c in stream.columns]
     arrays = [sql.SQL("%s::{}[]").format(_raw(c.type)) for c in stream.columns]
@@ -116,23 +121,52 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
         return sql.SQL("INSERT INTO {} (sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
             delta_table(stream), _list(names), _list(names), batch
         )
-    key = _list([_ident(k) for k in stream.key])
-    key_match = sql.SQL(" AND ").join(sql.SQL("s.{0} = n.{0}").format(_ident(k)) for k in stream.key)
-    returning = _list([sql.SQL("s.{}").format(n) for n in names])
+    keys = [_ident(k) for k in stream.key]
+    key = _list(keys)
+    others = [_ident(c.name) for c in stream.columns if c.name not in stream.key]
+
+    def match(left: str, right: str) -> sql.Composable:
+        return sql.SQL(" AND ").join(sql.SQL(f"{left}.{{0}} = {right}.{{0}}").format(k) for k in keys)
+
+    removed_values = [
+        sql.SQL("t.{0}").format(n)
+        if n in keys
+        else sql.SQL(
+            "CASE WHEN t.op = 1 THEN t.{0} WHEN lag(t.seq) OVER w IS NULL THEN s.{0} ELSE lag(t.{0}) OVER w END AS {0}"
+        ).format(n)
+        for n in names
+    ]
+    on_conflict = (
+        sql.SQL("DO UPDATE SET {}").format(_list([sql.SQL("{0} = excluded.{0}").format(o) for o in others]))
+        if others
+        else sql.SQL("DO NOTHING")
+    )
     return sql.SQL(
         "WITH b AS ({batch}),"
-        " n AS (SELECT DISTINCT ON ({key}) * FROM b ORDER BY {key}, seq DESC),"
-        " ins AS (INSERT INTO {state} AS s ({cols}) SELECT {cols} FROM n WHERE op = 1 ORDER BY {key}"
-        " ON CONFLICT ({key}) DO NOTHING RETURNING {returning}),"
-        " del AS (DELETE FROM {state} AS s USING n WHERE n.op = -1 AND {key_match} RETURNING {returning})"
-        " INSERT INTO {delta} (sign, {cols}) SELECT 1, * FROM ins UNION ALL SELECT -1, * FROM del"
+        " s AS (SELECT * FROM {state} WHERE ({key}) IN (SELECT {key} FROM b) ORDER BY {key} FOR UPDATE),"
+        " e AS (SELECT b.*, lag(b.op) OVER (PARTITION BY {b_key} ORDER BY b.seq) AS prev_op,"
+        " s.{first_key} IS NOT NULL AS stored FROM b LEFT JOIN s ON {b_s}),"
+        " t AS (SELECT * FROM e WHERE op <> coalesce(prev_op, CASE WHEN stored THEN 1 ELSE -1 END)),"
+        " tv AS (SELECT t.op, t.seq, {removed_values} FROM t LEFT JOIN s ON {t_s}"
+        " WINDOW w AS (PARTITION BY {t_key} ORDER BY t.seq)),"
+        " fin AS (SELECT DISTINCT ON ({key}) * FROM tv ORDER BY {key}, seq DESC),"
+        " up AS (INSERT INTO {state} AS st ({cols}) SELECT {cols} FROM fin WHERE op = 1 ORDER BY {key}"
+        " ON CONFLICT ({key}) {on_conflict}),"
+        " del AS (DELETE FROM {state} AS st USING fin WHERE fin.op = -1 AND {st_fin})"
+        " INSERT INTO {delta} (sign, {cols}) SELECT op, {cols} FROM tv"
     ).format(
         batch=batch,
-        key=key,
         state=state_table(stream),
+        key=key,
+        first_key=keys[0],
+        b_key=_list([sql.SQL("b.{}").format(k) for k in keys]),
+        b_s=match("b", "s"),
+        removed_values=_list(removed_values),
+        t_s=match("t", "s"),
+        t_key=_list([sql.SQL("t.{}").format(k) for k in keys]),
         cols=_list(names),
-        returning=returning,
-        key_match=key_match,
+        on_conflict=on_conflict,
+        st_fin=match("st", "fin"),
         delta=delta_table(stream),
     )
 
@@ -322,14 +356,31 @@ def uses_refs(view: ViewDef, stream: StreamDef) -> bool:
     return view.distinct_arg is not None and not distinct_is_covered(view, stream)
 
 
+def _netted_transitions(view: ViewDef, source: sql.Composable) -> sql.Composed:
+    """Covered DISTINCT: the deltas netted per (group, value) are the transitions (+1 in, -1 out)."""
+    groups = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
+    where = _delta_filter(view)
+    not_null = sql.SQL("({}) IS NOT NULL").format(_raw(view.distinct_arg or ""))
+    where = (where + sql.SQL(" AND ") + not_null) if where.as_string() else sql.SQL(" WHERE ") + not_null
+    return sql.SQL(
+        "(SELECT {groups}, {arg} AS value, sum(sign)::int AS sign FROM {source} AS d{where}"
+        " GROUP BY {pos} HAVING sum(sign) <> 0)"
+    ).format(
+        groups=_list(groups),
+        arg=_raw(view.distinct_arg or ""),
+        source=source,
+        where=where,
+        pos=_list([sql.SQL(str(i + 1)) for i in range(len(view.groups) + 1)]),
+    )
+
+
 def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sql.Composed:
     """One upsert of a batch's deltas into the view, rows sorted by group (the lock order)."""
     group_names = [_ident(g.name) for g in view.groups]
     group_exprs = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
     by_position = _list([sql.SQL(str(i + 1)) for i in range(len(view.groups))])
-    if not uses_refs(view, stream):
-        arg = _raw(view.distinct_arg) if view.distinct_arg else None
-        columns = _columns(view, sql.SQL("sign"), arg)
+    if view.distinct_arg is None:
+        columns = _columns(view, sql.SQL("sign"), None)
         body = sql.SQL("SELECT {groups}, {batch} FROM {source} AS d{where} GROUP BY {pos} ORDER BY {pos}").format(
             groups=_list(group_exprs),
             batch=_list([c.batch for c in columns]),
@@ -338,22 +389,18 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
             pos=by_position,
         )
     else:
-        # Plain aggregates come from the deltas, DISTINCT ones from the transitions; join per group.
+        # Plain aggregates come from the deltas, DISTINCT ones from the transitions; joined per group.
+        transitions = transitions_table(view) if uses_refs(view, stream) else _netted_transitions(view, source)
         columns = _columns(view, sql.SQL("t.sign"), sql.SQL("t.value"))
         aliases = [sql.Identifier(f"c{i}") for i in range(len(columns))]
-        from_deltas = [
-            sql.SQL("{} AS {}").format(c.batch, a)
-            for c, a in zip(columns, aliases, strict=True)
-            if not c.from_transitions
-        ]
-        from_trans = [
-            sql.SQL("{} AS {}").format(c.batch, a) for c, a in zip(columns, aliases, strict=True) if c.from_transitions
-        ]
+        pairs = list(zip(columns, aliases, strict=True))
+        from_deltas = [sql.SQL("{} AS {}").format(c.batch, a) for c, a in pairs if not c.from_transitions]
+        from_trans = [sql.SQL("{} AS {}").format(c.batch, a) for c, a in pairs if c.from_transitions]
         picks = [
             sql.SQL("coalesce(t.{}, {})").format(a, sql.SQL(c.when_absent))
             if c.from_transitions
             else sql.SQL("d.{}").format(a)
-            for c, a in zip(columns, aliases, strict=True)
+            for c, a in pairs
         ]
         join = sql.SQL(" AND ").join(sql.SQL("d.{0} IS NOT DISTINCT FROM t.{0}").format(n) for n in group_names)
         body = sql.SQL(
@@ -371,7 +418,7 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
             pos=by_position,
             names=_list(group_names),
             from_trans=_list(from_trans),
-            trans=transitions_table(view),
+            trans=transitions,
             join=join,
         )
     return sql.SQL(

@@ -123,15 +123,34 @@ class ViewDef:
 
 
 def split_statements(text: str) -> list[str]:
-    """Split a file of definitions into statements (pglast's splitter understands quoting)."""
-    return [s.strip() for s in pglast.split(_rewrite_keywords(text)) if s.strip()]
+    """Split a file of definitions into statements as written, leading comments dropped.
+
+    pglast's scanner (not its parser, which does not know CREATE STREAM) finds the semicolons that end
+    statements, so a semicolon inside a string or comment does not split.
+    """
+    statements = []
+    for statement in pglast.split(text, with_parser=False):
+        lines = statement.strip().splitlines()
+        while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+            lines.pop(0)
+        if lines:
+            statements.append("\n".join(lines).strip())
+    return statements
 
 
 def parse(statement: str, streams: dict[str, StreamDef]) -> StreamDef | ViewDef:
     """Parse one CREATE STREAM or CREATE CONTINUOUS VIEW statement."""
     original = statement.strip().rstrip(";")
+    if len(split_statements(original)) > 1:
+        raise DefinitionError("give one statement at a time")
+    head = re.match(r"\s*CREATE\s+(STREAM|CONTINUOUS\s+VIEW)\b", original, re.IGNORECASE)
+    if head is None:
+        raise DefinitionError("expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ...")
+    # The two PipelineDB statements map onto PostgreSQL ones that pglast parses: a stream is declared
+    # like a table, a continuous view like a view. Only the leading keywords are rewritten.
+    rewritten = ("CREATE TABLE" if head.group(1).upper() == "STREAM" else "CREATE VIEW") + original[head.end() :]
     try:
-        nodes = pglast.parse_sql(_rewrite_keywords(original))
+        nodes = pglast.parse_sql(rewritten)
     except pglast.parser.ParseError as e:
         raise DefinitionError(f"syntax error: {e}") from e
     if len(nodes) != 1:
@@ -144,13 +163,6 @@ def parse(statement: str, streams: dict[str, StreamDef]) -> StreamDef | ViewDef:
     raise DefinitionError("expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ...")
 
 
-def _rewrite_keywords(text: str) -> str:
-    # The two PipelineDB statements map onto PostgreSQL ones that pglast parses: a stream is declared
-    # like a table, a continuous view like a view. Only the leading keywords are rewritten.
-    text = re.sub(r"(?im)^\s*CREATE\s+STREAM\b", "CREATE TABLE", text)
-    return re.sub(r"(?im)^\s*CREATE\s+CONTINUOUS\s+VIEW\b", "CREATE VIEW", text)
-
-
 def _options(defs: tuple | None, allowed: set[str], what: str) -> dict[str, str]:
     options = {}
     for item in defs or ():
@@ -158,6 +170,8 @@ def _options(defs: tuple | None, allowed: set[str], what: str) -> dict[str, str]
             raise DefinitionError(f"{what}: unknown option {item.defname!r}; known: {', '.join(sorted(allowed))}")
         if not isinstance(item.arg, ast.String):
             raise DefinitionError(f"{what}: option {item.defname} takes a quoted string")
+        if item.defname in options:
+            raise DefinitionError(f"{what}: option {item.defname} is given twice")
         options[item.defname] = item.arg.sval
     return options
 
@@ -181,6 +195,9 @@ def _stream(node: ast.CreateStmt, text: str) -> StreamDef:
         columns.append(Column(_identifier(element.colname, f"stream {name}"), RawStream()(element.typeName)))
     if not columns:
         raise DefinitionError(f"CREATE STREAM {name}: no columns")
+    names = [c.name for c in columns]
+    if len(set(names)) != len(names):
+        raise DefinitionError(f"CREATE STREAM {name}: a column is declared twice ({', '.join(names)})")
     options = _options(node.options, {"topic", "key"}, f"CREATE STREAM {name}")
     if "topic" not in options:
         raise DefinitionError(f"CREATE STREAM {name}: WITH (topic = '...') is required")
@@ -190,6 +207,8 @@ def _stream(node: ast.CreateStmt, text: str) -> StreamDef:
         unknown = [k for k in key if k not in {c.name for c in columns}]
         if not key or unknown:
             raise DefinitionError(f"CREATE STREAM {name}: key names unknown columns {unknown or options['key']!r}")
+        if len(set(key)) != len(key):
+            raise DefinitionError(f"CREATE STREAM {name}: key names a column twice ({options['key']})")
     return StreamDef(name, options["topic"], tuple(columns), key, text)
 
 
@@ -268,16 +287,68 @@ def _from_stream(select: ast.SelectStmt, streams: dict[str, StreamDef], what: st
 SUPPORTED_AGGREGATES = (
     "count(*), count(x), count(DISTINCT x), sum(x), min(x), max(x), array_agg(DISTINCT x), hll_add_agg(x)"
 )
+MAINTAINED_AGGREGATES = frozenset({"count", "sum", "min", "max", "array_agg", "hll_add_agg"})
+# PostgreSQL aggregates the engine cannot maintain incrementally: named so the error says "not supported".
+OTHER_AGGREGATES = frozenset(
+    {
+        "avg",
+        "bit_and",
+        "bit_or",
+        "bit_xor",
+        "bool_and",
+        "bool_or",
+        "every",
+        "json_agg",
+        "jsonb_agg",
+        "json_object_agg",
+        "jsonb_object_agg",
+        "string_agg",
+        "xmlagg",
+        "range_agg",
+        "range_intersect_agg",
+        "stddev",
+        "stddev_pop",
+        "stddev_samp",
+        "variance",
+        "var_pop",
+        "var_samp",
+        "corr",
+        "covar_pop",
+        "covar_samp",
+        "regr_avgx",
+        "regr_avgy",
+        "regr_count",
+        "regr_intercept",
+        "regr_r2",
+        "regr_slope",
+        "regr_sxx",
+        "regr_sxy",
+        "regr_syy",
+        "mode",
+        "percentile_cont",
+        "percentile_disc",
+        "rank",
+        "dense_rank",
+        "percent_rank",
+        "cume_dist",
+        "hll_union_agg",
+        "any_value",
+    }
+)
 
 
 def _aggregate(target: ast.ResTarget, what: str) -> Aggregate | None:
     call = target.val
     if not isinstance(call, ast.FuncCall):
         return None
-    fname = ".".join(n.sval for n in call.funcname).lower()
-    if fname not in {"count", "sum", "min", "max", "array_agg", "hll_add_agg"}:
-        return None
+    fname = ".".join(n.sval for n in call.funcname).lower().removeprefix("pg_catalog.")
     label = RawStream()(call)
+    if call.over is not None:
+        raise DefinitionError(f"{what}: {label}: window functions are not supported")
+    if fname in OTHER_AGGREGATES:
+        raise DefinitionError(f"{what}: {label} is not supported; supported: {SUPPORTED_AGGREGATES}")
+    if fname not in MAINTAINED_AGGREGATES:
+        return None
     if call.over is not None or call.agg_filter is not None or call.agg_order or call.agg_within_group:
         raise DefinitionError(f"{what}: {label}: OVER, FILTER, ORDER BY and WITHIN GROUP are not supported")
     if not target.name:
@@ -285,6 +356,8 @@ def _aggregate(target: ast.ResTarget, what: str) -> Aggregate | None:
     name = _identifier(target.name, what)
     args = call.args or ()
     if call.agg_star:
+        if fname != "count":
+            raise DefinitionError(f"{what}: {label}: only count takes *")
         return Aggregate(name, "count")
     if len(args) != 1:
         raise DefinitionError(f"{what}: {label} takes exactly one argument")
@@ -326,10 +399,14 @@ def _groups(
             raise DefinitionError(f"{what}: GROUPING SETS, ROLLUP and CUBE are not supported")
         text = RawStream()(item)
         target = by_text.get(text)
-        if target is None and isinstance(item, ast.ColumnRef) and len(item.fields) == 1:
+        is_name = isinstance(item, ast.ColumnRef) and len(item.fields) == 1
+        if target is None and is_name and item.fields[0].sval not in columns:
+            # As in PostgreSQL, a name is a stream column first and only otherwise an output alias.
             target = by_name.get(item.fields[0].sval)
         if target is None:
             raise DefinitionError(f"{what}: GROUP BY {text} must also be an output column")
+        if target in grouped:
+            raise DefinitionError(f"{what}: GROUP BY names {text} twice")
         grouped.append(target)
     missing = [RawStream()(t.val) for t in plain if t not in grouped]
     if missing:
@@ -368,6 +445,13 @@ def _check_expression(nodes: tuple, columns: set[str], what: str) -> None:
                 raise DefinitionError(f"{what}: subqueries are not supported in a continuous view")
             elif isinstance(child, ast.FuncCall) and child.over is not None:
                 raise DefinitionError(f"{what}: window functions are not supported")
+            elif isinstance(child, ast.FuncCall) and child.funcname[-1].sval.lower() in (
+                MAINTAINED_AGGREGATES | OTHER_AGGREGATES
+            ):
+                raise DefinitionError(
+                    f"{what}: {RawStream()(child)}: an aggregate must be a whole output column, not part of an "
+                    "expression, a WHERE clause or another aggregate's argument"
+                )
             elif isinstance(child, ast.ParamRef):
                 raise DefinitionError(f"{what}: parameters ($n) are not supported")
 

@@ -1,0 +1,298 @@
+"""Stream and view definitions parse into what the engine maintains, or fail naming what is unsupported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines.cv.definitions import (
+    Aggregate,
+    Column,
+    DefinitionError,
+    GroupColumn,
+    StreamDef,
+    ViewDef,
+    parse,
+    split_statements,
+)
+
+SOCIAL_SQL = Path(__file__).resolve().parents[2] / "sql" / "views" / "social.sql"
+
+
+CLICKS = "CREATE STREAM clicks (oid bigint, uid bigint, amount numeric, ts timestamptz) WITH (topic = 'clicks')"
+LIKES = "CREATE STREAM likes (oid bigint, uid bigint, ts timestamptz) WITH (topic = 'likes', key = 'oid, uid')"
+
+
+@pytest.fixture(scope="module")
+def streams() -> dict[str, StreamDef]:
+    clicks, likes = parse(CLICKS, {}), parse(LIKES, {})
+    return {"clicks": clicks, "likes": likes}
+
+
+@pytest.fixture
+def view(streams):
+    def parse_view(query: str, options: str = "") -> ViewDef:
+        return parse(f"CREATE CONTINUOUS VIEW t.v {options} AS {query}", streams)
+
+    return parse_view
+
+
+@pytest.fixture(scope="module")
+def social() -> dict[str, StreamDef | ViewDef]:
+    streams, parsed = {}, {}
+    for statement in split_statements(SOCIAL_SQL.read_text()):
+        definition = parse(statement, streams)
+        if isinstance(definition, StreamDef):
+            streams[definition.name] = definition
+            parsed[definition.name] = definition
+        else:
+            parsed[definition.qualified_name] = definition
+    return parsed
+
+
+# --- sql/views/social.sql -------------------------------------------------------------------------
+
+
+def test_the_social_file_declares_two_streams_then_five_views(social):
+    assert list(social) == [
+        "likes",
+        "follows",
+        "social.object_likes",
+        "social.user_likes",
+        "social.user_following",
+        "social.user_followers",
+        "social.object_likes_hourly",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "columns", "key"),
+    [("likes", ("oid", "uid", "ts"), ("oid", "uid")), ("follows", ("uid", "target", "ts"), ("uid", "target"))],
+)
+def test_social_streams_are_sets_keyed_by_their_pairs_on_a_topic_of_their_name(social, name, columns, key):
+    stream = social[name]
+    assert (stream.topic, stream.key, stream.column_names) == (name, key, columns)
+    assert [c.type for c in stream.columns] == ["bigint", "bigint", "timestamptz"]
+    assert stream.state_table == f"state_{name}"
+
+
+def by(name: str, sql: str | None = None) -> GroupColumn:
+    return GroupColumn(name, sql or name, sql or name)
+
+
+@pytest.mark.parametrize(
+    ("name", "stream", "groups", "aggregates"),
+    [
+        ("object_likes", "likes", (by("oid"),), (Aggregate("like_count", "count"), Aggregate("likers", "set", "uid"))),
+        ("user_likes", "likes", (by("uid"),), (Aggregate("liked_objects", "set", "oid"),)),
+        ("user_following", "follows", (by("uid"),), (Aggregate("following", "set", "target"),)),
+        ("user_followers", "follows", (by("uid", "target"),), (Aggregate("followers", "set", "uid"),)),
+    ],
+)
+def test_social_set_views_keep_everything_and_forget_retracted_members(social, name, stream, groups, aggregates):
+    view = social[f"social.{name}"]
+    assert (view.schema, view.name, view.stream) == ("social", name, stream)
+    assert (view.groups, view.aggregates) == (groups, aggregates)
+    assert (view.where_sql, view.ttl, view.bucket, view.options) == (None, None, None, {})
+    assert view.distinct_arg == aggregates[-1].arg_sql
+    assert not view.is_monotonic
+
+
+def test_hourly_likes_are_bucketed_by_hour_kept_30_days_and_monotonic_because_of_the_sketch(social):
+    view = social["social.object_likes_hourly"]
+    hour = GroupColumn("hour", "date_trunc('hour', ts)", None, "hour")
+    assert view.groups == (by("oid"), hour)
+    assert view.aggregates == (Aggregate("likes", "count"), Aggregate("likers_hll", "hll", "hll_hash_bigint(uid)"))
+    assert (view.ttl, view.options, view.bucket, view.where_sql) == ("30 days", {"ttl": "30 days"}, hour, None)
+    assert view.is_monotonic
+    assert view.distinct_arg is None
+
+
+def test_split_statements_drops_comments_and_the_trailing_semicolons():
+    statements = split_statements(SOCIAL_SQL.read_text())
+    assert len(statements) == 7
+    assert not any(s.startswith("--") or s.endswith(";") for s in statements)
+
+
+def test_split_statements_keeps_each_statement_as_written():
+    assert split_statements(LIKES + ";\n" + CLICKS + ";") == [LIKES, CLICKS]
+
+
+# --- streams --------------------------------------------------------------------------------------
+
+
+def test_a_stream_without_a_key_is_append_only_and_keeps_its_definition_as_written(streams):
+    clicks = streams["clicks"]
+    assert (clicks.name, clicks.topic, clicks.key, clicks.definition) == ("clicks", "clicks", None, CLICKS)
+
+
+def test_column_types_are_spelled_as_postgresql_deparses_them():
+    stream = parse("CREATE STREAM s (a int, b numeric(10,2), c text[]) WITH (topic = 't')", {})
+    assert stream.columns == (Column("a", "integer"), Column("b", "numeric(10, 2)"), Column("c", "text[]"))
+
+
+@pytest.mark.parametrize(
+    ("statement", "match"),
+    [
+        pytest.param("CREATE STREAM s (a int) WITH (key = 'a')", "topic", id="missing-topic"),
+        pytest.param("CREATE STREAM s (a int) WITH (topic = 's', key = 'b')", "unknown columns", id="unknown-key"),
+        pytest.param("CREATE STREAM s (a int NOT NULL) WITH (topic = 's')", "constraint", id="not-null"),
+        pytest.param("CREATE STREAM s (a int PRIMARY KEY) WITH (topic = 's')", "constraint", id="primary-key"),
+        pytest.param("CREATE STREAM s (a int, UNIQUE (a)) WITH (topic = 's')", "only column", id="table-constraint"),
+        pytest.param("CREATE STREAM x.s (a int) WITH (topic = 's')", "schema-qualified", id="schema"),
+        pytest.param("CREATE STREAM s (a int) WITH (topic = 's', n = '3')", "unknown option 'n'", id="option"),
+        pytest.param("CREATE STREAM s (a int) WITH (topic = s)", "quoted string", id="unquoted-option"),
+        pytest.param("CREATE STREAM s () WITH (topic = 's')", "no columns", id="no-columns"),
+        pytest.param("CREATE STREAM \"S\" (a int) WITH (topic = 's')", "lower-case", id="quoted-name"),
+        pytest.param(
+            "CREATE STREAM s (a int, a text) WITH (topic = 's')",
+            "column",
+            id="duplicate-column",
+        ),
+    ],
+)
+def test_an_invalid_stream_is_rejected_naming_the_problem(statement, match):
+    with pytest.raises(DefinitionError, match=match):
+        parse(statement, {})
+
+
+@pytest.mark.parametrize(
+    ("statement", "match"),
+    [
+        ("SELECT 1", "expected CREATE STREAM"),
+        ("CREATE STREAM s (a int WITH (topic = 's')", "syntax error"),
+        ("CREATE STREAM a (x int) WITH (topic = 'a');\nCREATE STREAM b (x int) WITH (topic = 'b')", "one statement"),
+    ],
+)
+def test_only_one_create_stream_or_continuous_view_statement_is_understood(statement, match):
+    with pytest.raises(DefinitionError, match=match):
+        parse(statement, {})
+
+
+# --- views ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("expression", "kind", "arg_sql", "monotonic"),
+    [
+        ("count(*)", "count", None, False),
+        ("count(uid)", "count", "uid", False),
+        ("count(DISTINCT uid)", "count_distinct", "uid", False),
+        ("sum(amount)", "sum", "amount", False),
+        ("min(ts)", "min", "ts", True),
+        ("max(ts)", "max", "ts", True),
+        ("array_agg(DISTINCT uid)", "set", "uid", False),
+        ("hll_add_agg(hll_hash_bigint(uid))", "hll", "hll_hash_bigint(uid)", True),
+    ],
+)
+def test_each_supported_aggregate_has_a_kind_and_only_forgetful_ones_drop_empty_groups(
+    view, expression, kind, arg_sql, monotonic
+):
+    parsed = view(f"SELECT oid, {expression} AS a FROM clicks GROUP BY oid")
+    assert (parsed.schema, parsed.name, parsed.stream, parsed.groups) == ("t", "v", "clicks", (by("oid"),))
+    assert parsed.aggregates == (Aggregate("a", kind, arg_sql),)
+    assert parsed.is_monotonic is monotonic
+
+
+def test_distinct_aggregates_over_the_same_expression_share_one_distinct_arg(view):
+    parsed = view("SELECT oid, count(DISTINCT uid) AS n, array_agg(DISTINCT uid) AS uids FROM likes GROUP BY oid")
+    assert parsed.distinct_arg == "uid"
+
+
+def test_a_sketch_may_be_kept_over_a_keyed_stream_because_retractions_leave_it_unchanged(view):
+    parsed = view("SELECT oid, hll_add_agg(hll_hash_bigint(uid)) AS h FROM likes GROUP BY oid")
+    assert parsed.is_monotonic
+
+
+def test_an_unqualified_view_lives_in_public(streams):
+    parsed = parse("CREATE CONTINUOUS VIEW v AS SELECT oid, count(*) AS n FROM clicks GROUP BY oid", streams)
+    assert parsed.qualified_name == "public.v"
+
+
+@pytest.mark.parametrize("group_by", ["hour", "date_trunc('hour', ts)"])
+def test_group_by_names_an_output_column_by_alias_or_by_expression(view, group_by):
+    parsed = view(f"SELECT date_trunc('hour', ts) AS hour, count(*) AS n FROM clicks GROUP BY {group_by}")
+    assert parsed.groups == (GroupColumn("hour", "date_trunc('hour', ts)", None, "hour"),)
+
+
+@pytest.mark.parametrize(("unit", "bucket_unit"), [("'day'", "day"), ("'HOUR'", "hour"), ("'fortnight'", None)])
+def test_date_trunc_of_a_stream_column_by_a_known_unit_is_a_time_bucket(view, unit, bucket_unit):
+    parsed = view(f"SELECT date_trunc({unit}, ts) AS b, count(*) AS n FROM clicks GROUP BY b")
+    assert parsed.groups[0].bucket_unit == bucket_unit
+    assert (parsed.bucket is not None) is (bucket_unit is not None)
+
+
+def test_an_expression_group_has_no_source_column(view):
+    parsed = view("SELECT oid % 10 AS shard, count(*) AS n FROM clicks GROUP BY oid % 10")
+    assert parsed.groups == (GroupColumn("shard", "oid % 10", None, None),)
+
+
+def test_where_is_kept_as_sql_text(view):
+    parsed = view("SELECT oid, sum(amount) AS total FROM clicks WHERE amount > 0 AND uid <> 7 GROUP BY oid")
+    assert parsed.where_sql == "amount > 0 AND uid <> 7"
+
+
+def test_ttl_applies_to_the_time_bucket(view):
+    parsed = view(
+        "SELECT date_trunc('day', ts) AS day, count(*) AS n FROM clicks GROUP BY day", "WITH (ttl = '7 days')"
+    )
+    assert (parsed.ttl, parsed.options, parsed.bucket.name) == ("7 days", {"ttl": "7 days"}, "day")
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [("WITH (ttl = '1 day')", "time bucket"), ("WITH (retention = '1 day')", "unknown option 'retention'")],
+)
+def test_view_options_are_ttl_only_and_ttl_needs_a_time_bucket(view, options, match):
+    with pytest.raises(DefinitionError, match=match):
+        view("SELECT oid, count(*) AS n FROM clicks GROUP BY oid", options)
+
+
+def unsupported(query: str, match: str, id: str):
+    return pytest.param(query, match, id=id)
+
+
+@pytest.mark.parametrize(
+    ("query", "match"),
+    [
+        unsupported("SELECT oid, count(*) AS n FROM clicks JOIN likes USING (oid) GROUP BY oid", "joins", "join"),
+        unsupported("SELECT oid, count(*) AS n FROM (SELECT oid FROM clicks) c GROUP BY oid", "subqueries", "from-sub"),
+        unsupported("SELECT oid, count(*) AS n FROM clicks WHERE uid IN (SELECT 1) GROUP BY oid", "subq", "where-sub"),
+        unsupported("SELECT oid, count(*) AS n FROM clicks GROUP BY oid HAVING count(*) > 1", "HAVING", "having"),
+        unsupported("SELECT oid, count(*) AS n FROM clicks GROUP BY oid ORDER BY oid", "ORDER BY", "order-by"),
+        unsupported("SELECT oid, count(*) AS n FROM clicks GROUP BY oid LIMIT 1", "LIMIT", "limit"),
+        unsupported("SELECT DISTINCT oid, count(*) AS n FROM clicks GROUP BY oid", "DISTINCT", "select-distinct"),
+        unsupported("SELECT oid, count(*) OVER () AS n FROM clicks GROUP BY oid", "OVER", "window-aggregate"),
+        unsupported("SELECT oid, rank() OVER () AS r, count(*) AS n FROM clicks GROUP BY oid, r", "window", "window"),
+        unsupported("SELECT oid, count(*) FILTER (WHERE uid > 1) AS n FROM clicks GROUP BY oid", "FILTER", "filter"),
+        unsupported("SELECT oid, count(*) AS n FROM clicks GROUP BY oid UNION SELECT 1, 1", "UNION", "union"),
+        unsupported("SELECT * FROM clicks", r"SELECT \*", "select-star"),
+        unsupported("SELECT oid, count(*) AS n FROM views GROUP BY oid", "not a stream", "unknown-stream"),
+        unsupported("SELECT oid, count(nope) AS n FROM clicks GROUP BY oid", "not a column", "unknown-column"),
+        unsupported("SELECT oid, count(clicks.uid) AS n FROM clicks GROUP BY oid", "not a column", "qualified-column"),
+        unsupported("SELECT oid, count(*) FROM clicks GROUP BY oid", "needs a name", "unnamed-aggregate"),
+        unsupported("SELECT oid, uid, count(*) AS n FROM clicks GROUP BY oid", "must appear in GROUP BY", "ungrouped"),
+        unsupported("SELECT oid, count(*) AS n FROM clicks GROUP BY uid", "must also be an output", "group-not-output"),
+        unsupported("SELECT oid, count(*) AS n FROM clicks GROUP BY ROLLUP (oid)", "ROLLUP", "rollup"),
+        unsupported("SELECT count(*) AS n FROM clicks", "GROUP BY is required", "no-group-by"),
+        unsupported("SELECT oid FROM clicks GROUP BY oid", "no aggregate", "no-aggregate"),
+        unsupported("SELECT oid, array_agg(uid) AS a FROM clicks GROUP BY oid", r"array_agg\(DISTINCT x\)", "array"),
+        unsupported("SELECT oid, min(ts) AS t FROM likes GROUP BY oid", "append-only", "min-keyed"),
+        unsupported("SELECT oid, max(ts) AS t FROM likes GROUP BY oid", "append-only", "max-keyed"),
+        unsupported(
+            "SELECT oid, count(DISTINCT uid) AS u, array_agg(DISTINCT ts) AS t FROM clicks GROUP BY oid",
+            "different expressions",
+            "two-distinct-args",
+        ),
+        unsupported("SELECT oid, count(*) AS oid FROM clicks GROUP BY oid", "two output columns", "same-name"),
+        unsupported("SELECT oid, count(*) AS n FROM clicks GROUP BY oid,", "syntax error", "syntax-error"),
+        unsupported("SELECT oid, avg(amount) AS a FROM clicks GROUP BY oid", "avg", "avg"),
+        unsupported("SELECT oid, sum(*) AS s FROM clicks GROUP BY oid", "sum", "sum-star"),
+        unsupported("SELECT oid, count(*) AS n, avg(uid) AS a FROM clicks GROUP BY oid, a", "avg", "avg-group"),
+        unsupported("SELECT oid, count(*) AS n FROM clicks WHERE count(*) > 0 GROUP BY oid", "WHERE", "agg-where"),
+    ],
+)
+def test_an_unsupported_view_shape_is_rejected_naming_it(view, query, match):
+    with pytest.raises(DefinitionError, match=match):
+        view(query)
