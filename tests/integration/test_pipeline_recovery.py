@@ -1,0 +1,193 @@
+"""Exactly once across crashes and workers: the views end as the raw events dictate.
+
+A pipeline killed with SIGKILL mid-stream and restarted, or several pipelines sharing a consumer
+group, end with exactly the views the raw events dictate.
+
+These tests run their own pipeline processes (`python -m pipelines.likes --topic ... --stream ...`)
+on a throwaway topic, stream and views, with small batches so a kill lands between many commits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+from collections import defaultdict
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from pipelines.cv import catalog
+from tests.integration.conftest import unique, wait_for
+
+PARTITIONS = 4
+
+
+@pytest.fixture
+def scenario(pg, kafka, topic_factory, stack):
+    """A topic with 4 partitions, a keyed stream on it and two views, dropped afterwards."""
+    topic = topic_factory("it-likes", partitions=PARTITIONS)
+    name = topic.replace("-", "_")
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {name}")
+        conn.execute(f"GRANT USAGE ON SCHEMA {name} TO sv_writer, sv_reader")
+        catalog.define_file(
+            conn,
+            f"""
+            CREATE STREAM {name} (oid bigint, uid bigint, ts timestamptz) WITH (topic = '{topic}', key = 'oid, uid');
+            CREATE CONTINUOUS VIEW {name}.objects AS
+                SELECT oid, count(*) AS n, array_agg(DISTINCT uid) AS likers FROM {name} GROUP BY oid;
+            CREATE CONTINUOUS VIEW {name}.users AS
+                SELECT uid, array_agg(DISTINCT oid) AS liked FROM {name} GROUP BY uid;
+            """,
+        )
+    yield {"topic": topic, "stream": name, "group": unique("it-group")}
+    with pg("sv_owner", autocommit=True) as conn:
+        catalog.drop_view(conn, f"{name}.objects")
+        catalog.drop_view(conn, f"{name}.users")
+        catalog.drop_stream(conn, name)
+        conn.execute(f"DROP SCHEMA {name} CASCADE")
+
+
+def produce_likes(kafka, topic: str, count: int, seed: int) -> list[tuple[int, int, int]]:
+    """Random likes and unlikes over a small id space (many duplicates); returns (op, oid, uid) in order."""
+    rng = random.Random(seed)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 20, "enable.idempotence": True})
+    events = []
+    for _ in range(count):
+        oid, uid = rng.randint(1, 300), rng.randint(1, 200)
+        op = 1 if rng.random() < 0.7 else -1
+        events.append((op, oid, uid))
+        value = {"oid": oid, "uid": uid, "action": "like" if op == 1 else "unlike"}
+        producer.produce(topic, key=str(oid), value=json.dumps(value))
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    return events
+
+
+def expected_views(events):
+    """Set semantics in production order (one key always lands in one partition, so order is kept)."""
+    pairs = set()
+    for op, oid, uid in events:
+        (pairs.add if op == 1 else pairs.discard)((oid, uid))
+    objects, users = defaultdict(list), defaultdict(list)
+    for oid, uid in pairs:
+        objects[oid].append(uid)
+        users[uid].append(oid)
+    return ({oid: (len(u), sorted(u)) for oid, u in objects.items()}, {uid: sorted(o) for uid, o in users.items()})
+
+
+def actual_views(conn, stream):
+    objects = {
+        oid: (n, sorted(likers)) for oid, n, likers in conn.execute(f"SELECT oid, n, likers FROM {stream}.objects")
+    }
+    users = {uid: sorted(liked) for uid, liked in conn.execute(f"SELECT uid, liked FROM {stream}.users")}
+    return objects, users
+
+
+def start_pipeline(stack, scenario, batch_max: int = 200) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        **dict(
+            line.split("=", 1)
+            for line in stack.paths.env_file.read_text().splitlines()
+            if "=" in line and not line.startswith("#")
+        ),
+        "PGUSER": "sv_writer",
+        "PIPELINE_BATCH_MAX": str(batch_max),
+        "PIPELINE_BATCH_WAIT_MS": "20",
+        "LOG_FORMAT": "json",
+    }
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipelines.likes",
+            "--topic",
+            scenario["topic"],
+            "--stream",
+            scenario["stream"],
+            "--group",
+            scenario["group"],
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def high_watermarks(kafka, topic: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": unique("watermarks")})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(PARTITIONS)}
+    finally:
+        consumer.close()
+
+
+def committed(pg, scenario) -> dict[int, int]:
+    with pg("sv_owner") as conn:
+        return dict(
+            conn.execute(
+                "SELECT partition, next_offset FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s",
+                (scenario["group"], scenario["topic"]),
+            ).fetchall()
+        )
+
+
+def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> str:
+    if process.poll() is None:
+        process.send_signal(sig)
+    _, stderr = process.communicate(timeout=60)
+    return stderr
+
+
+def test_a_pipeline_killed_mid_stream_and_restarted_loses_nothing_and_counts_nothing_twice(pg, kafka, stack, scenario):
+    events = produce_likes(kafka, scenario["topic"], 20_000, seed=1)
+    ends = high_watermarks(kafka, scenario["topic"])
+    first = start_pipeline(stack, scenario)
+    wait_for(lambda: sum(committed(pg, scenario).values()) > 2_000, timeout=120, interval=0.05, what="progress")
+
+    stop(first, signal.SIGKILL)  # no chance to finish its batch or leave the group
+    assert sum(committed(pg, scenario).values()) < sum(ends.values()), "killed too late to prove anything"
+    second = start_pipeline(stack, scenario)
+    try:
+        wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="the restarted pipeline to catch up")
+    finally:
+        stop(second)
+
+    with pg("sv_reader") as conn:
+        assert actual_views(conn, scenario["stream"]) == expected_views(events)
+
+
+def test_two_workers_in_one_group_produce_the_same_views_as_one_without_deadlocks(pg, kafka, stack, scenario):
+    events = produce_likes(kafka, scenario["topic"], 20_000, seed=2)
+    ends = high_watermarks(kafka, scenario["topic"])
+    workers = [start_pipeline(stack, scenario), start_pipeline(stack, scenario)]
+    try:
+        wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="two workers to consume everything")
+    finally:
+        logs = [stop(worker) for worker in workers]
+
+    with pg("sv_reader") as conn:
+        assert actual_views(conn, scenario["stream"]) == expected_views(events)
+    assert not any("deadlock detected" in log for log in logs)
+
+
+def test_a_worker_joining_mid_stream_takes_over_partitions_without_double_counting(pg, kafka, stack, scenario):
+    events = produce_likes(kafka, scenario["topic"], 20_000, seed=3)
+    ends = high_watermarks(kafka, scenario["topic"])
+    first = start_pipeline(stack, scenario)
+    wait_for(lambda: sum(committed(pg, scenario).values()) > 2_000, timeout=120, interval=0.05, what="progress")
+    second = start_pipeline(stack, scenario)  # a rebalance moves partitions while batches are in flight
+    try:
+        wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="both workers to finish")
+    finally:
+        stop(first)
+        stop(second)
+
+    with pg("sv_reader") as conn:
+        assert actual_views(conn, scenario["stream"]) == expected_views(events)
