@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@rm -f $(VENV)/.installed-* && touch $@
 
-demo: up ## bring the stack up and show each service's health
-	@echo; echo "The stack is up. Client settings: . $(CURDIR)/.state/stack.env"
+demo: up ## the main job: stream likes and follows through Kafka, then read counts and friends
+	set -a && . .state/stack.env && set +a && PGUSER=sv_reader $(PY) -m loadgen.demo
 
 test: $(STAMP) ## start the stack if needed, then run every test (unit and integration)
 	$(PY) -m stack up

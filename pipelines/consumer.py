@@ -15,6 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
@@ -107,6 +108,7 @@ class Pipeline:
         )
         next_expire = time.monotonic()
         next_report = time.monotonic() + self.settings.report_interval_s
+        next_beat = 0.0
         try:
             while self.running:
                 messages = self.consumer.consume(self.settings.batch_max, self.settings.batch_wait_ms / 1000)
@@ -116,6 +118,9 @@ class Pipeline:
                 if now >= next_expire:
                     self._expire()
                     next_expire = now + self.settings.expire_interval_s
+                if self.settings.heartbeat_file and now >= next_beat:
+                    Path(self.settings.heartbeat_file).touch()
+                    next_beat = now + 1
                 if now >= next_report:
                     log.info(
                         "progress", pipeline=self.spec.name, **self.totals, dead_letters=dict(self.dead_letters.counts)

@@ -169,3 +169,5 @@ class PipelineSettings(_Settings):
     expire_interval_s: float = Field(60.0, gt=0)
     # Seconds between progress log lines.
     report_interval_s: float = Field(10.0, gt=0)
+    # A file the consume loop touches every second, for container healthchecks (empty: none).
+    heartbeat_file: str = ""

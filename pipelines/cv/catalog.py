@@ -178,7 +178,8 @@ def _define_view(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> 
         if compiler.uses_refs(view, stream):
             conn.execute(compiler.create_transitions_table(view, types))
             conn.execute(compiler.update_refs(view, source))
-        rows = conn.execute(compiler.apply_deltas(view, stream, source)).rowcount
+        conn.execute(compiler.apply_deltas(view, stream, source))
+        rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()[0]
         backfilled = f"backfilled {rows} groups from the current state of {stream.name}"
     conn.execute(
         "INSERT INTO cv.views (name, stream, definition, types) VALUES (%s, %s, %s, %s)",

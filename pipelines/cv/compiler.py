@@ -136,10 +136,19 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
         ).format(n)
         for n in names
     ]
-    on_conflict = (
-        sql.SQL("DO UPDATE SET {}").format(_list([sql.SQL("{0} = excluded.{0}").format(o) for o in others]))
+    # Keys stored before the batch whose last effective change is an insert were deleted and inserted
+    # again: they keep their row and take the new values. Absent keys get a plain INSERT (cheaper than
+    # ON CONFLICT's speculative insertion; the single writer per key makes a conflict an error).
+    update = (
+        sql.SQL(
+            " upd AS (UPDATE {state} AS st SET {sets} FROM fin WHERE fin.op = 1 AND fin.stored AND {st_fin}),"
+        ).format(
+            state=state_table(stream),
+            sets=_list([sql.SQL("{0} = fin.{0}").format(o) for o in others]),
+            st_fin=match("st", "fin"),
+        )
         if others
-        else sql.SQL("DO NOTHING")
+        else sql.SQL("")
     )
     return sql.SQL(
         "WITH b AS ({batch}),"
@@ -147,12 +156,12 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
         " e AS (SELECT b.*, lag(b.op) OVER (PARTITION BY {b_key} ORDER BY b.seq) AS prev_op,"
         " s.{first_key} IS NOT NULL AS stored FROM b LEFT JOIN s ON {b_s}),"
         " t AS (SELECT * FROM e WHERE op <> coalesce(prev_op, CASE WHEN stored THEN 1 ELSE -1 END)),"
-        " tv AS (SELECT t.op, t.seq, {removed_values} FROM t LEFT JOIN s ON {t_s}"
+        " tv AS (SELECT t.op, t.seq, t.stored, {removed_values} FROM t LEFT JOIN s ON {t_s}"
         " WINDOW w AS (PARTITION BY {t_key} ORDER BY t.seq)),"
         " fin AS (SELECT DISTINCT ON ({key}) * FROM tv ORDER BY {key}, seq DESC),"
-        " up AS (INSERT INTO {state} AS st ({cols}) SELECT {cols} FROM fin WHERE op = 1 ORDER BY {key}"
-        " ON CONFLICT ({key}) {on_conflict}),"
-        " del AS (DELETE FROM {state} AS st USING fin WHERE fin.op = -1 AND {st_fin})"
+        " ins AS (INSERT INTO {state} ({cols}) SELECT {cols} FROM fin WHERE op = 1 AND NOT stored ORDER BY {key}),"
+        "{update}"
+        " del AS (DELETE FROM {state} AS st USING fin WHERE fin.op = -1 AND fin.stored AND {st_fin})"
         " INSERT INTO {delta} (sign, {cols}) SELECT op, {cols} FROM tv"
     ).format(
         batch=batch,
@@ -165,7 +174,7 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
         t_s=match("t", "s"),
         t_key=_list([sql.SQL("t.{}").format(k) for k in keys]),
         cols=_list(names),
-        on_conflict=on_conflict,
+        update=update,
         st_fin=match("st", "fin"),
         delta=delta_table(stream),
     )
@@ -219,7 +228,8 @@ def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> li
         ]
         statements.append(
             sql.SQL(
-                "CREATE TABLE {} ({}, value {} NOT NULL, n bigint NOT NULL, UNIQUE NULLS NOT DISTINCT ({}, value))"
+                "CREATE TABLE {} ({}, value {} NOT NULL, n bigint NOT NULL, last_delta bigint NOT NULL,"
+                " UNIQUE NULLS NOT DISTINCT ({}, value))"
             ).format(refs_table(view), _list(ref_columns), _raw(types.distinct_arg or ""), groups)
         )
     return statements
@@ -246,42 +256,42 @@ def _delta_filter(view: ViewDef) -> sql.Composable:
 
 
 def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
-    """Reference counts of (group, value) move by the batch's deltas; record values entering or leaving."""
+    """Reference counts of (group, value) move by the batch's deltas; record values entering or leaving.
+
+    Each row keeps the change it last received (`last_delta`), so RETURNING tells the count before and
+    after without joining back to the batch.
+    """
     group_exprs = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
     group_names = [_ident(g.name) for g in view.groups]
     arg = _raw(view.distinct_arg or "")
     not_null = sql.SQL("({}) IS NOT NULL").format(arg)
     where = _delta_filter(view)
     where = (where + sql.SQL(" AND ") + not_null) if where.as_string() else sql.SQL(" WHERE ") + not_null
-    join = sql.SQL(" AND ").join(
-        [sql.SQL("up.{0} IS NOT DISTINCT FROM i.{0}").format(n) for n in group_names] + [sql.SQL("up.value = i.value")]
-    )
     return sql.SQL(
-        "WITH i AS (SELECT {gexprs}, {arg} AS value, sum(sign)::bigint AS n FROM {source} AS d{where}"
-        " GROUP BY {gnames}, value ORDER BY {gnames}, value),"
-        " up AS (INSERT INTO {refs} AS r ({gnames}, value, n) SELECT * FROM i"
-        " ON CONFLICT ({gnames}, value) DO UPDATE SET n = r.n + excluded.n RETURNING r.*)"
+        "WITH up AS (INSERT INTO {refs} AS r ({gnames}, value, n, last_delta)"
+        " SELECT {gexprs}, {arg} AS value, sum(sign), sum(sign) FROM {source} AS d{where}"
+        " GROUP BY {pos} ORDER BY {pos}"
+        " ON CONFLICT ({gnames}, value) DO UPDATE SET n = r.n + excluded.n, last_delta = excluded.n RETURNING r.*)"
         " INSERT INTO {trans} (sign, {gnames}, value)"
-        " SELECT CASE WHEN up.n > 0 THEN 1 ELSE -1 END, {up_groups}, up.value FROM up JOIN i ON {join}"
-        " WHERE (up.n > 0) <> (up.n - i.n > 0)"
+        " SELECT CASE WHEN n > 0 THEN 1 ELSE -1 END, {gnames}, value FROM up WHERE (n > 0) <> (n - last_delta > 0)"
     ).format(
+        refs=refs_table(view),
+        gnames=_list(group_names),
         gexprs=_list(group_exprs),
         arg=arg,
         source=source,
         where=where,
-        gnames=_list(group_names),
-        refs=refs_table(view),
+        pos=_list([sql.SQL(str(i + 1)) for i in range(len(view.groups) + 1)]),
         trans=transitions_table(view),
-        join=join,
-        up_groups=_list([sql.SQL("up.{}").format(n) for n in group_names]),
     )
 
 
 def drop_dead_refs(view: ViewDef) -> sql.Composed:
     """Forget the values this batch made unreferenced (only they can have reached zero)."""
+    # `value` is never NULL: the equality lets PostgreSQL hash the join; groups may be NULL.
     match = sql.SQL(" AND ").join(
-        [sql.SQL("r.{0} IS NOT DISTINCT FROM t.{0}").format(_ident(g.name)) for g in view.groups]
-        + [sql.SQL("r.value = t.value")]
+        [sql.SQL("r.value = t.value")]
+        + [sql.SQL("r.{0} IS NOT DISTINCT FROM t.{0}").format(_ident(g.name)) for g in view.groups]
     )
     return sql.SQL("DELETE FROM {} AS r USING {} AS t WHERE t.sign < 0 AND r.n <= 0 AND {}").format(
         refs_table(view), transitions_table(view), match
@@ -375,12 +385,18 @@ def _netted_transitions(view: ViewDef, source: sql.Composable) -> sql.Composed:
 
 
 def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sql.Composed:
-    """One upsert of a batch's deltas into the view, rows sorted by group (the lock order)."""
+    """One upsert of a batch's deltas into the view, rows sorted by group (the lock order).
+
+    Views that drop empty groups get back one row: the ctids of groups this batch emptied (see
+    `delete_rows`). With DISTINCT aggregates, deltas and transitions are aggregated in one pass over
+    their UNION ALL: GROUP BY treats NULL groups as equal and hashes, where a join would need
+    IS NOT DISTINCT FROM, which PostgreSQL can only evaluate in a nested loop.
+    """
     group_names = [_ident(g.name) for g in view.groups]
-    group_exprs = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
     by_position = _list([sql.SQL(str(i + 1)) for i in range(len(view.groups))])
     if view.distinct_arg is None:
         columns = _columns(view, sql.SQL("sign"), None)
+        group_exprs = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
         body = sql.SQL("SELECT {groups}, {batch} FROM {source} AS d{where} GROUP BY {pos} ORDER BY {pos}").format(
             groups=_list(group_exprs),
             batch=_list([c.batch for c in columns]),
@@ -389,39 +405,28 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
             pos=by_position,
         )
     else:
-        # Plain aggregates come from the deltas, DISTINCT ones from the transitions; joined per group.
         transitions = transitions_table(view) if uses_refs(view, stream) else _netted_transitions(view, source)
-        columns = _columns(view, sql.SQL("t.sign"), sql.SQL("t.value"))
-        aliases = [sql.Identifier(f"c{i}") for i in range(len(columns))]
-        pairs = list(zip(columns, aliases, strict=True))
-        from_deltas = [sql.SQL("{} AS {}").format(c.batch, a) for c, a in pairs if not c.from_transitions]
-        from_trans = [sql.SQL("{} AS {}").format(c.batch, a) for c, a in pairs if c.from_transitions]
-        picks = [
-            sql.SQL("coalesce(t.{}, {})").format(a, sql.SQL(c.when_absent))
-            if c.from_transitions
-            else sql.SQL("d.{}").format(a)
-            for c, a in pairs
-        ]
-        join = sql.SQL(" AND ").join(sql.SQL("d.{0} IS NOT DISTINCT FROM t.{0}").format(n) for n in group_names)
+        columns = _columns(view, sql.SQL("_cv_tsign"), sql.SQL("_cv_value"))
+        slots = [_ident(f"_cv_g{i}") for i in range(len(view.groups))]
         body = sql.SQL(
-            "SELECT {dgroups}, {picks} FROM"
-            " (SELECT {groups}, {from_deltas} FROM {source} AS d{where} GROUP BY {pos}) AS d"
-            " LEFT JOIN (SELECT {names}, {from_trans} FROM {trans} AS t GROUP BY {pos}) AS t ON {join}"
-            " ORDER BY {pos}"
+            "SELECT {slots}, {batch} FROM ("
+            "SELECT {group_exprs}, d.*, NULL AS _cv_value, NULL::int AS _cv_tsign FROM {source} AS d{where}"
+            " UNION ALL SELECT {t_groups}, NULL, {nulls}, t.value, t.sign FROM {trans} AS t"
+            ") AS u GROUP BY {pos} ORDER BY {pos}"
         ).format(
-            dgroups=_list([sql.SQL("d.{}").format(n) for n in group_names]),
-            picks=_list(picks),
-            groups=_list(group_exprs),
-            from_deltas=_list(from_deltas),
+            slots=_list(slots),
+            batch=_list([c.batch for c in columns]),
+            group_exprs=_list(
+                [sql.SQL("{} AS {}").format(_raw(g.sql), n) for g, n in zip(view.groups, slots, strict=True)]
+            ),
             source=source,
             where=_delta_filter(view),
-            pos=by_position,
-            names=_list(group_names),
-            from_trans=_list(from_trans),
+            t_groups=_list([sql.SQL("t.{}").format(n) for n in group_names]),
+            nulls=_list([sql.SQL("NULL") for _ in stream.columns]),
             trans=transitions,
-            join=join,
+            pos=by_position,
         )
-    return sql.SQL(
+    upsert = sql.SQL(
         "INSERT INTO {view} AS v ({groups}, {targets}) {body} ON CONFLICT ({groups}) DO UPDATE SET {merges}"
     ).format(
         view=_ident(view.schema, view.name),
@@ -430,18 +435,17 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
         body=body,
         merges=_list([sql.SQL("{} = {}").format(_ident(c.target), c.merge) for c in columns]),
     )
-
-
-def delete_empty_groups(view: ViewDef, source: sql.Composable) -> sql.Composed | None:
-    """Groups a batch emptied disappear (unknown ids read as 0 / empty); monotonic views keep them."""
     if view.is_monotonic:
-        return None
-    match = sql.SQL(" AND ").join(
-        sql.SQL("v.{} IS NOT DISTINCT FROM ({})").format(_ident(g.name), _raw(g.sql)) for g in view.groups
-    )
-    return sql.SQL("DELETE FROM {} AS v WHERE v.{} <= 0 AND EXISTS (SELECT FROM {} AS d WHERE sign < 0 AND {})").format(
-        _ident(view.schema, view.name), _ident(ROWS), source, match
-    )
+        return upsert
+    return sql.SQL(
+        "WITH up AS ({upsert} RETURNING v.ctid AS tid, v.{rows} AS n)"
+        " SELECT coalesce(array_agg(tid) FILTER (WHERE n <= 0), '{{}}') FROM up"
+    ).format(upsert=upsert, rows=_ident(ROWS))
+
+
+def delete_rows(view: ViewDef) -> sql.Composed:
+    """Delete the groups a batch emptied, by the ctids `apply_deltas` returned (rows it has locked)."""
+    return sql.SQL("DELETE FROM {} WHERE ctid = ANY(%s::tid[])").format(_ident(view.schema, view.name))
 
 
 def expire(view: ViewDef) -> sql.Composed | None:

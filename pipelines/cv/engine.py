@@ -16,11 +16,22 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv import catalog, compiler
-from pipelines.cv.definitions import StreamDef
+from pipelines.cv.definitions import StreamDef, ViewDef
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 
 log = get_logger("cv.engine")
+
+
+@dataclass(frozen=True)
+class _ViewStatements:
+    """One view's maintenance: reference counts first, then the upsert, then cleanup."""
+
+    view: ViewDef
+    before: tuple[sql.Composed, ...]
+    apply: sql.Composed
+    after: tuple[sql.Composed, ...]
+    delete_rows: sql.Composed
 
 
 @dataclass(frozen=True)
@@ -31,7 +42,7 @@ class _Plan:
     stream: StreamDef
     views: tuple[catalog.CompiledView, ...]
     to_deltas: sql.Composed
-    per_view: tuple[tuple[sql.Composed, ...], ...]
+    per_view: tuple[_ViewStatements, ...]
     temp_tables: tuple[sql.Composed, ...]
 
 
@@ -66,7 +77,14 @@ class StreamMaintainer:
         deltas = conn.execute(plan.to_deltas, [list(ops), *[list(c) for c in columns]]).rowcount
         if deltas:
             for statements in plan.per_view:
-                for statement in statements:
+                for statement in statements.before:
+                    conn.execute(statement)
+                cursor = conn.execute(statements.apply)
+                if not statements.view.is_monotonic:
+                    emptied = cursor.fetchone()[0]
+                    if emptied:
+                        conn.execute(statements.delete_rows, (emptied,))
+                for statement in statements.after:
                     conn.execute(statement)
         return deltas
 
@@ -103,17 +121,18 @@ class StreamMaintainer:
         temp_tables = [compiler.create_delta_table(stream)]
         for compiled in views:
             view = compiled.view
-            statements = []
-            if compiler.uses_refs(view, stream):
+            refs = compiler.uses_refs(view, stream)
+            if refs:
                 temp_tables.append(compiler.create_transitions_table(view, compiled.types))
-                statements.append(compiler.update_refs(view, source))
-            statements.append(compiler.apply_deltas(view, stream, source))
-            if compiler.uses_refs(view, stream):
-                statements.append(compiler.drop_dead_refs(view))
-            empty = compiler.delete_empty_groups(view, source)
-            if empty is not None:
-                statements.append(empty)
-            per_view.append(tuple(statements))
+            per_view.append(
+                _ViewStatements(
+                    view=view,
+                    before=(compiler.update_refs(view, source),) if refs else (),
+                    apply=compiler.apply_deltas(view, stream, source),
+                    after=(compiler.drop_dead_refs(view),) if refs else (),
+                    delete_rows=compiler.delete_rows(view),
+                )
+            )
         log.info(
             "stream plan loaded",
             stream=stream.name,
