@@ -32,6 +32,8 @@ from pipelines.topics import ensure_topics
 log = get_logger("consumer")
 
 Decoder = Callable[[bytes | None, bytes | None, int], Change]
+# The dead-letter reason for a record whose decoder failed unexpectedly (a bug, not bad input).
+UNDECODABLE = "undecodable"
 
 
 @dataclass(frozen=True)
@@ -182,11 +184,18 @@ class Pipeline:
             try:
                 change = decode(message.key(), message.value(), message.timestamp()[1])
             except InvalidEvent as e:
-                self.dead_letters.send(message, e)
-                batch.dead_letters[(message.topic(), e.reason)] += 1
+                self._reject(batch, message, e)
+                continue
+            except Exception as e:  # a decoder bug must not crash-loop on one record
+                log.exception("decoder failed", topic=message.topic(), offset=message.offset())
+                self._reject(batch, message, InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}"))
                 continue
             changes.add(change.op, change.values)
         return batch
+
+    def _reject(self, batch: Batch, message: Message, error: InvalidEvent) -> None:
+        self.dead_letters.send(message, error)
+        batch.dead_letters[(message.topic(), error.reason)] += 1
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         stored = self._stored_offsets([p.partition for p in partitions])
