@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pipelines.cv import compiler
-from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, split_statements
+from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, split_statements, state_table_name
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_READER, ROLE_WRITER
 
@@ -204,7 +204,7 @@ def drop_view(conn: psycopg.Connection, name: str) -> str:
         lock_stream(conn, row[0], shared=False)
         schema, _, table = name.partition(".")
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table)))
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, f"{table}__refs")))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.refs_table_of(schema, table)))
         conn.execute("DELETE FROM cv.views WHERE name = %s", (name,))
         _bump(conn)
     return f"view {name} dropped"
@@ -216,7 +216,9 @@ def drop_stream(conn: psycopg.Connection, name: str) -> str:
         if conn.execute("SELECT 1 FROM cv.views WHERE stream = %s", (name,)).fetchone():
             raise DefinitionError(f"stream {name} still has views; drop them first")
         lock_stream(conn, name, shared=False)
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier("cv", f"state_{name}")))
+        conn.execute(
+            sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(compiler.CV_SCHEMA, state_table_name(name)))
+        )
         if conn.execute("DELETE FROM cv.streams WHERE name = %s", (name,)).rowcount == 0:
             raise DefinitionError(f"no stream named {name}")
         _bump(conn)

@@ -70,7 +70,12 @@ def state_table(stream: StreamDef) -> sql.Identifier:
 
 def refs_table(view: ViewDef) -> sql.Identifier:
     """Reference counts behind a view's DISTINCT aggregates, when they are needed."""
-    return _ident(view.schema, f"{view.name}__refs")
+    return refs_table_of(view.schema, view.name)
+
+
+def refs_table_of(schema: str, view: str) -> sql.Identifier:
+    """The reference-count table's name for a view given by name (`<view>__refs`)."""
+    return _ident(schema, f"{view}__refs")
 
 
 def transitions_table(view: ViewDef) -> sql.Identifier:

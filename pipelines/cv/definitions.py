@@ -47,6 +47,11 @@ class Column:
     type: str
 
 
+def state_table_name(stream: str) -> str:
+    """Where a keyed stream keeps its current rows: `cv.state_<stream>`."""
+    return f"state_{stream}"
+
+
 @dataclass(frozen=True)
 class StreamDef:
     """A named stream: a Kafka topic whose events carry these columns."""
@@ -64,8 +69,8 @@ class StreamDef:
 
     @property
     def state_table(self) -> str:
-        """The table holding a keyed stream's current rows (`cv.state_<name>`)."""
-        return f"state_{self.name}"
+        """The table holding a keyed stream's current rows (in schema cv)."""
+        return state_table_name(self.name)
 
 
 @dataclass(frozen=True)

@@ -54,13 +54,6 @@ class StreamMaintainer:
     _plan: _Plan | None = None
     _sessions_ready: set[int] = field(default_factory=set)
 
-    @property
-    def stream(self) -> StreamDef:
-        """The stream as last loaded from the catalog."""
-        if self._plan is None:
-            raise StreamviewsError(f"stream {self.stream_name}: not loaded yet")
-        return self._plan.stream
-
     def apply(self, conn: psycopg.Connection, ops: Sequence[int], columns: Sequence[Sequence[object]]) -> int:
         """Apply a batch in the current transaction; returns the number of deltas (real changes).
 
