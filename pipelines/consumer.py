@@ -90,6 +90,7 @@ class Pipeline:
         self.positions: dict[int, int | None] = {}
         self.running = True
         self.totals = {"batches": 0, "records": 0, "deltas": 0, "retries": 0}
+        self._failures = 0  # consecutive failed commits
 
     def run(self) -> None:
         """Consume until SIGTERM/SIGINT, then finish the current batch and leave the group."""
@@ -146,14 +147,20 @@ class Pipeline:
             deltas = self.checkpoint.commit(batch)
         except (Fenced, psycopg.Error, StreamviewsError) as e:
             self.totals["retries"] += 1
+            self._failures += 1
+            # A fence resolves at once; anything else backs off, so a persistent fault does not spin.
+            delay = 0.0 if isinstance(e, Fenced) else min(0.25 * 2**self._failures, 30.0)
             log.warning(
                 "batch not committed; re-seeking to stored offsets",
                 pipeline=self.spec.name,
                 error=str(e),
                 records=batch.records,
+                retry_in_s=delay,
             )
+            time.sleep(delay)
             self._rewind()
             return
+        self._failures = 0
         for (_, partition), offset in batch.end.items():
             self.positions[partition] = offset
         self.totals["batches"] += 1
