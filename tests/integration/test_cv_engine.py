@@ -289,3 +289,24 @@ def test_an_invalid_view_is_refused_at_definition_time_with_the_reason(pg, strea
         with pytest.raises(DefinitionError, match=message):
             catalog.define(owner, statement)
         assert owner.execute("SELECT to_regclass(%s)", (f"{streams['schema']}.bad",)).fetchone() == (None,)
+
+
+def test_a_batch_without_repeated_keys_applies_only_the_effective_changes(writer, streams):
+    maintainer = StreamMaintainer(streams["keyed"])
+    oid = 900_006
+    apply(writer, maintainer, [(1, oid, 1, DAY0, 1), (1, oid, 2, DAY0, 2)])
+
+    changes = apply(
+        writer,
+        maintainer,
+        [
+            (-1, oid, 1, DAY0, None),  # present: removed, taking its stored weight with it
+            (1, oid, 2, DAY0, 99),  # present: nothing changes, the stored weight stays
+            (1, oid, 3, DAY0, 3),  # absent: added
+            (-1, oid, 4, DAY0, None),  # absent: nothing to remove
+        ],
+    )
+
+    assert changes == 2
+    row = writer.execute(f"SELECT n, total, users FROM {streams['schema']}.per_object WHERE oid = %s", (oid,))
+    assert row.fetchone() == (2, 5, [2, 3])
