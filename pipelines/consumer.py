@@ -31,7 +31,8 @@ from pipelines.topics import ensure_topics
 
 log = get_logger("consumer")
 
-Decoder = Callable[[bytes | None, bytes | None, int], Change]
+# A decoder returns None for a record that carries nothing to apply (a tombstone).
+Decoder = Callable[[bytes | None, bytes | None, int], Change | None]
 # The dead-letter reason for a record whose decoder failed unexpectedly (a bug, not bad input).
 UNDECODABLE = "undecodable"
 
@@ -197,7 +198,8 @@ class Pipeline:
                 log.exception("decoder failed", topic=message.topic(), offset=message.offset())
                 self._reject(batch, message, InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}"))
                 continue
-            changes.add(change.op, change.values)
+            if change is not None:
+                changes.add(change.op, change.values)
         return batch
 
     def _reject(self, batch: Batch, message: Message, error: InvalidEvent) -> None:

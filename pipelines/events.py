@@ -115,8 +115,8 @@ def decode_like(key: bytes | None, value: bytes | None, timestamp_ms: int) -> Ch
         InvalidEvent: The record breaks the contract; `reason` says how.
     """
     event = _load(value, _LIKE_FIELDS, "likes")
-    oid = _id(event, "oid")
-    uid = _id(event, "uid")
+    oid = read_id(event, "oid")
+    uid = read_id(event, "uid")
     _check_key(key, "oid", oid)
     op = _op(event, _LIKE_ACTIONS, "like")
     return Change(op, (oid, uid, _timestamp(event, timestamp_ms)))
@@ -138,8 +138,8 @@ def decode_follow(key: bytes | None, value: bytes | None, timestamp_ms: int) -> 
         InvalidEvent: The record breaks the contract; `reason` says how.
     """
     event = _load(value, _FOLLOW_FIELDS, "follows")
-    uid = _id(event, "uid")
-    target = _id(event, "target")
+    uid = read_id(event, "uid")
+    target = read_id(event, "target")
     _check_key(key, "uid", uid)
     if uid == target:
         raise InvalidEvent("self_follow", f"uid and target are both {uid}")
@@ -171,7 +171,8 @@ def _load(value: bytes | None, fields: frozenset[str], contract: str) -> dict[st
     return event
 
 
-def _id(event: dict[str, Any], name: str) -> int:
+def read_id(event: dict[str, Any], name: str) -> int:
+    """An id field: a JSON integer in 1 .. 2**63-1 (rejections name the field and the value)."""
     value = event.get(name)
     if type(value) is int and 0 < value <= MAX_ID:
         return value
@@ -205,15 +206,16 @@ def _op(event: dict[str, Any], actions: dict[str, int], default: str) -> int:
 def _timestamp(event: dict[str, Any], timestamp_ms: int) -> datetime:
     ts = event.get("ts")
     if type(ts) is str:
-        return _parse_rfc3339(ts)
+        return parse_rfc3339(ts)
     if type(ts) is int:
-        return _from_epoch_ms(ts, "ts")
+        return from_epoch_ms(ts, "ts")
     if ts is None and "ts" not in event:
-        return _from_epoch_ms(timestamp_ms, "ts is missing and the record timestamp")
+        return from_epoch_ms(timestamp_ms, "ts is missing and the record timestamp")
     raise InvalidEvent("wrong_type", f"ts must be an RFC 3339 string or epoch milliseconds, got {_json(ts)}")
 
 
-def _from_epoch_ms(ms: int, what: str) -> datetime:
+def from_epoch_ms(ms: int, what: str) -> datetime:
+    """Epoch milliseconds as a UTC datetime, exact to the millisecond over 1970 .. 9999."""
     if 0 <= ms < _FLOAT_EXACT_MS:
         return datetime.fromtimestamp(ms / 1000, UTC)
     if 0 <= ms <= _MAX_EPOCH_MS:
@@ -221,7 +223,8 @@ def _from_epoch_ms(ms: int, what: str) -> datetime:
     raise InvalidEvent("bad_timestamp", f"{what} {ms} is not epoch milliseconds in 1970-01-01 .. 9999-12-31")
 
 
-def _parse_rfc3339(text: str) -> datetime:
+def parse_rfc3339(text: str) -> datetime:
+    """An RFC 3339 date-time with seconds and an offset, as a UTC datetime."""
     # `fromisoformat` also takes ISO 8601 forms that RFC 3339 excludes (a date alone, no offset, week
     # dates, "+0200", "10:00Z", "20261122T100000Z"); this shape check leaves it only full date-times with
     # seconds and a Z or ±HH:MM offset. It validates the digits and the calendar itself.

@@ -14,10 +14,11 @@ import subprocess
 import sys
 import time
 
+from pipelines import connectors
 from pipelines.dbsetup import setup_database
 from pipelines.errors import StackError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger
-from pipelines.settings import LogSettings, PostgresSettings
+from pipelines.settings import ConnectSettings, LogSettings, PostgresSettings
 from stack.configure import DATABASE, prepare, read_secret
 from stack.install import install
 from stack.procmem import tree_memory_mib
@@ -53,6 +54,10 @@ def up(settings: StackSettings) -> None:
             setup_database(admin_settings(settings))
     for name in SERVICE_NAMES:
         _wait(settings, supervisor, name, elastic_password)
+    connectors.apply(
+        ConnectSettings(url=f"http://127.0.0.1:{settings.connect_port}"),
+        PostgresSettings(host="127.0.0.1", port=settings.pgport, database=DATABASE, secrets_dir=settings.paths.secrets),
+    )
     log.info("stack ready", seconds=round(time.monotonic() - started, 1), env_file=str(settings.paths.env_file))
 
 

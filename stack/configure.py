@@ -19,6 +19,7 @@ from pathlib import Path
 from pipelines.logs import get_logger
 from pipelines.settings import APP_ROLES, ROLE_WRITER, secret_file_name
 from stack.install import Distributions
+from stack.services import PIPELINES
 from stack.settings import REPO_ROOT, StackPaths, StackSettings
 from stack.shell import ServiceUser, make_dir, run, write_file
 
@@ -52,10 +53,16 @@ def prepare(settings: StackSettings, user: ServiceUser, dist: Distributions) -> 
     configure_kafka(settings, user, dist, context)
     configure_connect(settings, user, context)
     configure_elasticsearch(settings, user, dist, context)
-    write_file(paths.supervisord_conf, render("supervisord.conf", context), user, 0o600)
+    write_file(paths.supervisord_conf, render_supervisord(context), user, 0o600)
     write_file(paths.env_file, client_env(settings), user)
     write_file(paths.secrets / "pgpass", pgpass(settings), user, 0o600)
     return context
+
+
+def render_supervisord(context: dict[str, object]) -> str:
+    """The process manager's configuration, with one program block per pipeline."""
+    programs = "\n".join(render("pipeline.program", {**context, "pipeline": name}) for name in PIPELINES)
+    return render("supervisord.conf", {**context, "pipeline_programs": programs})
 
 
 def ensure_secrets(paths: StackPaths, user: ServiceUser) -> None:

@@ -54,9 +54,9 @@ SERVICES = (
     Service("kafka", "kafka_port", ("kafka.log", "kafka.out")),
     Service("elasticsearch", "es_port", ("elasticsearch/streamviews.log", "elasticsearch.out")),
     Service("connect", "connect_port", ("connect.log", "connect.out")),
-    Service("likes", None, ("likes.log",)),
-    Service("follows", None, ("follows.log",)),
+    *(Service(name, None, (f"{name}.log",)) for name in ("likes", "follows", "cdc_likes", "cdc_follows")),
 )
+PIPELINES = tuple(s.name for s in SERVICES if s.is_pipeline)
 SERVICE_NAMES = tuple(s.name for s in SERVICES)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.configure import TEMPLATES, render, render_context
+from stack.configure import TEMPLATES, render, render_context, render_supervisord
 from stack.install import Distributions
 from stack.settings import StackSettings
 from stack.shell import ServiceUser
@@ -29,7 +29,8 @@ def context(tmp_path) -> dict[str, object]:
 
 @pytest.mark.parametrize("template", sorted(p.name for p in TEMPLATES.iterdir()))
 def test_every_template_renders_without_leftover_placeholders(template, context):
-    text = render(template, {**context, "service": "kafka"})
+    extra = {"service": "kafka", "pipeline": "likes"}
+    text = render_supervisord(context) if template == "supervisord.conf" else render(template, {**context, **extra})
     assert not re.search(r"@\{\w+\}", text)
 
 
@@ -67,9 +68,11 @@ def test_elasticsearch_is_secured_and_bound_to_loopback(context):
 
 def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivileged(context):
     parser = configparser.ConfigParser(interpolation=None)
-    parser.read_string(render("supervisord.conf", context))
+    parser.read_string(render_supervisord(context))
     programs = [s for s in parser.sections() if s.startswith("program:")]
     assert sorted(programs) == [
+        "program:cdc_follows",
+        "program:cdc_likes",
         "program:connect",
         "program:elasticsearch",
         "program:follows",

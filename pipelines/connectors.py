@@ -1,0 +1,123 @@
+"""`python -m pipelines.connectors apply|status|delete`: the Kafka Connect connectors in connectors/.
+
+Each `connectors/<name>.json` holds `{"name": ..., "config": {...}}`. `apply` renders the
+environment's values into it (`@{PGHOST}`, `@{PGPORT}`, `@{PGDATABASE}`, `@{SECRETS_DIR}`) and PUTs
+it to `/connectors/<name>/config`, which creates or updates: running it twice changes nothing.
+Passwords are never in the files: they reference the worker's config providers,
+e.g. `${dir:@{SECRETS_DIR}:pg_cdc_password}`.
+
+`status` shows connector and task states, and the replication slot's lag: a connector retrying a
+lost database still reports RUNNING, but its slot stops confirming WAL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import string
+import sys
+from pathlib import Path
+
+import httpx
+import psycopg
+
+from pipelines.errors import StreamviewsError
+from pipelines.logs import configure_logging, get_logger
+from pipelines.settings import ROLE_CDC, ConnectSettings, PostgresSettings
+
+log = get_logger("connectors")
+
+CONNECTORS_DIR = Path(os.environ.get("CONNECTORS_DIR", Path(__file__).resolve().parents[1] / "connectors"))
+
+
+class ConnectorError(StreamviewsError):
+    """A connector could not be applied or read."""
+
+
+class _Template(string.Template):
+    delimiter = "@"
+
+
+def load(path: Path, postgres: PostgresSettings) -> tuple[str, dict[str, str]]:
+    """A connector file with this environment's values filled in: (name, config)."""
+    values = {
+        "PGHOST": postgres.host,
+        "PGPORT": str(postgres.port),
+        "PGDATABASE": postgres.database,
+        "SECRETS_DIR": str(postgres.secrets_dir or "/run/secrets"),
+    }
+    try:
+        document = json.loads(_Template(path.read_text()).substitute(values))
+    except (KeyError, ValueError) as e:
+        raise ConnectorError(f"{path.name}: {e}") from e
+    return document["name"], document["config"]
+
+
+def apply(connect: ConnectSettings, postgres: PostgresSettings, folder: Path = CONNECTORS_DIR) -> list[str]:
+    """PUT every connector's config (create or update); returns their names."""
+    names = []
+    for path in sorted(folder.glob("*.json")):
+        name, config = load(path, postgres)
+        response = httpx.put(f"{connect.url}/connectors/{name}/config", json=config, timeout=60)
+        if response.status_code not in (200, 201):
+            raise ConnectorError(f"{name}: Connect answered {response.status_code}: {response.text[:2000]}")
+        log.info("connector applied", connector=name, created=response.status_code == 201)
+        names.append(name)
+    return names
+
+
+def state(connect: ConnectSettings, name: str) -> tuple[str, list[str]]:
+    """(connector state, task states) as Connect reports them; ("MISSING", []) when not registered."""
+    response = httpx.get(f"{connect.url}/connectors/{name}/status", timeout=30)
+    if response.status_code == 404:
+        return "MISSING", []
+    response.raise_for_status()
+    status = response.json()
+    return status["connector"]["state"], [task["state"] for task in status.get("tasks", [])]
+
+
+def slot_lag(postgres: PostgresSettings, slot: str) -> tuple[bool, int] | None:
+    """(active, bytes of WAL not yet confirmed) of a replication slot; None if it does not exist."""
+    with psycopg.connect(postgres.conninfo(user=ROLE_CDC), autocommit=True) as conn:
+        return conn.execute(
+            "SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint"
+            " FROM pg_replication_slots WHERE slot_name = %s",
+            (slot,),
+        ).fetchone()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.connectors", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("apply", help="create or update every connector in connectors/")
+    commands.add_parser("status", help="connector and task states, replication slot lag")
+    delete = commands.add_parser("delete", help="remove a connector (its replication slot stays)")
+    delete.add_argument("name")
+    args = parser.parse_args(argv)
+    configure_logging()
+    connect, postgres = ConnectSettings(), PostgresSettings()
+    try:
+        if args.command == "apply":
+            apply(connect, postgres)
+        elif args.command == "status":
+            for path in sorted(CONNECTORS_DIR.glob("*.json")):
+                name, config = load(path, postgres)
+                connector, tasks = state(connect, name)
+                lag = slot_lag(postgres, config.get("slot.name", "")) if "slot.name" in config else None
+                slot = (
+                    "no slot" if lag is None else f"slot {'active' if lag[0] else 'INACTIVE'}, {lag[1]:,} bytes behind"
+                )
+                print(f"{name}: connector {connector}, tasks {', '.join(tasks) or '-'}; {slot}")
+        else:
+            httpx.delete(f"{connect.url}/connectors/{args.name}", timeout=30).raise_for_status()
+            print(f"{args.name} deleted; drop its slot with pg_drop_replication_slot() if it is gone for good")
+    except (ConnectorError, httpx.HTTPError, psycopg.Error) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Change data capture: rows written to app.likes and app.follows reach the same social views.
+
+Debezium (registered by `make up` from connectors/app-social.json) streams the tables' changes; the
+supervised CDC pipelines apply them. Each test uses its own ids.
+"""
+
+from __future__ import annotations
+
+import random
+
+import httpx
+import pytest
+
+from tests.integration.conftest import wait_for
+
+
+@pytest.fixture(scope="module")
+def connector(connect, stack):
+    """The app-social connector, RUNNING with its task (polled, never slept for)."""
+
+    def running() -> bool:
+        response = httpx.get(f"{connect.url}/connectors/app-social/status", timeout=10)
+        if response.status_code != 200:
+            return False
+        status = response.json()
+        tasks = status.get("tasks", [])
+        return status["connector"]["state"] == "RUNNING" and bool(tasks) and tasks[0]["state"] == "RUNNING"
+
+    wait_for(running, timeout=120, what="the app-social connector and its task RUNNING")
+    return "app-social"
+
+
+@pytest.fixture
+def ids():
+    base = random.randrange(10**12, 10**15) * 1000
+    return lambda n: base + n
+
+
+@pytest.fixture
+def app(pg):
+    with pg("sv_writer", autocommit=True) as conn:
+        yield conn
+
+
+@pytest.fixture(scope="module")
+def reader(pg):
+    with pg("sv_reader", autocommit=True) as conn:
+        yield conn
+
+
+def read(conn, sql, *args):
+    return conn.execute(sql, args).fetchone()[0]
+
+
+def test_inserted_and_deleted_rows_become_likes_and_unlikes(connector, app, reader, ids):
+    post = ids(1)
+    for uid in (ids(2), ids(3), ids(4)):
+        app.execute("INSERT INTO app.likes (oid, uid) VALUES (%s, %s)", (post, uid))
+    app.execute("DELETE FROM app.likes WHERE oid = %s AND uid = %s", (post, ids(3)))
+
+    wait_for(lambda: sorted(read(reader, "SELECT social.likers(%s)", post)) == [ids(2), ids(4)], what="CDC likes")
+    assert read(reader, "SELECT social.like_count(%s)", post) == 2
+    assert sorted(read(reader, "SELECT social.liked_objects(%s)", ids(2))) == [post]
+
+
+def test_follow_rows_feed_following_followers_and_friends_who_like(connector, app, reader, ids):
+    me, friend, stranger, post = ids(1), ids(2), ids(3), ids(4)
+    app.execute("INSERT INTO app.follows (uid, target) VALUES (%s, %s), (%s, %s)", (me, friend, me, stranger))
+    app.execute("DELETE FROM app.follows WHERE uid = %s AND target = %s", (me, stranger))
+    app.execute("INSERT INTO app.likes (oid, uid) VALUES (%s, %s), (%s, %s)", (post, friend, post, stranger))
+
+    wait_for(lambda: read(reader, "SELECT social.friends_who_like(%s, %s)", me, post) == [friend], what="friends")
+    assert read(reader, "SELECT social.following(%s)", me) == [friend]
+    assert read(reader, "SELECT social.followers(%s)", friend) == [me]
+
+
+def test_changing_a_rows_key_moves_the_like_and_other_updates_change_nothing(connector, app, reader, ids):
+    post, moved_to, fan = ids(1), ids(2), ids(3)
+    app.execute("INSERT INTO app.likes (oid, uid) VALUES (%s, %s)", (post, fan))
+    app.execute("UPDATE app.likes SET created_at = now() - interval '1 day' WHERE oid = %s", (post,))
+    app.execute("UPDATE app.likes SET oid = %s WHERE oid = %s", (moved_to, post))
+
+    wait_for(lambda: read(reader, "SELECT social.likers(%s)", moved_to) == [fan], what="the like to move")
+    assert read(reader, "SELECT social.like_count(%s)", post) == 0
+
+
+def test_likes_from_kafka_and_from_table_rows_meet_in_one_set(connector, app, reader, ids, kafka):
+    from confluent_kafka import Producer
+
+    post = ids(1)
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers})
+    producer.produce("likes", key=str(post), value=f'{{"oid": {post}, "uid": {ids(2)}}}')
+    producer.flush(30)
+    app.execute("INSERT INTO app.likes (oid, uid) VALUES (%s, %s), (%s, %s)", (post, ids(2), post, ids(3)))
+
+    wait_for(lambda: read(reader, "SELECT social.like_count(%s)", post) == 2, what="one set from both sources")
+    assert sorted(read(reader, "SELECT social.likers(%s)", post)) == [ids(2), ids(3)]
+
+
+def test_the_replication_slot_keeps_up_while_the_captured_tables_are_idle(connector, pg):
+    """Heartbeats let the slot confirm WAL written elsewhere, so an idle capture retains none of it."""
+    with pg("sv_owner", autocommit=True) as owner:
+        owner.execute("CREATE TEMP TABLE churn AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 20000) g")
+        owner.execute("UPDATE churn SET pad = pad || 'y'")  # WAL that no captured table explains
+    with pg("sv_cdc", autocommit=True) as cdc:
+        start = cdc.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+
+        def confirmed_past_start() -> bool:
+            row = cdc.execute(
+                "SELECT confirmed_flush_lsn >= %s::pg_lsn FROM pg_replication_slots WHERE slot_name = %s",
+                (start, "streamviews_app_social"),
+            ).fetchone()
+            return bool(row and row[0])
+
+        # Heartbeat every 10 s, offsets flushed every 10 s: the slot passes the churn within a minute.
+        wait_for(confirmed_past_start, timeout=90, interval=1, what="the slot to confirm WAL past the churn")
