@@ -18,27 +18,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-import orjson
-
-from pipelines.events import DELETE, INSERT, Change, InvalidEvent, from_epoch_ms, parse_rfc3339, read_id
+from pipelines.events import (
+    DELETE,
+    INSERT,
+    Change,
+    InvalidEvent,
+    from_epoch_ms,
+    load_object,
+    parse_rfc3339,
+    read_id,
+)
 
 # Debezium envelopes carry source metadata and both row images: larger than a contract event.
 MAX_CHANGE_EVENT_BYTES = 64 * 1024
 OPS = {"c": INSERT, "r": INSERT, "u": INSERT, "d": DELETE}
-
-
-def _envelope(value: bytes | None) -> dict[str, Any] | None:
-    if not value:
-        return None
-    if len(value) > MAX_CHANGE_EVENT_BYTES:
-        raise InvalidEvent("oversized", f"change event is {len(value)} bytes, over {MAX_CHANGE_EVENT_BYTES}")
-    try:
-        event = orjson.loads(value)
-    except orjson.JSONDecodeError as e:
-        raise InvalidEvent("malformed_json", f"change event is not JSON: {e}") from None
-    if type(event) is not dict:
-        raise InvalidEvent("malformed_json", "change event must be a JSON object (a Debezium envelope)")
-    return event
 
 
 def _created_at(row: dict[str, Any], event: dict[str, Any], timestamp_ms: int) -> datetime:
@@ -53,9 +46,9 @@ def _created_at(row: dict[str, Any], event: dict[str, Any], timestamp_ms: int) -
 
 def _decoder(first: str, second: str):
     def decode(key: bytes | None, value: bytes | None, timestamp_ms: int) -> Change | None:
-        event = _envelope(value)
-        if event is None:
+        if not value:
             return None
+        event = load_object(value, MAX_CHANGE_EVENT_BYTES)
         op = OPS.get(event.get("op"))
         if op is None:
             raise InvalidEvent("unknown_action", f"change op {event.get('op')!r} cannot be applied row by row")

@@ -153,18 +153,24 @@ Decoder = Callable[[bytes | None, bytes | None, int], Change]
 DECODERS: dict[str, Decoder] = {"likes": decode_like, "follows": decode_follow}
 
 
-def _load(value: bytes | None, fields: frozenset[str], contract: str) -> dict[str, Any]:
-    if not value:
-        raise InvalidEvent("empty", "value is empty" if value is not None else "value is null (a tombstone?)")
-    if len(value) > MAX_EVENT_BYTES:
+def load_object(value: bytes, limit: int) -> dict[str, Any]:
+    """A record value as a JSON object, at most `limit` bytes (checked before parsing)."""
+    if len(value) > limit:
         # Before parsing: the limit also bounds the work a hostile record can cause.
-        raise InvalidEvent("oversized", f"value is {len(value)} bytes, over the {MAX_EVENT_BYTES}-byte limit")
+        raise InvalidEvent("oversized", f"value is {len(value)} bytes, over the {limit}-byte limit")
     try:
         event = orjson.loads(value)
     except orjson.JSONDecodeError as e:
         raise InvalidEvent("malformed_json", f"value is not JSON: {e}") from None
     if type(event) is not dict:
         raise InvalidEvent("malformed_json", f"value must be a JSON object, got {_json(event)}")
+    return event
+
+
+def _load(value: bytes | None, fields: frozenset[str], contract: str) -> dict[str, Any]:
+    if not value:
+        raise InvalidEvent("empty", "value is empty" if value is not None else "value is null (a tombstone?)")
+    event = load_object(value, MAX_EVENT_BYTES)
     if not fields.issuperset(event):
         unknown = ", ".join(sorted(map(repr, event.keys() - fields)))
         raise InvalidEvent("unknown_field", f"unknown field {unknown}; {contract} has {', '.join(sorted(fields))}")
