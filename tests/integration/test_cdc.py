@@ -7,10 +7,16 @@ supervised CDC pipelines apply them. Each test uses its own ids.
 from __future__ import annotations
 
 import random
+import threading
+import time
 
 import httpx
+import psycopg
 import pytest
 
+from stack.configure import read_secret
+from stack.services import readiness_check
+from stack.supervisor import Supervisor
 from tests.integration.conftest import wait_for
 
 
@@ -114,3 +120,48 @@ def test_the_replication_slot_keeps_up_while_the_captured_tables_are_idle(connec
 
         # Heartbeat every 10 s, offsets flushed every 10 s: the slot passes the churn within a minute.
         wait_for(confirmed_past_start, timeout=90, interval=1, what="the slot to confirm WAL past the churn")
+
+
+def test_no_change_is_lost_when_connect_and_then_postgres_restart_mid_stream(connector, stack, pg, ids):
+    """Runs last in this module: it restarts the database, which drops every open connection."""
+    supervisor = Supervisor(stack.paths)
+    password = read_secret(stack.paths, "elastic_password")
+    post = ids(1)
+    committed: list[int] = []
+    stop = threading.Event()
+
+    def write_likes() -> None:
+        uid = 0
+        while not stop.is_set():
+            uid += 1
+            while not stop.is_set():
+                try:
+                    with pg("sv_writer", autocommit=True) as conn:
+                        conn.execute("INSERT INTO app.likes (oid, uid) VALUES (%s, %s)", (post, uid))
+                    committed.append(uid)
+                    break
+                except psycopg.OperationalError:
+                    time.sleep(0.2)  # the database is restarting: try the same row again
+
+    writer = threading.Thread(target=write_likes, daemon=True)
+    writer.start()
+    try:
+        for service in ("connect", "postgres"):
+            before = len(committed)
+            wait_for(lambda before=before: len(committed) > before + 50, timeout=60, what="likes being written")
+            supervisor.stop(service)
+            supervisor.start(service)
+            wait_for(readiness_check(service, stack, password), timeout=120, what=f"{service} back")
+        wait_for(lambda: len(committed) > 300, timeout=60, what="likes after the restarts")
+    finally:
+        stop.set()
+        writer.join(30)
+
+    def all_likes_visible() -> bool:
+        try:
+            with pg("sv_reader") as conn:
+                return read(conn, "SELECT social.like_count(%s)", post) == len(committed)
+        except psycopg.OperationalError:
+            return False
+
+    wait_for(all_likes_visible, timeout=240, interval=1, what=f"all {len(committed)} committed likes visible")
