@@ -6,14 +6,21 @@ supervised CDC pipelines apply them. Each test uses its own ids.
 
 from __future__ import annotations
 
+import json
+import os
 import random
+import subprocess
+import sys
 import threading
 import time
 
 import httpx
 import psycopg
 import pytest
+from confluent_kafka import Consumer
 
+from pipelines.connectors import CONNECTORS_DIR, load
+from pipelines.settings import PostgresSettings
 from stack.configure import read_secret
 from stack.services import readiness_check
 from stack.supervisor import Supervisor
@@ -120,6 +127,106 @@ def test_the_replication_slot_keeps_up_while_the_captured_tables_are_idle(connec
 
         # Heartbeat every 10 s, offsets flushed every 10 s: the slot passes the churn within a minute.
         wait_for(confirmed_past_start, timeout=90, interval=1, what="the slot to confirm WAL past the churn")
+
+
+def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect, stack, pg, kafka, admin, ids):
+    """A second connector with a fresh slot snapshots every existing row; applied to the same stream,
+    rows the first connector already delivered change nothing.
+    """
+    post = ids(1)
+    with pg("sv_writer", autocommit=True) as app:
+        for uid in range(1, 21):
+            app.execute("INSERT INTO app.likes (oid, uid) VALUES (%s, %s)", (post, ids(100 + uid)))
+    with pg("sv_reader", autocommit=True) as reader:
+        wait_for(lambda: read(reader, "SELECT social.like_count(%s)", post) == 20, what="the first delivery")
+
+    name = f"snapshot-{ids(0) % 10**9}"
+    prefix, slot = name.replace("-", "_"), f"{name.replace('-', '_')}_slot"
+    config = {
+        **load(
+            CONNECTORS_DIR / "app-social.json", PostgresSettings(port=stack.pgport, secrets_dir=stack.paths.secrets)
+        )[1],
+        "topic.prefix": prefix,
+        "slot.name": slot,
+        "table.include.list": "app.likes",
+    }
+    config.pop("heartbeat.action.query")
+    httpx.put(f"{connect.url}/connectors/{name}/config", json=config, timeout=60).raise_for_status()
+    topic, group = f"{prefix}.app.likes", f"it-{name}"
+    env = {
+        **os.environ,
+        **dict(
+            line.split("=", 1)
+            for line in stack.paths.env_file.read_text().splitlines()
+            if "=" in line and not line.startswith("#")
+        ),
+        "PGUSER": "sv_writer",
+    }
+    pipeline = subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cdc_likes", "--topic", topic, "--group", group],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # Find this object's 20 rows in the snapshot, then wait until the pipeline committed past them.
+        needed: dict[int, int] = {}
+        found = 0
+        reader_group = Consumer(
+            {
+                "bootstrap.servers": kafka.bootstrap_servers,
+                "group.id": f"{group}-check",
+                "auto.offset.reset": "earliest",
+                # A pattern finds a new topic at the next metadata refresh (5 minutes by default).
+                "topic.metadata.refresh.interval.ms": 1000,
+            }
+        )
+        reader_group.subscribe([f"^{topic}$"])
+
+        def snapshot_records_seen() -> bool:
+            nonlocal found
+            for record in reader_group.consume(num_messages=500, timeout=1):
+                change = json.loads(record.value()) if record.error() is None and record.value() else {}
+                if (change.get("after") or {}).get("oid") == post and change.get("op") == "r":
+                    found += 1
+                    needed[record.partition()] = max(needed.get(record.partition(), 0), record.offset() + 1)
+            return found == 20
+
+        try:
+            wait_for(snapshot_records_seen, timeout=180, interval=0, what="this object's 20 rows in the snapshot")
+        finally:
+            reader_group.close()
+
+        def snapshot_applied() -> bool:
+            with pg("sv_owner") as owner:
+                committed = dict(
+                    owner.execute(
+                        "SELECT partition, next_offset FROM ops.kafka_offsets WHERE group_id = %s", (group,)
+                    ).fetchall()
+                )
+            return all(committed.get(p, 0) >= offset for p, offset in needed.items())
+
+        wait_for(snapshot_applied, timeout=180, interval=0.5, what="the snapshot applied by the second pipeline")
+        with pg("sv_reader") as reader:
+            assert read(reader, "SELECT social.like_count(%s)", post) == 20
+    finally:
+        pipeline.terminate()
+        pipeline.wait(60)
+        httpx.delete(f"{connect.url}/connectors/{name}", timeout=30)
+        with pg("postgres", autocommit=True) as conn:
+            wait_for(
+                lambda: (
+                    not conn.execute(
+                        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+                    ).fetchone()
+                ),
+                what="the snapshot slot released",
+            )
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+        stale = [t for t in admin.list_topics(timeout=10).topics if t.startswith(prefix)]
+        if stale:
+            for future in admin.delete_topics(stale).values():
+                future.result(30)
 
 
 def test_no_change_is_lost_when_connect_and_then_postgres_restart_mid_stream(connector, stack, pg, ids):
