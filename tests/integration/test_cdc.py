@@ -130,6 +130,10 @@ def test_the_replication_slot_keeps_up_while_the_captured_tables_are_idle(connec
 
 
 def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect, stack, pg, kafka, admin, ids):
+    """A fresh slot snapshots every row again; rows already delivered change nothing.
+
+    A second connector with its own slot reads all existing rows of app.likes; applied to the same
+    stream by a second pipeline, the rows the first connector already delivered change nothing.
     """A second connector with a fresh slot snapshots every existing row; applied to the same stream,
     rows the first connector already delivered change nothing.
     """
