@@ -134,8 +134,6 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
 
     A second connector with its own slot reads all existing rows of app.likes; applied to the same
     stream by a second pipeline, the rows the first connector already delivered change nothing.
-    """A second connector with a fresh slot snapshots every existing row; applied to the same stream,
-    rows the first connector already delivered change nothing.
     """
     post = ids(1)
     with pg("sv_writer", autocommit=True) as app:
