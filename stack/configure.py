@@ -117,8 +117,7 @@ def render_context(settings: StackSettings, user: ServiceUser, dist: Distributio
 
 def pipeline_env(settings: StackSettings) -> str:
     """The supervised pipelines' environment: this stack's client settings, as the writer role."""
-    values = dict(line.split("=", 1) for line in client_env(settings).splitlines() if line and not line.startswith("#"))
-    values.update({"PGUSER": ROLE_WRITER, "LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"})
+    values = {**client_settings(settings), "PGUSER": ROLE_WRITER, "LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"}
     values.pop("PGPASSFILE", None)
     return ",".join(f'{key}="{value}"' for key, value in values.items())
 
@@ -240,24 +239,26 @@ def _chown_tree(root: Path, user: ServiceUser) -> None:
         shutil.chown(path, user.uid, user.gid)
 
 
-def client_env(settings: StackSettings) -> str:
-    """Settings that point the pipelines, tests and `psql` at this stack."""
+def client_settings(settings: StackSettings) -> dict[str, str]:
+    """Settings that point the pipelines, tests and `psql` at this stack (libpq's names and ours)."""
     paths = settings.paths
-    return "\n".join(
-        [
-            f"# Client settings for the local stack in {paths.root}; written by `python -m stack up`.",
-            "PGHOST=127.0.0.1",
-            f"PGPORT={settings.pgport}",
-            f"PGDATABASE={DATABASE}",
-            f"PGPASSFILE={paths.secrets / 'pgpass'}",
-            f"SECRETS_DIR={paths.secrets}",
-            f"KAFKA_BOOTSTRAP_SERVERS=127.0.0.1:{settings.kafka_port}",
-            f"CONNECT_URL=http://127.0.0.1:{settings.connect_port}",
-            f"ES_URL=http://127.0.0.1:{settings.es_port}",
-            "ES_USERNAME=elastic",
-            "",
-        ]
-    )
+    return {
+        "PGHOST": "127.0.0.1",
+        "PGPORT": str(settings.pgport),
+        "PGDATABASE": DATABASE,
+        "PGPASSFILE": str(paths.secrets / "pgpass"),
+        "SECRETS_DIR": str(paths.secrets),
+        "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{settings.kafka_port}",
+        "CONNECT_URL": f"http://127.0.0.1:{settings.connect_port}",
+        "ES_URL": f"http://127.0.0.1:{settings.es_port}",
+        "ES_USERNAME": "elastic",
+    }
+
+
+def client_env(settings: StackSettings) -> str:
+    """`client_settings` as a shell-sourceable file."""
+    header = f"# Client settings for the local stack in {settings.paths.root}; written by `python -m stack up`."
+    return "\n".join([header, *(f"{k}={v}" for k, v in client_settings(settings).items()), ""])
 
 
 def pgpass(settings: StackSettings) -> str:

@@ -7,11 +7,13 @@ unique names so tests never see each other's data.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -19,7 +21,9 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from elasticsearch import Elasticsearch
 
+from pipelines.cv import catalog
 from pipelines.settings import ConnectSettings, ElasticsearchSettings, KafkaSettings, PostgresSettings
+from stack.configure import client_settings
 from stack.settings import StackSettings
 
 
@@ -103,3 +107,26 @@ def es(es_settings: ElasticsearchSettings) -> Elasticsearch:
 @pytest.fixture(scope="session")
 def connect(stack: StackSettings) -> ConnectSettings:
     return ConnectSettings(url=f"http://127.0.0.1:{stack.connect_port}")
+
+
+def pipeline_env(stack: StackSettings, **overrides: str) -> dict[str, str]:
+    """The environment of a pipeline process started by a test: this stack, as the writer role."""
+    return {**os.environ, **client_settings(stack), "PGUSER": "sv_writer", "LOG_FORMAT": "json", **overrides}
+
+
+@contextmanager
+def throwaway_views(pg: Callable[..., psycopg.Connection], schema: str, streams: list[str], definitions: str):
+    """A schema holding the continuous views `definitions` declares (with `streams`); all dropped after."""
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO sv_writer, sv_reader")
+        catalog.define_file(conn, definitions)
+    try:
+        yield
+    finally:
+        with pg("sv_owner", autocommit=True) as conn:
+            for (view,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{schema}.%",)).fetchall():
+                catalog.drop_view(conn, view)
+            for stream in streams:
+                catalog.drop_stream(conn, stream)
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")

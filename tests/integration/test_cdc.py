@@ -7,7 +7,6 @@ supervised CDC pipelines apply them. Each test uses its own ids.
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pipelines.settings import PostgresSettings
 from stack.configure import read_secret
 from stack.services import readiness_check
 from stack.supervisor import Supervisor
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import pipeline_env, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -155,15 +154,7 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
     config.pop("heartbeat.action.query")
     httpx.put(f"{connect.url}/connectors/{name}/config", json=config, timeout=60).raise_for_status()
     topic, group = f"{prefix}.app.likes", f"it-{name}"
-    env = {
-        **os.environ,
-        **dict(
-            line.split("=", 1)
-            for line in stack.paths.env_file.read_text().splitlines()
-            if "=" in line and not line.startswith("#")
-        ),
-        "PGUSER": "sv_writer",
-    }
+    env = pipeline_env(stack)
     pipeline = subprocess.Popen(
         [sys.executable, "-m", "pipelines.cdc_likes", "--topic", topic, "--group", group],
         env=env,

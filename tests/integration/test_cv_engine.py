@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from pipelines.cv import catalog
 from pipelines.cv.definitions import DefinitionError
 from pipelines.cv.engine import StreamMaintainer
-from tests.integration.conftest import unique
+from tests.integration.conftest import throwaway_views, unique
 
 DAY0 = datetime(2030, 1, 1, tzinfo=UTC)
 
@@ -30,12 +30,7 @@ def streams(stack, pg):
     """A keyed stream (likes with a weight) and an append-only stream, with views of every kind."""
     name = unique("it")
     keyed, append = f"{name}_likes", f"{name}_clicks"
-    with pg("sv_owner", autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {name}")
-        conn.execute(f"GRANT USAGE ON SCHEMA {name} TO sv_writer, sv_reader")
-        catalog.define_file(
-            conn,
-            f"""
+    definitions = f"""
             CREATE STREAM {keyed} (oid bigint, uid bigint, ts timestamptz, weight bigint)
                 WITH (topic = '{keyed}', key = 'oid, uid');
             CREATE STREAM {append} (oid bigint, ms int, ts timestamptz) WITH (topic = '{append}');
@@ -52,15 +47,9 @@ def streams(stack, pg):
             CREATE CONTINUOUS VIEW {name}.clicks AS
                 SELECT oid, count(*) AS n, min(ms) AS fastest, max(ms) AS slowest, sum(ms) AS total
                 FROM {append} GROUP BY oid;
-            """,
-        )
-    yield {"schema": name, "keyed": keyed, "append": append}
-    with pg("sv_owner", autocommit=True) as conn:
-        for view in ("per_object", "per_hour", "heavy_by_user", "clicks"):
-            catalog.drop_view(conn, f"{name}.{view}")
-        catalog.drop_stream(conn, keyed)
-        catalog.drop_stream(conn, append)
-        conn.execute(f"DROP SCHEMA {name} CASCADE")
+            """
+    with throwaway_views(pg, name, [keyed, append], definitions):
+        yield {"schema": name, "keyed": keyed, "append": append}
 
 
 @pytest.fixture(scope="module")

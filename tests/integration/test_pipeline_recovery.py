@@ -10,7 +10,6 @@ on a throwaway topic, stream and views, with small batches so a kill lands betwe
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -20,8 +19,7 @@ from collections import defaultdict
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from pipelines.cv import catalog
-from tests.integration.conftest import unique, wait_for
+from tests.integration.conftest import pipeline_env, throwaway_views, unique, wait_for
 
 PARTITIONS = 4
 
@@ -31,25 +29,15 @@ def scenario(pg, kafka, topic_factory, stack):
     """A topic with 4 partitions, a keyed stream on it and two views, dropped afterwards."""
     topic = topic_factory("it-likes", partitions=PARTITIONS)
     name = topic.replace("-", "_")
-    with pg("sv_owner", autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {name}")
-        conn.execute(f"GRANT USAGE ON SCHEMA {name} TO sv_writer, sv_reader")
-        catalog.define_file(
-            conn,
-            f"""
-            CREATE STREAM {name} (oid bigint, uid bigint, ts timestamptz) WITH (topic = '{topic}', key = 'oid, uid');
-            CREATE CONTINUOUS VIEW {name}.objects AS
-                SELECT oid, count(*) AS n, array_agg(DISTINCT uid) AS likers FROM {name} GROUP BY oid;
-            CREATE CONTINUOUS VIEW {name}.users AS
-                SELECT uid, array_agg(DISTINCT oid) AS liked FROM {name} GROUP BY uid;
-            """,
-        )
-    yield {"topic": topic, "stream": name, "group": unique("it-group")}
-    with pg("sv_owner", autocommit=True) as conn:
-        catalog.drop_view(conn, f"{name}.objects")
-        catalog.drop_view(conn, f"{name}.users")
-        catalog.drop_stream(conn, name)
-        conn.execute(f"DROP SCHEMA {name} CASCADE")
+    definitions = f"""
+        CREATE STREAM {name} (oid bigint, uid bigint, ts timestamptz) WITH (topic = '{topic}', key = 'oid, uid');
+        CREATE CONTINUOUS VIEW {name}.objects AS
+            SELECT oid, count(*) AS n, array_agg(DISTINCT uid) AS likers FROM {name} GROUP BY oid;
+        CREATE CONTINUOUS VIEW {name}.users AS
+            SELECT uid, array_agg(DISTINCT oid) AS liked FROM {name} GROUP BY uid;
+    """
+    with throwaway_views(pg, name, [name], definitions):
+        yield {"topic": topic, "stream": name, "group": unique("it-group")}
 
 
 def produce_likes(kafka, topic: str, count: int, seed: int) -> list[tuple[int, int, int]]:
@@ -89,18 +77,7 @@ def actual_views(conn, stream):
 
 
 def start_pipeline(stack, scenario, batch_max: int = 200) -> subprocess.Popen:
-    env = {
-        **os.environ,
-        **dict(
-            line.split("=", 1)
-            for line in stack.paths.env_file.read_text().splitlines()
-            if "=" in line and not line.startswith("#")
-        ),
-        "PGUSER": "sv_writer",
-        "PIPELINE_BATCH_MAX": str(batch_max),
-        "PIPELINE_BATCH_WAIT_MS": "20",
-        "LOG_FORMAT": "json",
-    }
+    env = pipeline_env(stack, PIPELINE_BATCH_MAX=str(batch_max), PIPELINE_BATCH_WAIT_MS="20")
     return subprocess.Popen(
         [
             sys.executable,
