@@ -100,3 +100,30 @@ def test_log_format_defaults_to_the_terminal_and_can_be_forced(monkeypatch):
     monkeypatch.setenv("LOG_FORMAT", "xml")
     with pytest.raises(ValueError, match="format"):
         LogSettings()
+
+
+def test_env_sample_lists_every_setting_of_every_component():
+    from pathlib import Path
+
+    from loadgen.bench_social import BenchSettings
+    from loadgen.workload import WorkloadSettings
+    from pipelines.settings import ConnectSettings, PipelineSettings
+    from stack.settings import StackSettings
+
+    sample = (Path(__file__).resolve().parents[2] / ".env.sample").read_text()
+    listed = {line.split("=", 1)[0] for line in sample.splitlines() if "=" in line and not line.startswith("#")}
+    for settings in (
+        PostgresSettings,
+        KafkaSettings,
+        ElasticsearchSettings,
+        ConnectSettings,
+        LogSettings,
+        PipelineSettings,
+        StackSettings,
+        WorkloadSettings,
+        BenchSettings,
+    ):
+        prefix = settings.model_config.get("env_prefix", "")
+        for name, field in settings.model_fields.items():
+            variable = field.validation_alias if isinstance(field.validation_alias, str) else prefix + name
+            assert variable.upper() in listed, f"{settings.__name__}.{name}: {variable.upper()} not in .env.sample"
