@@ -23,6 +23,7 @@ import time
 
 import psycopg
 
+from loadgen.bench_streamviews import percentile
 from loadgen.workload import new_rng, pgbench_gaussian
 from pipelines.settings import ROLE_OWNER, ROLE_WRITER, PostgresSettings
 
@@ -48,12 +49,6 @@ def counted(conn: psycopg.Connection, base: int) -> int:
         "SELECT coalesce(sum(like_count), 0) FROM social.object_likes WHERE oid > %s AND oid <= %s",
         (base, base + OBJECTS + 1_000_000),
     ).fetchone()[0]
-
-
-def percentile(values: list[float], p: float) -> float:
-    """The p-th percentile (nearest rank)."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(p / 100 * len(ordered)) - 1))]
 
 
 def main() -> int:
