@@ -158,6 +158,18 @@ def configure_postgres(
     write_file(conf / "pg_ident.conf", "", user, 0o600)
 
 
+def kafka_cluster_id() -> str:
+    """A random cluster id in Kafka's URL-safe base64 form, never starting with '-'.
+
+    Kafka's own `Uuid.randomUuid()` rejects a leading '-' too: the storage tool's argument parser
+    reads such an id as an option (1 start in 64 failed before this).
+    """
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster_id.startswith("-"):
+            return cluster_id
+
+
 def configure_kafka(
     settings: StackSettings, user: ServiceUser, dist: Distributions, context: dict[str, object]
 ) -> None:
@@ -168,7 +180,7 @@ def configure_kafka(
     write_file(home / "server.properties", render("server.properties", context), user)
     write_file(home / "log4j2.properties", render("log4j2.properties", {**context, "service": "kafka"}), user)
     if not (data / "meta.properties").exists():
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        cluster_id = kafka_cluster_id()
         log.info("formatting Kafka storage", cluster_id=cluster_id)
         run(
             [

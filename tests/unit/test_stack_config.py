@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from stack.configure import TEMPLATES, render, render_context, render_supervisord
+from stack.configure import TEMPLATES, kafka_cluster_id, render, render_context, render_supervisord
 from stack.install import Distributions
 from stack.settings import StackSettings
 from stack.shell import ServiceUser
@@ -85,3 +85,9 @@ def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivile
     for service in ("postgres", "kafka", "connect", "elasticsearch"):
         assert parser[f"program:{service}"]["user"] == "nobody"
     assert "-Xmx256m" in parser["program:kafka"]["command"]
+
+
+def test_kafka_cluster_ids_never_start_with_a_dash_that_the_storage_tool_would_read_as_an_option():
+    ids = {kafka_cluster_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    assert all(len(i) == 22 and not i.startswith("-") for i in ids)
