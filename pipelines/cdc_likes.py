@@ -7,9 +7,9 @@ Kafka pipeline: both lock the stream rows they change, in key order, so they can
 import sys
 
 from pipelines.cdc import decode_app_like
-from pipelines.consumer import PipelineSpec, main
+from pipelines.consumer import main, views_pipeline
 
-PIPELINE = PipelineSpec(name="cdc_likes", topic="cdc.app.likes", stream="likes", decode=decode_app_like)
+PIPELINE = views_pipeline("cdc_likes", topic="cdc.app.likes", stream="likes", decode=decode_app_like)
 
 if __name__ == "__main__":
     sys.exit(main(PIPELINE))

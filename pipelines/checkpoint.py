@@ -14,60 +14,62 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import psycopg
 
-from pipelines.cv.engine import StreamMaintainer
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 
 log = get_logger("checkpoint")
 
 TopicPartition = tuple[str, int]
+# One decoded record and the Kafka partition it came from, in batch order.
+Record = tuple[int, Any]
 
 
 class Fenced(StreamviewsError):
     """Stored offsets moved under us: another consumer owns (or owned) the partition."""
 
 
-@dataclass
-class StreamChanges:
-    """One stream's changes in a batch, as parallel lists in batch order."""
+class Sink(Protocol):
+    """Where a pipeline's decoded records go: written inside the checkpoint's transaction."""
 
-    ops: list[int] = field(default_factory=list)
-    columns: list[list[object]] = field(default_factory=list)
+    def apply(self, conn: psycopg.Connection, records: list[Record]) -> int:
+        """Write one batch's records (in batch order); returns how many changes it made."""
+        ...
 
-    def add(self, op: int, values: tuple) -> None:
-        """Append one change."""
-        if not self.columns:
-            self.columns = [[] for _ in values]
-        self.ops.append(op)
-        for column, value in zip(self.columns, values, strict=True):
-            column.append(value)
+    def reset(self) -> None:
+        """Forget per-session state (temporary tables, caches) after a rollback or a new connection."""
+        ...
+
+    def housekeeping(self, conn: psycopg.Connection) -> None:
+        """Periodic upkeep inside its own transaction (e.g. retention of time buckets)."""
+        ...
 
 
 @dataclass
 class Batch:
-    """What one poll produced: changes per stream, dead-letter counts, and the offsets it spans."""
+    """What one poll produced: decoded records, dead-letter counts, and the offsets it spans."""
 
-    changes: dict[str, StreamChanges] = field(default_factory=dict)
+    records: list[Record] = field(default_factory=list)
     dead_letters: Counter[tuple[str, str]] = field(default_factory=Counter)  # (topic, reason) -> n
     start: dict[TopicPartition, int | None] = field(default_factory=dict)  # stored position expected
     end: dict[TopicPartition, int] = field(default_factory=dict)  # next offset after the batch
 
     @property
-    def records(self) -> int:
-        """Records consumed, valid or not."""
-        return sum(len(c.ops) for c in self.changes.values()) + sum(self.dead_letters.values())
+    def consumed(self) -> int:
+        """Records consumed that carried something: valid or dead-lettered (tombstones are not counted)."""
+        return len(self.records) + sum(self.dead_letters.values())
 
 
 class Checkpoint:
     """Owns the transaction that applies a batch and stores its offsets."""
 
-    def __init__(self, conninfo: str, group_id: str, maintainers: dict[str, StreamMaintainer]) -> None:
+    def __init__(self, conninfo: str, group_id: str, sink: Sink) -> None:
         self.conninfo = conninfo
         self.group_id = group_id
-        self.maintainers = maintainers
+        self.sink = sink
         self._conn: psycopg.Connection | None = None
 
     @property
@@ -75,8 +77,7 @@ class Checkpoint:
         """The checkpoint's connection, reopened after a failure."""
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(self.conninfo)
-            for maintainer in self.maintainers.values():
-                maintainer.forget_sessions()
+            self.sink.reset()
         return self._conn
 
     def stored_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
@@ -90,12 +91,12 @@ class Checkpoint:
         return dict(rows)
 
     def commit(self, batch: Batch) -> int:
-        """Apply the batch and store its offsets atomically; returns the deltas applied.
+        """Apply the batch and store its offsets atomically; returns the changes the sink made.
 
         1. Begin a transaction.
         2. Lock the batch's offset rows in (topic, partition) order and check each still holds the
            position the batch started from; otherwise raise Fenced (nothing was written).
-        3. Apply each stream's changes to its state and views (streams in name order).
+        3. Hand the records to the sink (views, audit tables), which writes them in this transaction.
         4. Store the next offsets.
         5. Add the dead-letter counts.
         6. Commit. On any error roll back, so the batch is applied again after a re-seek or not at all.
@@ -104,20 +105,27 @@ class Checkpoint:
         try:
             with conn.transaction():
                 self._verify_positions(conn, batch)
-                deltas = 0
-                for stream in sorted(batch.changes):
-                    changes = batch.changes[stream]
-                    if changes.ops:
-                        deltas += self.maintainers[stream].apply(conn, changes.ops, changes.columns)
+                changed = self.sink.apply(conn, batch.records) if batch.records else 0
                 self._store_offsets(conn, batch)
                 self._count_dead_letters(conn, batch)
         except BaseException:
-            for maintainer in self.maintainers.values():
-                maintainer.forget_sessions()
+            self.sink.reset()
             if conn.broken:
                 self._conn = None
             raise
-        return deltas
+        return changed
+
+    def housekeeping(self) -> None:
+        """The sink's periodic upkeep, in a transaction of its own."""
+        conn = self.conn
+        try:
+            with conn.transaction():
+                self.sink.housekeeping(conn)
+        except BaseException:
+            self.sink.reset()
+            if conn.broken:
+                self._conn = None
+            raise
 
     def _verify_positions(self, conn: psycopg.Connection, batch: Batch) -> None:
         parts = sorted(batch.start)

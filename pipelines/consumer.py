@@ -16,54 +16,78 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 
-from pipelines.checkpoint import Batch, Checkpoint, Fenced, StreamChanges
-from pipelines.cv.engine import StreamMaintainer
+from pipelines.checkpoint import Batch, Checkpoint, Fenced, Sink
+from pipelines.cv.sink import ViewSink
 from pipelines.deadletter import DeadLetters, dead_letter_topic
 from pipelines.errors import StreamviewsError
-from pipelines.events import Change, InvalidEvent
+from pipelines.events import InvalidEvent
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
 from pipelines.topics import ensure_topics
 
 log = get_logger("consumer")
 
-# A decoder returns None for a record that carries nothing to apply (a tombstone).
-Decoder = Callable[[bytes | None, bytes | None, int], Change | None]
+# A decoder turns (key, value, Kafka timestamp in ms) into what the sink takes (a `Change` for views),
+# None for a record that carries nothing to apply (a tombstone), or raises InvalidEvent.
+Decoder = Callable[[bytes | None, bytes | None, int], Any]
 # The dead-letter reason for a record whose decoder failed unexpectedly (a bug, not bad input).
 UNDECODABLE = "undecodable"
 
 
 @dataclass(frozen=True)
 class PipelineSpec:
-    """What a pipeline module declares: its name, default topic and stream, and its event decoder."""
+    """What a pipeline module declares: its name, default topic, event decoder, and where events go.
+
+    `add_arguments` adds the pipeline's own command-line options; `make_sink` builds its sink from
+    the parsed arguments.
+    """
 
     name: str
     topic: str
-    stream: str
+    summary: str  # one line for --help
     decode: Decoder
+    make_sink: Callable[[argparse.Namespace], Sink]
+    add_arguments: Callable[[argparse.ArgumentParser], None] = lambda _parser: None
+
+
+def views_pipeline(name: str, topic: str, stream: str, decode: Decoder) -> PipelineSpec:
+    """A pipeline feeding a topic into the continuous views of a stream (`--stream` to pick another)."""
+
+    def add_arguments(parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--stream", default=stream, help=f"stream whose views it maintains (default {stream})")
+
+    return PipelineSpec(
+        name,
+        topic,
+        f"Consume {topic} into the views of stream {stream}.",
+        decode,
+        make_sink=lambda args: ViewSink(args.stream),
+        add_arguments=add_arguments,
+    )
 
 
 class Pipeline:
-    """Consumes one topic into one stream's views, exactly once."""
+    """Consumes one topic into one sink, exactly once."""
 
     def __init__(
         self,
         spec: PipelineSpec,
         *,
         topic: str,
-        stream: str,
+        sink: Sink,
         group_id: str,
         kafka: KafkaSettings,
         postgres: PostgresSettings,
         settings: PipelineSettings,
     ) -> None:
-        self.spec, self.topic, self.stream, self.group_id = spec, topic, stream, group_id
+        self.spec, self.topic, self.sink, self.group_id = spec, topic, sink, group_id
         self.kafka, self.settings = kafka, settings
-        self.checkpoint = Checkpoint(postgres.conninfo(), group_id, {stream: StreamMaintainer(stream)})
+        self.checkpoint = Checkpoint(postgres.conninfo(), group_id, sink)
         self.consumer = Consumer(
             {
                 "bootstrap.servers": kafka.bootstrap_servers,
@@ -90,7 +114,7 @@ class Pipeline:
         # Where each assigned partition stands in PostgreSQL (None: never committed).
         self.positions: dict[int, int | None] = {}
         self.running = True
-        self.totals = {"batches": 0, "records": 0, "deltas": 0, "retries": 0}
+        self.totals = {"batches": 0, "records": 0, "changes": 0, "retries": 0}
         self._failures = 0  # consecutive failed commits
 
     def run(self) -> None:
@@ -108,9 +132,9 @@ class Pipeline:
             [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
         log.info(
-            "pipeline started", pipeline=self.spec.name, topic=self.topic, stream=self.stream, group_id=self.group_id
+            "pipeline started", pipeline=self.spec.name, topic=self.topic, sink=str(self.sink), group_id=self.group_id
         )
-        next_expire = time.monotonic()
+        next_housekeeping = time.monotonic()
         next_report = time.monotonic() + self.settings.report_interval_s
         next_beat = 0.0
         try:
@@ -119,9 +143,9 @@ class Pipeline:
                 if messages:
                     self._process(messages)
                 now = time.monotonic()
-                if now >= next_expire:
-                    self._expire()
-                    next_expire = now + self.settings.expire_interval_s
+                if now >= next_housekeeping:
+                    self._housekeeping()
+                    next_housekeeping = now + self.settings.expire_interval_s
                 if self.settings.heartbeat_file and now >= next_beat:
                     Path(self.settings.heartbeat_file).touch()
                     next_beat = now + 1
@@ -145,7 +169,7 @@ class Pipeline:
             return
         try:
             self.dead_letters.flush()
-            deltas = self.checkpoint.commit(batch)
+            changed = self.checkpoint.commit(batch)
         except (Fenced, psycopg.Error, StreamviewsError) as e:
             self.totals["retries"] += 1
             self._failures += 1
@@ -155,7 +179,7 @@ class Pipeline:
                 "batch not committed; re-seeking to stored offsets",
                 pipeline=self.spec.name,
                 error=str(e),
-                records=batch.records,
+                records=batch.consumed,
                 retry_in_s=delay,
             )
             time.sleep(delay)
@@ -165,8 +189,8 @@ class Pipeline:
         for (_, partition), offset in batch.end.items():
             self.positions[partition] = offset
         self.totals["batches"] += 1
-        self.totals["records"] += batch.records
-        self.totals["deltas"] += deltas
+        self.totals["records"] += batch.consumed
+        self.totals["changes"] += changed
         # Kafka's committed offsets only inform lag tooling; PostgreSQL's are the truth.
         self.consumer.commit(
             offsets=[TopicPartition(self.topic, p, o) for (_, p), o in batch.end.items()], asynchronous=True
@@ -174,7 +198,7 @@ class Pipeline:
 
     def _decode(self, messages: list[Message]) -> Batch:
         batch = Batch()
-        changes = batch.changes.setdefault(self.stream, StreamChanges())
+        records = batch.records
         decode = self.spec.decode
         for message in messages:
             error = message.error()
@@ -199,7 +223,7 @@ class Pipeline:
                 self._reject(batch, message, InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}"))
                 continue
             if change is not None:
-                changes.add(change.op, change.values)
+                records.append((partition, change))
         return batch
 
     def _reject(self, batch: Batch, message: Message, error: InvalidEvent) -> None:
@@ -245,27 +269,19 @@ class Pipeline:
             self.positions[partition] = stored.get(partition)
             self.consumer.seek(TopicPartition(self.topic, partition, stored.get(partition, OFFSET_BEGINNING)))
 
-    def _expire(self) -> None:
+    def _housekeeping(self) -> None:
         try:
-            with self.checkpoint.conn.transaction():
-                deleted = self.checkpoint.maintainers[self.stream].expire(self.checkpoint.conn)
-            if deleted:
-                log.info("expired time buckets", stream=self.stream, rows=deleted)
+            self.checkpoint.housekeeping()
         except (psycopg.Error, StreamviewsError) as e:
-            log.warning("retention sweep failed; will retry", error=str(e))
+            log.warning("housekeeping failed; will retry", pipeline=self.spec.name, error=str(e))
 
 
 def main(spec: PipelineSpec, argv: list[str] | None = None) -> int:
-    """Command line of a pipeline module: `python -m pipelines.<name> [--topic T] [--stream S] [--group G]`."""
-    parser = argparse.ArgumentParser(
-        prog=f"python -m pipelines.{spec.name}",
-        description=f"Consume {spec.topic} into the views of stream {spec.stream}.",
-    )
+    """Command line of a pipeline module: `python -m pipelines.<name> [--topic T] [--group G] [its options]`."""
+    parser = argparse.ArgumentParser(prog=f"python -m pipelines.{spec.name}", description=spec.summary)
     parser.add_argument("--topic", default=spec.topic, help=f"Kafka topic (default {spec.topic})")
-    parser.add_argument(
-        "--stream", default=spec.stream, help=f"stream whose views it maintains (default {spec.stream})"
-    )
     parser.add_argument("--group", default="", help="consumer group (default PIPELINE_GROUP_ID or streamviews-<name>)")
+    spec.add_arguments(parser)
     args = parser.parse_args(argv)
     configure_logging()
     settings, kafka, postgres = PipelineSettings(), KafkaSettings(), PostgresSettings()
@@ -274,6 +290,12 @@ def main(spec: PipelineSpec, argv: list[str] | None = None) -> int:
         "settings", pipeline=spec.name, **settings.describe(), kafka=kafka.describe(), postgres=postgres.describe()
     )
     Pipeline(
-        spec, topic=args.topic, stream=args.stream, group_id=group_id, kafka=kafka, postgres=postgres, settings=settings
+        spec,
+        topic=args.topic,
+        sink=spec.make_sink(args),
+        group_id=group_id,
+        kafka=kafka,
+        postgres=postgres,
+        settings=settings,
     ).run()
     return 0

@@ -6,10 +6,10 @@ pipelines.events; the stream and its views are declared in sql/views/social.sql.
 
 import sys
 
-from pipelines.consumer import PipelineSpec, main
+from pipelines.consumer import main, views_pipeline
 from pipelines.events import decode_like
 
-PIPELINE = PipelineSpec(name="likes", topic="likes", stream="likes", decode=decode_like)
+PIPELINE = views_pipeline("likes", topic="likes", stream="likes", decode=decode_like)
 
 if __name__ == "__main__":
     sys.exit(main(PIPELINE))
