@@ -171,3 +171,32 @@ class PipelineSettings(_Settings):
     report_interval_s: float = Field(10.0, gt=0)
     # A file the consume loop touches every second, for container healthchecks (empty: none).
     heartbeat_file: str = ""
+
+
+class AuditSettings(_Settings):
+    """The audit log: where its tables live, its Elasticsearch indices, the puller's pace, retention."""
+
+    model_config = SettingsConfigDict(env_prefix="AUDIT_", extra="ignore", frozen=True, populate_by_name=True)
+
+    # Schema of the per-shard, per-day tables (created by `audit.create_log`; dbsetup creates `audit`).
+    schema_name: str = Field("audit", validation_alias="AUDIT_SCHEMA", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
+    # Elasticsearch indices are `<prefix>-YYYY.MM.DD`; the index template matches `audit-*`.
+    index_prefix: str = Field("audit", pattern=r"^audit(-[a-z0-9_]+)*$")
+    # Days of audit rows kept by `python -m pipelines.retention` (tables and their documents).
+    retention_days: int = Field(30, gt=0)
+    # Seconds between retention runs inside the puller service (0: only when run by hand).
+    retention_interval_s: float = Field(3600.0, ge=0)
+    # Heap blocks the puller reads per Elasticsearch bulk request (8 KiB each, ~14 rows of 512 chars).
+    pull_blocks: int = Field(256, gt=0)
+    # Seconds the puller sleeps when every table is caught up.
+    pull_idle_s: float = Field(0.2, gt=0)
+    # Longest back-off while Elasticsearch or PostgreSQL is down.
+    max_backoff_s: float = Field(30.0, gt=0)
+
+
+class KibanaSettings(_Settings):
+    """Kibana's endpoint, for importing the saved objects (credentials are Elasticsearch's)."""
+
+    model_config = SettingsConfigDict(env_prefix="KIBANA_", extra="ignore", frozen=True, populate_by_name=True)
+
+    url: str = "http://127.0.0.1:5601"

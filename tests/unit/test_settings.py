@@ -107,7 +107,7 @@ def test_env_sample_lists_every_setting_of_every_component():
 
     from loadgen.bench_social import BenchSettings
     from loadgen.workload import WorkloadSettings
-    from pipelines.settings import ConnectSettings, PipelineSettings
+    from pipelines.settings import AuditSettings, ConnectSettings, KibanaSettings, PipelineSettings
     from stack.settings import StackSettings
 
     sample = (Path(__file__).resolve().parents[2] / ".env.sample").read_text()
@@ -119,6 +119,8 @@ def test_env_sample_lists_every_setting_of_every_component():
         ConnectSettings,
         LogSettings,
         PipelineSettings,
+        AuditSettings,
+        KibanaSettings,
         StackSettings,
         WorkloadSettings,
         BenchSettings,
