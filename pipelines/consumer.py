@@ -41,17 +41,16 @@ UNDECODABLE = "undecodable"
 
 @dataclass(frozen=True)
 class PipelineSpec:
-    """What a pipeline module declares: its name, default topic, event decoder, and where events go.
+    """What a pipeline module declares: its name, default topic, and how to decode and where to write.
 
-    `add_arguments` adds the pipeline's own command-line options; `make_sink` builds its sink from
-    the parsed arguments.
+    `add_arguments` adds the pipeline's own command-line options; `build` makes its decoder and sink
+    from the parsed arguments (at start, so that settings are read in `main`, never at import).
     """
 
     name: str
     topic: str
     summary: str  # one line for --help
-    decode: Decoder
-    make_sink: Callable[[argparse.Namespace], Sink]
+    build: Callable[[argparse.Namespace], tuple[Decoder, Sink]]
     add_arguments: Callable[[argparse.ArgumentParser], None] = lambda _parser: None
 
 
@@ -65,8 +64,7 @@ def views_pipeline(name: str, topic: str, stream: str, decode: Decoder) -> Pipel
         name,
         topic,
         f"Consume {topic} into the views of stream {stream}.",
-        decode,
-        make_sink=lambda args: ViewSink(args.stream),
+        build=lambda args: (decode, ViewSink(args.stream)),
         add_arguments=add_arguments,
     )
 
@@ -79,13 +77,15 @@ class Pipeline:
         spec: PipelineSpec,
         *,
         topic: str,
+        decode: Decoder,
         sink: Sink,
         group_id: str,
         kafka: KafkaSettings,
         postgres: PostgresSettings,
         settings: PipelineSettings,
     ) -> None:
-        self.spec, self.topic, self.sink, self.group_id = spec, topic, sink, group_id
+        self.spec, self.topic, self.group_id = spec, topic, group_id
+        self.decode, self.sink = decode, sink
         self.kafka, self.settings = kafka, settings
         self.checkpoint = Checkpoint(postgres.conninfo(), group_id, sink)
         self.consumer = Consumer(
@@ -199,7 +199,7 @@ class Pipeline:
     def _decode(self, messages: list[Message]) -> Batch:
         batch = Batch()
         records = batch.records
-        decode = self.spec.decode
+        decode = self.decode
         for message in messages:
             error = message.error()
             if error is not None:
@@ -289,10 +289,12 @@ def main(spec: PipelineSpec, argv: list[str] | None = None) -> int:
     log.info(
         "settings", pipeline=spec.name, **settings.describe(), kafka=kafka.describe(), postgres=postgres.describe()
     )
+    decode, sink = spec.build(args)
     Pipeline(
         spec,
         topic=args.topic,
-        sink=spec.make_sink(args),
+        decode=decode,
+        sink=sink,
         group_id=group_id,
         kafka=kafka,
         postgres=postgres,

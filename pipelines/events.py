@@ -1,4 +1,4 @@
-"""Decode and validate the Kafka events of the two contracts, `likes` and `follows`.
+"""Decode and validate the Kafka events of the contracts `likes`, `follows` and `audit`.
 
 This runs once per event, so it is plain checks on what `orjson` returns (a few µs per event), not a
 validation library. Nothing is coerced or guessed: an event that breaks its contract raises
@@ -12,12 +12,17 @@ The contracts (users rely on them; change them only with a new topic):
 - `follows`, keyed by the follower id as text:
   `{"uid": int64, "target": int64, "ts": RFC 3339 | epoch ms, "action": "follow" | "unfollow"}`
 
+- `audit`, keyed by the user id as text:
+  `{"uid": int64, "ts": RFC 3339 | epoch ms, "content": string}` plus optional string fields (`action`,
+  `source`, `ip`, ...) kept as they are.
+
 `action` defaults to the insert (`like`, `follow`) and `ts` to the Kafka record timestamp when the
 field is absent; a JSON `null` is not absent, it is the wrong type.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -45,6 +50,8 @@ REASONS = (
     "bad_timestamp",
     "key_mismatch",
     "self_follow",
+    "invalid_text",
+    "ts_out_of_range",
 )
 
 DETAIL_LIMIT = 200
@@ -63,6 +70,17 @@ _LIKE_FIELDS = frozenset(("oid", "uid", "ts", "action"))
 _FOLLOW_FIELDS = frozenset(("uid", "target", "ts", "action"))
 _LIKE_ACTIONS = {"like": INSERT, "unlike": DELETE}
 _FOLLOW_ACTIONS = {"follow": INSERT, "unfollow": DELETE}
+
+
+# Audit events: the content is free text, so they may be larger; extras are bounded in number and
+# size, named like SQL identifiers (no dots: Elasticsearch would read them as object paths), and
+# may not take the names of the document's own metadata.
+MAX_AUDIT_BYTES = 65_536
+MAX_AUDIT_EXTRAS = 32
+MAX_EXTRA_CHARS = 1024
+_AUDIT_REQUIRED = ("uid", "content")
+_AUDIT_RESERVED = frozenset(("uid", "ts", "content", "pg_table", "pg_ctid", "index_error", "shard", "fields"))
+_EXTRA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
 class InvalidEvent(StreamviewsError):
@@ -145,6 +163,100 @@ def decode_follow(key: bytes | None, value: bytes | None, timestamp_ms: int) -> 
         raise InvalidEvent("self_follow", f"uid and target are both {uid}")
     op = _op(event, _FOLLOW_ACTIONS, "follow")
     return Change(op, (uid, target, _timestamp(event, timestamp_ms)))
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEvent:
+    """One audit event: who, when (UTC), what, and its optional string fields (None when it has none)."""
+
+    uid: int
+    ts: datetime
+    content: str
+    fields: dict[str, str] | None
+
+
+class AuditDecoder:
+    """Decodes the `audit` topic, rejecting timestamps outside the window the tables keep.
+
+    Args:
+        max_age: Events older than this are past retention: storing them would recreate a dropped
+            day's table. They go to the dead-letter topic instead (`ts_out_of_range`).
+        max_ahead: Events further in the future than this are a producer's clock or unit error
+            (seconds for milliseconds), not tomorrow's audit.
+    """
+
+    def __init__(self, max_age: timedelta, max_ahead: timedelta = timedelta(days=1)) -> None:
+        self.max_age, self.max_ahead = max_age, max_ahead
+
+    def __call__(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> AuditEvent:
+        """Decode one record (see `decode_audit`) and check its timestamp against now."""
+        event = decode_audit(key, value, timestamp_ms)
+        now = datetime.now(UTC)
+        if not now - self.max_age <= event.ts <= now + self.max_ahead:
+            raise InvalidEvent(
+                "ts_out_of_range",
+                f"ts {event.ts.isoformat()} is outside the kept window ({self.max_age.days} days back, "
+                f"{self.max_ahead} ahead)",
+            )
+        return event
+
+
+def decode_audit(key: bytes | None, value: bytes | None, timestamp_ms: int) -> AuditEvent:
+    """Decode one record of the `audit` topic.
+
+    Args:
+        key: The record key, which must be `str(uid)`: it routes a user's events to one partition,
+            and so to one writer and one shard's tables.
+        value: The record value, a JSON object of at most `MAX_AUDIT_BYTES`.
+        timestamp_ms: The Kafka record timestamp, used when the event has no `ts`.
+
+    Returns:
+        The event; `fields` holds the optional string fields, None when there are none.
+
+    Raises:
+        InvalidEvent: The record breaks the contract; `reason` says how.
+    """
+    if not value:
+        raise InvalidEvent("empty", "value is empty" if value is not None else "value is null (a tombstone?)")
+    event = load_object(value, MAX_AUDIT_BYTES)
+    uid = read_id(event, "uid")
+    _check_key(key, "uid", uid)
+    content = event.get("content")
+    if type(content) is not str:
+        if content is None and "content" not in event:
+            raise InvalidEvent("missing_field", "content is missing")
+        raise InvalidEvent("wrong_type", f"content must be a JSON string, got {_json(content)}")
+    _check_text("content", content)
+    ts = _timestamp(event, timestamp_ms)
+    fields = None
+    if len(event) > len(_AUDIT_REQUIRED) + ("ts" in event):
+        fields = _audit_extras(event)
+    return AuditEvent(uid, ts, content, fields)
+
+
+def _audit_extras(event: dict[str, Any]) -> dict[str, str] | None:
+    extras = {name: value for name, value in event.items() if name not in ("uid", "ts", "content")}
+    if len(extras) > MAX_AUDIT_EXTRAS:
+        raise InvalidEvent("unknown_field", f"{len(extras)} optional fields, at most {MAX_AUDIT_EXTRAS}")
+    for name, value in extras.items():
+        if name in _AUDIT_RESERVED or not _EXTRA_NAME.fullmatch(name):
+            raise InvalidEvent(
+                "unknown_field",
+                f"field {name[:64]!r}: optional fields are named [a-z_][a-z0-9_]* (max 63) and not "
+                f"{', '.join(sorted(_AUDIT_RESERVED - {'uid', 'ts', 'content'}))}",
+            )
+        if type(value) is not str:
+            raise InvalidEvent("wrong_type", f"{name} must be a JSON string, got {_json(value)}")
+        if len(value) > MAX_EXTRA_CHARS:
+            raise InvalidEvent("oversized", f"{name} is {len(value)} characters, over {MAX_EXTRA_CHARS}")
+        _check_text(name, value)
+    return extras or None
+
+
+def _check_text(name: str, text: str) -> None:
+    # PostgreSQL text cannot hold NUL: one such event would fail its whole batch, again and again.
+    if "\x00" in text:
+        raise InvalidEvent("invalid_text", f"{name} contains a NUL character (\\u0000); PostgreSQL text cannot hold it")
 
 
 Decoder = Callable[[bytes | None, bytes | None, int], Change]

@@ -1,0 +1,111 @@
+"""The audit pipeline: topic `audit` into one PostgreSQL table per shard and UTC day, with COPY.
+
+Run: `python -m pipelines.audit` (supervised by `make up`). A shard is a Kafka partition of `audit`
+(events are keyed by user id, so a user's events share one), and a table is `<schema>.shardNN_YYYYMMDD`.
+Only the consumer that owns partition NN writes the tables of shard NN, and the checkpoint's lock on
+the partition's offset row serialises even a rebalance's old and new owners: every table has a
+single writer, its rows arrive in batches that fill the heap in order, and the ctid-block puller
+(pipelines/ctid_puller.py) can follow it block by block.
+
+Each batch, in the checkpoint's one transaction with its Kafka offsets:
+1. group the events by (partition, UTC day of ts);
+2. per group, `audit.ensure_table` (created on first use, by a SQL function: no SQL is built from
+   event content), `COPY` the rows, and `audit.record_batch`, which records where they landed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from datetime import date, timedelta
+
+import orjson
+import psycopg
+from psycopg import sql
+
+from pipelines.checkpoint import Record
+from pipelines.consumer import Decoder, PipelineSpec, main
+from pipelines.events import AuditDecoder, AuditEvent
+from pipelines.settings import AuditSettings
+
+COPY_COLUMNS = ("shard", "ts", "uid", "content", "fields")
+
+
+class AuditSink:
+    """COPYs each batch into the tables of its (shard, day) groups and records the extents written."""
+
+    def __init__(self, log_schema: str) -> None:
+        self.log_schema = log_schema
+        self._tables: dict[tuple[int, date], str] = {}  # created and committed, as far as we know
+
+    def apply(self, conn: psycopg.Connection, records: list[Record]) -> int:
+        """Write the batch: one COPY per (shard, day) table, in key order; returns the rows written."""
+        groups: dict[tuple[int, date], list[AuditEvent]] = defaultdict(list)
+        for partition, event in records:
+            groups[(partition, event.ts.date())].append(event)
+        for key in sorted(groups):
+            table = self._table(conn, *key)
+            events = groups[key]
+            schema, name = table.split(".")
+            statement = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
+                sql.Identifier(schema), sql.Identifier(name), sql.SQL(", ").join(map(sql.Identifier, COPY_COLUMNS))
+            )
+            with conn.cursor().copy(statement) as copy:
+                copy.write(copy_text(key[0], events))
+            conn.execute("SELECT audit.record_batch(%s, %s)", (table, len(events)))
+        return len(records)
+
+    def _table(self, conn: psycopg.Connection, shard: int, day: date) -> str:
+        table = self._tables.get((shard, day))
+        if table is None:
+            table = conn.execute("SELECT audit.ensure_table(%s, %s, %s)", (self.log_schema, shard, day)).fetchone()[0]
+            self._tables[(shard, day)] = table
+        return table
+
+    def reset(self) -> None:
+        """A rolled-back batch may have created tables that no longer exist; retention may drop others."""
+        self._tables.clear()
+
+    def housekeeping(self, conn: psycopg.Connection) -> None:
+        """Nothing periodic: retention runs in the puller service, which also deletes the documents."""
+
+    def __str__(self) -> str:
+        return f"audit tables of schema {self.log_schema}"
+
+
+# COPY's text format: backslash, tab, newline and carriage return are escaped; \N is NULL.
+_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _escape(text: str) -> str:
+    # Most audit text needs no escaping; four substring tests are cheaper than translate().
+    if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
+        return text.translate(_ESCAPES)
+    return text
+
+
+def copy_text(shard: int, events: list[AuditEvent]) -> str:
+    """The COPY text-format lines of one table's rows (columns as in `COPY_COLUMNS`)."""
+    lines = []
+    prefix = f"{shard}\t"
+    for e in events:
+        fields = "\\N" if e.fields is None else _escape(orjson.dumps(e.fields).decode())
+        lines.append(f"{prefix}{e.ts.isoformat()}\t{e.uid}\t{_escape(e.content)}\t{fields}\n")
+    return "".join(lines)
+
+
+def _build(args: argparse.Namespace) -> tuple[Decoder, AuditSink]:
+    settings = AuditSettings()
+    return AuditDecoder(max_age=timedelta(days=settings.retention_days)), AuditSink(settings.schema_name)
+
+
+PIPELINE = PipelineSpec(
+    "audit",
+    "audit",
+    "Consume audit events into per-shard, per-day PostgreSQL tables (AUDIT_SCHEMA), with COPY.",
+    build=_build,
+)
+
+if __name__ == "__main__":
+    sys.exit(main(PIPELINE))
