@@ -50,7 +50,8 @@ def configure_logging(settings: LogSettings | None = None) -> None:
     root.handlers[:] = [handler]
     root.setLevel(settings.level)
     # One INFO line per HTTP request is noise; their warnings and errors still show.
-    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
+    for client in ("httpx", "elastic_transport"):
+        logging.getLogger(client).setLevel(max(logging.WARNING, root.level))
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
