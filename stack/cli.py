@@ -14,11 +14,11 @@ import subprocess
 import sys
 import time
 
-from pipelines import connectors
+from pipelines import connectors, elastic
 from pipelines.dbsetup import setup_database
 from pipelines.errors import StackError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger
-from pipelines.settings import ConnectSettings, LogSettings, PostgresSettings
+from pipelines.settings import ConnectSettings, ElasticsearchSettings, LogSettings, PostgresSettings
 from stack.configure import DATABASE, prepare, read_secret
 from stack.install import install
 from stack.procmem import tree_memory_mib
@@ -58,6 +58,9 @@ def up(settings: StackSettings) -> None:
         ConnectSettings(url=f"http://127.0.0.1:{settings.connect_port}"),
         PostgresSettings(host="127.0.0.1", port=settings.pgport, database=DATABASE, secrets_dir=settings.paths.secrets),
     )
+    es_settings = ElasticsearchSettings(url=f"http://127.0.0.1:{settings.es_port}", secrets_dir=settings.paths.secrets)
+    with elastic.client(es_settings) as es:
+        elastic.apply_index_templates(es)
     log.info("stack ready", seconds=round(time.monotonic() - started, 1), env_file=str(settings.paths.env_file))
 
 

@@ -17,9 +17,9 @@ import uuid
 from pathlib import Path
 
 from pipelines.logs import get_logger
-from pipelines.settings import APP_ROLES, ROLE_WRITER, secret_file_name
+from pipelines.settings import APP_ROLES, secret_file_name
 from stack.install import Distributions
-from stack.services import PIPELINES
+from stack.services import PIPELINES, service
 from stack.settings import REPO_ROOT, StackPaths, StackSettings
 from stack.shell import ServiceUser, make_dir, run, write_file
 
@@ -61,7 +61,10 @@ def prepare(settings: StackSettings, user: ServiceUser, dist: Distributions) -> 
 
 def render_supervisord(context: dict[str, object]) -> str:
     """The process manager's configuration, with one program block per pipeline."""
-    programs = "\n".join(render("pipeline.program", {**context, "pipeline": name}) for name in PIPELINES)
+    programs = "\n".join(
+        render("pipeline.program", {**context, "pipeline": name, "pipeline_env": pipeline_env(context, name)})
+        for name in PIPELINES
+    )
     return render("supervisord.conf", {**context, "pipeline_programs": programs})
 
 
@@ -111,13 +114,18 @@ def render_context(settings: StackSettings, user: ServiceUser, dist: Distributio
         "es_dist": dist.elasticsearch,
         "python": sys.executable,
         "repo_root": REPO_ROOT,
-        "pipeline_env": pipeline_env(settings),
+        "client_settings": client_settings(settings),
     }
 
 
-def pipeline_env(settings: StackSettings) -> str:
-    """The supervised pipelines' environment: this stack's client settings, as the writer role."""
-    values = {**client_settings(settings), "PGUSER": ROLE_WRITER, "LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"}
+def pipeline_env(context: dict[str, object], name: str) -> str:
+    """A supervised pipeline's environment: this stack's client settings, as the pipeline's own role."""
+    values = {
+        **context["client_settings"],
+        "PGUSER": service(name).pg_role,
+        "LOG_FORMAT": "json",
+        "PYTHONUNBUFFERED": "1",
+    }
     values.pop("PGPASSFILE", None)
     return ",".join(f'{key}="{value}"' for key, value in values.items())
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from pipelines.errors import StackError
+from pipelines.settings import ROLE_INDEXER, ROLE_WRITER
 from stack.settings import StackSettings
 from stack.supervisor import GAVE_UP, Supervisor
 
@@ -33,6 +34,7 @@ class Service:
     name: str
     port_setting: str | None
     logs: tuple[str, ...]
+    pg_role: str = ROLE_WRITER  # the database role a pipeline connects as
 
     @property
     def is_pipeline(self) -> bool:
@@ -54,7 +56,8 @@ SERVICES = (
     Service("kafka", "kafka_port", ("kafka.log", "kafka.out")),
     Service("elasticsearch", "es_port", ("elasticsearch/streamviews.log", "elasticsearch.out")),
     Service("connect", "connect_port", ("connect.log", "connect.out")),
-    *(Service(name, None, (f"{name}.log",)) for name in ("likes", "follows", "cdc_likes", "cdc_follows")),
+    *(Service(name, None, (f"{name}.log",)) for name in ("likes", "follows", "cdc_likes", "cdc_follows", "audit")),
+    Service("ctid_puller", None, ("ctid_puller.log",), pg_role=ROLE_INDEXER),
 )
 PIPELINES = tuple(s.name for s in SERVICES if s.is_pipeline)
 SERVICE_NAMES = tuple(s.name for s in SERVICES)

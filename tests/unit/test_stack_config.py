@@ -29,7 +29,7 @@ def context(tmp_path) -> dict[str, object]:
 
 @pytest.mark.parametrize("template", sorted(p.name for p in TEMPLATES.iterdir()))
 def test_every_template_renders_without_leftover_placeholders(template, context):
-    extra = {"service": "kafka", "pipeline": "likes"}
+    extra = {"service": "kafka", "pipeline": "likes", "pipeline_env": 'PGUSER="sv_writer"'}
     text = render_supervisord(context) if template == "supervisord.conf" else render(template, {**context, **extra})
     assert not re.search(r"@\{\w+\}", text)
 
@@ -71,9 +71,11 @@ def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivile
     parser.read_string(render_supervisord(context))
     programs = [s for s in parser.sections() if s.startswith("program:")]
     assert sorted(programs) == [
+        "program:audit",
         "program:cdc_follows",
         "program:cdc_likes",
         "program:connect",
+        "program:ctid_puller",
         "program:elasticsearch",
         "program:follows",
         "program:kafka",
@@ -85,6 +87,17 @@ def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivile
     for service in ("postgres", "kafka", "connect", "elasticsearch"):
         assert parser[f"program:{service}"]["user"] == "nobody"
     assert "-Xmx256m" in parser["program:kafka"]["command"]
+
+
+def test_each_pipeline_connects_as_its_own_least_privileged_role(context):
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(render_supervisord(context))
+
+    def role(program: str) -> str:
+        return re.search(r'PGUSER="(\w+)"', parser[f"program:{program}"]["environment"]).group(1)
+
+    assert role("likes") == role("audit") == "sv_writer"
+    assert role("ctid_puller") == "sv_indexer"
 
 
 def test_kafka_cluster_ids_never_start_with_a_dash_that_the_storage_tool_would_read_as_an_option():

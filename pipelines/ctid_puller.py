@@ -1,0 +1,422 @@
+"""The ctid-block puller: audit tables into Elasticsearch, block by block, without holes or duplicates.
+
+Run: `python -m pipelines.ctid_puller` (supervised by `make up`, as the sv_indexer role). It follows
+every table of one audit log (AUDIT_SCHEMA) and indexes each row as the document
+`<schema>.<table>:<block>:<offset>` (its "line number") into `<AUDIT_INDEX_PREFIX>-YYYY.MM.DD`.
+
+Why no row is ever missed and none is ever indexed twice:
+
+1. **An id names one row forever.** Audit rows are never updated or deleted (retention drops whole
+   tables), so a ctid is never reused for another row while the table exists. Indexing a row again
+   writes the same document id: re-reading is always safe, and the only danger is skipping.
+2. **The writer says where rows can appear.** Each table has one writer (its shard's partition owner,
+   serialised by the offset-row lock, pipelines/audit.py). In every batch's own transaction,
+   `audit.record_batch` scans the batch's rows from the table's `hi_block` up with a TID range scan and
+   raises `hi_block` to the highest block holding one. Heap inserts go to the last block or new ones, so
+   a later batch lands at or above `hi_block`, except when the free-space map hands it space below
+   (vacuum cleaned the rows of an aborted batch; a relation extended ahead of use): then fewer rows
+   than copied are found from `hi_block` up, and the same transaction records a rewind to the lowest
+   block the batch used. The ledger (`audit.tables`, `audit.table_rewinds`) commits with the rows.
+3. **The puller reads a consistent cut.** In one REPEATABLE READ snapshot it reads the ledger and the
+   rows of blocks `[next_block, hi_block]` (TID range scans). Every row committed in those blocks up to
+   the ledger's `seq` is in the snapshot; a row committed later lies in `hi_block` or above, or below it
+   with a rewind the next read sees. Rows of aborted transactions are never visible: their blocks read
+   empty, which makes no hole either, since those rows never existed.
+4. **The checkpoint moves only after Elasticsearch acknowledged.** Every bulk item's status is
+   checked; transient failures are retried with back-off for as long as it takes (Elasticsearch down
+   for a while) and the checkpoint stays put meanwhile. It then advances to the chunk's end, but never
+   past `hi_block`: that block may still be filling, so it is read again (same ids) once the writer
+   commits more. A rewind moves the checkpoint back before reading. Killed at any point, the puller
+   redoes at most the chunk in flight, with the same ids.
+
+Lag is logged every PIPELINE_REPORT_INTERVAL_S: rows written but not yet indexed, and how long the
+oldest unindexed batch has waited (as observed by this process, within one poll). Retention
+(pipelines/retention.py) runs in this loop every AUDIT_RETENTION_INTERVAL_S, so it never races a bulk
+request for the day it deletes.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, date
+from pathlib import Path
+
+import orjson
+import psycopg
+from elasticsearch import ApiError, Elasticsearch, TransportError
+from psycopg import sql
+
+from pipelines import elastic, retention
+from pipelines.errors import StreamviewsError
+from pipelines.logs import configure_logging, get_logger
+from pipelines.settings import AuditSettings, ElasticsearchSettings, PipelineSettings, PostgresSettings
+
+log = get_logger("ctid_puller")
+
+# Bulk item statuses worth retrying: the document is fine, Elasticsearch was not (overloaded, a shard
+# not ready, a node leaving).
+RETRYABLE_STATUSES = frozenset((408, 409, 429, 500, 502, 503, 504))
+
+
+class PullerError(StreamviewsError):
+    """Elasticsearch refused a document for good, even stripped to its core fields."""
+
+
+@dataclass(frozen=True)
+class TableState:
+    """One table's ledger row (what the writer committed) joined with the puller's checkpoint."""
+
+    table: str
+    day: date
+    hi_block: int
+    seq: int
+    rows: int
+    next_block: int
+    pulled_seq: int
+    rewind_seq: int
+    rows_before: int
+    rows_indexed: int
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Rows of blocks [start, end) read in one snapshot, and where the checkpoint goes once indexed."""
+
+    state: TableState
+    start: int
+    end: int
+    rows: list[tuple]
+    rewind_seq: int
+    rows_before: int  # rows in blocks < start
+
+
+_STATE_SQL = """
+SELECT t.table_name, t.day, t.hi_block, t.seq, t.rows,
+       coalesce(c.next_block, 0), coalesce(c.seq, 0), coalesce(c.rewind_seq, 0),
+       coalesce(c.rows_before, 0), coalesce(c.rows_indexed, 0)
+  FROM audit.tables t LEFT JOIN audit.pull_checkpoints c USING (table_name)
+ WHERE t.log_schema = %s {filter}
+ ORDER BY t.day, t.shard
+"""
+_PENDING = (
+    " AND (c.seq IS NULL OR c.seq < t.seq OR EXISTS ("
+    "SELECT 1 FROM audit.table_rewinds r WHERE r.table_name = t.table_name AND r.seq > c.rewind_seq))"
+)
+
+
+class CtidPuller:
+    """Pulls the tables of one audit log into Elasticsearch; see the module docstring for the guarantees."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        es: Elasticsearch,
+        settings: AuditSettings,
+        *,
+        report_interval_s: float = 10.0,
+        heartbeat_file: str = "",
+    ) -> None:
+        self.conninfo, self.es, self.settings = conninfo, es, settings
+        self.report_interval_s, self.heartbeat_file = report_interval_s, heartbeat_file
+        self.running = True
+        self._conn: psycopg.Connection | None = None
+        self._pending_since: dict[str, float] = {}  # table -> when unindexed rows were first seen
+        self.totals = {"documents": 0, "bulks": 0, "retries": 0, "rewinds": 0, "stripped": 0}
+
+    @property
+    def conn(self) -> psycopg.Connection:
+        """The puller's connection (autocommit; reads open their own snapshot), reopened after a failure."""
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.conninfo, autocommit=True)
+        return self._conn
+
+    def run(self) -> None:
+        """Pull until SIGTERM/SIGINT; back off while PostgreSQL or Elasticsearch is unavailable."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+        log.info("puller started", schema=self.settings.schema_name, index_prefix=self.settings.index_prefix)
+        self._apply_templates()
+        failures = 0
+        next_report = next_retention = time.monotonic()
+        try:
+            while self.running:
+                self._beat()
+                try:
+                    worked = self.pull_once()
+                    now = time.monotonic()
+                    if self.settings.retention_interval_s and now >= next_retention:
+                        self.run_retention()
+                        next_retention = now + self.settings.retention_interval_s
+                    if now >= next_report:
+                        self.report()
+                        next_report = now + self.report_interval_s
+                    failures = 0
+                except (psycopg.Error, TransportError, ApiError, StreamviewsError) as e:
+                    failures += 1
+                    self.totals["retries"] += 1
+                    self._close_conn()
+                    delay = min(0.5 * 2**failures, self.settings.max_backoff_s)
+                    log.warning("pull failed; retrying", error=str(e), retry_in_s=delay)
+                    self._sleep(delay)
+                    continue
+                if not worked:
+                    self._sleep(self.settings.pull_idle_s)
+        finally:
+            self._close_conn()
+            log.info("puller stopped", **self.totals)
+
+    def stop(self) -> None:
+        """Finish the chunk in flight (or give up a retry wait) and stop."""
+        self.running = False
+
+    def pull_once(self) -> bool:
+        """One pass over the tables with unindexed rows; True if anything was read."""
+        worked = False
+        with retention.pass_lock(self.conn, self.settings.schema_name):
+            for state in self.tables(pending_only=True):
+                if not self.running:
+                    break
+                worked |= self._pull_table(state.table)
+        return worked
+
+    def _pull_table(self, table: str, max_chunks: int = 8) -> bool:
+        # At most `max_chunks` per pass, so one big backlog does not starve the other tables.
+        self._pending_since.setdefault(table, time.monotonic())
+        for n in range(max_chunks):
+            chunk = self.read_chunk(table)
+            if chunk is None:
+                self._pending_since.pop(table, None)
+                return n > 0
+            self.index(chunk)
+            if self.advance(chunk):
+                self._pending_since.pop(table, None)
+                return True
+            if not self.running:
+                break
+        return True
+
+    def tables(self, *, pending_only: bool = False) -> list[TableState]:
+        """The log's tables with their checkpoints (only those with unindexed rows, if asked)."""
+        query = _STATE_SQL.format(filter=_PENDING if pending_only else "")
+        rows = self.conn.execute(query, (self.settings.schema_name,)).fetchall()
+        return [TableState(*row) for row in rows]
+
+    def read_chunk(self, table: str) -> Chunk | None:
+        """The next chunk of a table, read in one REPEATABLE READ snapshot; None when caught up or gone."""
+        conn = self.conn
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        try:
+            with conn.transaction():
+                conn.execute("SET TRANSACTION READ ONLY")
+                query = _STATE_SQL.format(filter="AND t.table_name = %s")
+                row = conn.execute(query, (self.settings.schema_name, table)).fetchone()
+                if row is None:
+                    return None  # dropped by retention
+                state = TableState(*row)
+                rewind_block, rewind_seq = conn.execute(
+                    "SELECT min(block), max(seq) FROM audit.table_rewinds WHERE table_name = %s AND seq > %s",
+                    (table, state.rewind_seq),
+                ).fetchone()
+                if state.pulled_seq == state.seq and rewind_block is None:
+                    return None
+                start, rows_before = state.next_block, state.rows_before
+                if rewind_block is not None and rewind_block < start:
+                    start = rewind_block
+                    rows_before = self._count_rows(conn, table, 0, start)
+                    self.totals["rewinds"] += 1
+                    log.info("rewind", table=table, from_block=state.next_block, to_block=start)
+                end = min(start + self.settings.pull_blocks, state.hi_block + 1)
+                rows = self._read_rows(conn, table, start, end)
+        finally:
+            conn.isolation_level = None
+        return Chunk(state, start, end, rows, max(state.rewind_seq, rewind_seq or 0), rows_before)
+
+    def index(self, chunk: Chunk) -> None:
+        """Bulk-index the chunk's rows; returns only once Elasticsearch acknowledged every document."""
+        if not chunk.rows:
+            return
+        table, day = chunk.state.table, chunk.state.day
+        index = elastic.index_name(self.settings.index_prefix, day)
+        docs = {f"{table}:{block}:{offset}": document(table, block, offset, row) for block, offset, *row in chunk.rows}
+        delay = 0.5
+        while docs:
+            try:
+                failed = self._bulk(index, docs)
+            except TransportError as e:
+                failed, reason = docs, f"{type(e).__name__}: {e}"
+            else:
+                reason = "some documents were not acknowledged"
+            acknowledged = len(docs) - len(failed)
+            self.totals["documents"] += acknowledged
+            self.totals["bulks"] += 1
+            docs = failed
+            if docs:
+                if not self.running:
+                    raise PullerError(f"{table}: stopping with {len(docs)} documents unacknowledged")
+                self.totals["retries"] += 1
+                log.warning(
+                    "bulk not acknowledged; retrying", table=table, pending=len(docs), error=reason, retry_in_s=delay
+                )
+                self._sleep(delay)
+                delay = min(delay * 2, self.settings.max_backoff_s)
+
+    def _bulk(self, index: str, docs: dict[str, dict]) -> dict[str, dict]:
+        """One bulk request; returns the documents to send again (retryable failures, or stripped ones)."""
+        lines = []
+        for doc_id, doc in docs.items():
+            lines.append(orjson.dumps({"index": {"_index": index, "_id": doc_id}}))
+            lines.append(orjson.dumps(doc))
+        body = b"\n".join(lines) + b"\n"
+        response = self.es.bulk(operations=body, refresh=False)
+        if not response["errors"]:
+            return {}
+        again = {}
+        for item in response["items"]:
+            result = item["index"]
+            doc_id, status = result["_id"], result["status"]
+            if status < 300:
+                continue
+            if status in RETRYABLE_STATUSES:
+                again[doc_id] = docs[doc_id]
+                continue
+            # Refused for good (a mapping conflict on an optional field): index the row's core so the
+            # ids still match PostgreSQL one to one, and say why on the document and in the log.
+            doc = docs[doc_id]
+            if "index_error" in doc:
+                raise PullerError(f"{doc_id}: Elasticsearch refused even the stripped document: {result.get('error')}")
+            error = result.get("error", {})
+            log.error("document refused; indexing its core fields only", id=doc_id, error=error)
+            self.totals["stripped"] += 1
+            again[doc_id] = {k: doc[k] for k in CORE_FIELDS} | {"index_error": str(error.get("reason", error))[:500]}
+        return again
+
+    def advance(self, chunk: Chunk) -> bool:
+        """Store the checkpoint after the chunk; True when the table is caught up with the snapshot's ledger."""
+        state = chunk.state
+        at_top = chunk.end > state.hi_block
+        last_block = [r for r in chunk.rows if r[0] == state.hi_block] if at_top else []
+        full_rows = len(chunk.rows) - len(last_block)
+        next_block = state.hi_block if at_top else chunk.end
+        rows_before = chunk.rows_before + full_rows
+        self.conn.execute(
+            "INSERT INTO audit.pull_checkpoints AS c"
+            " (table_name, next_block, seq, rewind_seq, rows_before, rows_indexed, synced_commit_at, updated_at)"
+            " SELECT %(table)s, %(next_block)s, %(seq)s, %(rewind_seq)s, %(rows_before)s, %(rows_indexed)s,"
+            "        t.committed_at, now()"
+            "   FROM audit.tables t WHERE t.table_name = %(table)s"
+            " ON CONFLICT (table_name) DO UPDATE SET next_block = excluded.next_block, seq = excluded.seq,"
+            "   rewind_seq = excluded.rewind_seq, rows_before = excluded.rows_before,"
+            "   rows_indexed = excluded.rows_indexed,"
+            "   synced_commit_at = CASE WHEN %(at_top)s THEN excluded.synced_commit_at ELSE c.synced_commit_at END,"
+            "   updated_at = now()",
+            {
+                "table": state.table,
+                "next_block": next_block,
+                "seq": state.seq if at_top else state.pulled_seq,
+                "rewind_seq": chunk.rewind_seq,
+                "rows_before": rows_before,
+                "rows_indexed": rows_before + len(last_block),
+                "at_top": at_top,
+            },
+        )
+        return at_top
+
+    def lag(self) -> dict[str, float | int]:
+        """Rows written but not yet indexed, and how long the oldest unindexed batch has waited."""
+        states = self.tables()
+        behind = sum(max(s.rows - s.rows_indexed, 0) for s in states)
+        now = time.monotonic()
+        waiting = [now - self._pending_since[s.table] for s in states if s.table in self._pending_since]
+        return {"tables": len(states), "rows_behind": behind, "seconds_behind": round(max(waiting, default=0.0), 3)}
+
+    def report(self) -> None:
+        """Log progress and lag (the service's metrics)."""
+        log.info("progress", **self.totals, **self.lag())
+
+    def run_retention(self) -> None:
+        """Drop tables past retention and their indices, between chunks (never during a bulk request)."""
+        retention.run(self.conn, self.es, self.settings, self.settings.retention_days)
+
+    def _read_rows(self, conn: psycopg.Connection, table: str, start: int, end: int) -> list[tuple]:
+        # A TID range scan: only the blocks asked for are read, in physical order.
+        query = sql.SQL(
+            "SELECT audit.block_of(ctid), (ctid::text::point)[1]::int, ts, uid, content, fields FROM {}"
+            " WHERE ctid >= %s::tid AND ctid < %s::tid"
+        ).format(_identifier(table))
+        return conn.execute(query, (f"({start},0)", f"({end},0)")).fetchall()
+
+    def _count_rows(self, conn: psycopg.Connection, table: str, start: int, end: int) -> int:
+        query = sql.SQL("SELECT count(*) FROM {} WHERE ctid >= %s::tid AND ctid < %s::tid").format(_identifier(table))
+        return conn.execute(query, (f"({start},0)", f"({end},0)")).fetchone()[0]
+
+    def _apply_templates(self) -> None:
+        # Before the first document: a template applies to indices created after it.
+        delay = 1.0
+        while self.running:
+            try:
+                elastic.apply_index_templates(self.es)
+                return
+            except (TransportError, ApiError, elastic.ElasticError) as e:
+                log.warning("cannot apply index templates yet; retrying", error=str(e), retry_in_s=delay)
+                self._sleep(delay)
+                delay = min(delay * 2, self.settings.max_backoff_s)
+
+    def _beat(self) -> None:
+        if self.heartbeat_file:
+            Path(self.heartbeat_file).touch()
+
+    def _sleep(self, seconds: float) -> None:
+        # In short steps, so SIGTERM during a long back-off is honoured promptly.
+        deadline = time.monotonic() + seconds
+        while self.running and time.monotonic() < deadline:
+            self._beat()
+            time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
+
+    def _close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+CORE_FIELDS = ("ts", "uid", "content", "pg_table", "pg_ctid")
+
+
+def document(table: str, block: int, offset: int, row: tuple) -> dict:
+    """The Elasticsearch document of one audit row: its columns, optional fields, table and ctid."""
+    ts, uid, content, fields = row
+    doc = dict(fields) if fields else {}
+    doc.update(ts=ts.astimezone(UTC).isoformat(), uid=uid, content=content)
+    doc.update(pg_table=table, pg_ctid=f"({block},{offset})")
+    return doc
+
+
+def _identifier(table: str) -> sql.Composable:
+    schema, name = table.split(".")
+    return sql.Identifier(schema, name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m pipelines.ctid_puller`."""
+    if argv:
+        print("usage: python -m pipelines.ctid_puller (settings come from the environment)", file=sys.stderr)
+        return 2
+    configure_logging()
+    audit, es_settings, postgres = AuditSettings(), ElasticsearchSettings(), PostgresSettings()
+    pipeline = PipelineSettings()
+    log.info("settings", audit=audit.describe(), elasticsearch=es_settings.describe(), postgres=postgres.describe())
+    with elastic.client(es_settings) as es:
+        CtidPuller(
+            postgres.conninfo(),
+            es,
+            audit,
+            report_interval_s=pipeline.report_interval_s,
+            heartbeat_file=pipeline.heartbeat_file,
+        ).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
