@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
+from pipelines.settings import secret_file_name
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DOTENV = ROOT / ".env"
@@ -46,6 +48,7 @@ CLIENT_SETTINGS = {
     "ES_URL",
     "ES_USERNAME",
     "CONNECT_URL",
+    "KIBANA_URL",
     "PIPELINE_HEARTBEAT_FILE",
     "SECRETS_DIR",
     "LOG_LEVEL",
@@ -102,6 +105,13 @@ def compose() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return compose["services"]
+
+
+@pytest.fixture(scope="module")
+def python_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services that run the streamviews Python image (x-pipeline)."""
+    image = compose["x-pipeline"]["image"]
+    return {name: service for name, service in compose["services"].items() if service.get("image") == image}
 
 
 @pytest.fixture(scope="module")
@@ -334,10 +344,9 @@ def test_postgres_is_configured_for_timescaledb_and_logical_decoding(services: d
 
 
 def test_python_services_share_one_image_and_use_the_client_settings(
-    compose: dict[str, Any], services: dict[str, dict[str, Any]]
+    compose: dict[str, Any], services: dict[str, dict[str, Any]], python_services: dict[str, dict[str, Any]]
 ) -> None:
     shared = compose["x-pipeline"]
-    python_services = {name: svc for name, svc in services.items() if svc.get("image") == shared["image"]}
     assert "dbsetup" in python_services
     for name, service in python_services.items():
         assert service["build"] == shared["build"], f"{name} must reuse x-pipeline"
@@ -346,6 +355,65 @@ def test_python_services_share_one_image_and_use_the_client_settings(
         assert env["SECRETS_DIR"] == "/run/secrets"
     assert environment(services["dbsetup"])["PGUSER"] == "postgres"
     assert set(services["dbsetup"]["secrets"]) == SECRET_NAMES - {"elastic_password", "kibana_password"}
+
+
+def test_each_python_service_holds_only_the_password_of_its_own_role(
+    python_services: dict[str, dict[str, Any]],
+) -> None:
+    roles = {}
+    for name, service in python_services.items():
+        if name == "dbsetup":
+            continue
+        role = environment(service).get("PGUSER")
+        roles[name] = role
+        passwords = {secret for secret in service.get("secrets", []) if secret.startswith(("pg_", "postgres"))}
+        assert passwords == ({secret_file_name(role)} if role else set()), f"{name} runs as {role}"
+    assert {name: roles[name] for name in ("likes", "cdc-likes", "audit", "ctid-puller")} == {
+        "likes": "sv_writer",
+        "cdc-likes": "sv_writer",
+        "audit": "sv_writer",
+        "ctid-puller": "sv_indexer",
+    }
+
+
+def test_only_the_services_that_talk_to_elasticsearch_hold_its_password(
+    python_services: dict[str, dict[str, Any]],
+) -> None:
+    holders = {name for name, svc in python_services.items() if "elastic_password" in svc.get("secrets", [])}
+
+    assert holders == {"ctid-puller", "kibana-objects"}
+
+
+def test_every_heartbeat_file_is_the_one_its_healthcheck_reads(python_services: dict[str, dict[str, Any]]) -> None:
+    beating = {name: svc for name, svc in python_services.items() if svc.get("restart") != "no"}
+    assert {"likes", "audit", "ctid-puller"} <= beating.keys()
+    for name, service in beating.items():
+        heartbeat = environment(service).get("PIPELINE_HEARTBEAT_FILE")
+        assert heartbeat, f"{name} is long-running: its loop must touch a heartbeat file"
+        assert heartbeat in " ".join(service["healthcheck"]["test"]), f"{name} checks another file"
+
+
+def test_the_search_puller_starts_once_the_database_kafka_and_elasticsearch_are_ready(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    puller = services["ctid-puller"]
+
+    assert puller["command"] == ["python", "-m", "pipelines.ctid_puller"]
+    assert environment(puller)["ES_URL"] == "http://elasticsearch:9200"
+    assert puller["depends_on"] == {
+        "dbsetup": {"condition": "service_completed_successfully"},
+        "kafka": {"condition": "service_healthy"},
+        "elasticsearch": {"condition": "service_healthy"},
+    }
+
+
+def test_kibana_objects_are_imported_once_kibana_is_healthy(services: dict[str, dict[str, Any]]) -> None:
+    job = services["kibana-objects"]
+
+    assert job["command"] == ["python", "-m", "pipelines.kibana", "import"]
+    assert job["restart"] == "no"
+    assert environment(job)["KIBANA_URL"] == "http://kibana:5601"
+    assert job["depends_on"] == {"kibana": {"condition": "service_healthy"}}
 
 
 def test_compose_accepts_the_file() -> None:
