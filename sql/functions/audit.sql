@@ -150,6 +150,16 @@ BEGIN
 END
 $$;
 
+-- audit.user_events_filter: the WHERE clause user_events and user_events_count share, over
+-- parameters $1 user_id, $2 since, $3 until, $4 contains, $5 pattern.
+CREATE OR REPLACE FUNCTION audit.user_events_filter() RETURNS text
+LANGUAGE sql IMMUTABLE
+AS $$
+SELECT ' WHERE e.uid = $1 AND e.ts >= $2 AND e.ts < $3'
+       '   AND ($4::text IS NULL OR strpos(lower(e.content), lower($4)) > 0)'
+       '   AND ($5::text IS NULL OR e.content ~* $5)'
+$$;
+
 -- audit.user_events: a user's (user_id) audit rows in [since, until), ordered by ts, one page at a time.
 -- `contains` is a case-insensitive substring, `pattern` a case-insensitive POSIX regex; either may
 -- be NULL. Paging is keyset: pass the `next_cursor` of a page's last row as `after` to get the next
@@ -187,13 +197,10 @@ BEGIN
     RETURN QUERY EXECUTE format(
         'SELECT e.ts, e.uid, e.content, e.fields, e.tableoid::regclass::text, e.ctid,'
         '       to_char(e.ts AT TIME ZONE ''UTC'', ''YYYY-MM-DD"T"HH24:MI:SS.US"Z"'') || ''|'' || e.tableoid || ''|'' || e.ctid'
-        '  FROM %I.events e'
-        ' WHERE e.uid = $1 AND e.ts >= $2 AND e.ts < $3'
-        '   AND ($4::text IS NULL OR strpos(lower(e.content), lower($4)) > 0)'
-        '   AND ($5::text IS NULL OR e.content ~* $5)'
+        '  FROM %I.events e %s'
         '   AND ($6::timestamptz IS NULL OR (e.ts >= $6 AND (e.ts, e.tableoid, e.ctid) > ($6, $7, $8)))'
         ' ORDER BY e.ts, e.tableoid, e.ctid'
-        ' LIMIT $9', audit.check_log_schema(log_schema))
+        ' LIMIT $9', audit.check_log_schema(log_schema), audit.user_events_filter())
         USING user_id, since, until, contains, pattern, after_ts, after_table, after_ctid, page_size;
 END
 $$;
@@ -208,7 +215,7 @@ CREATE OR REPLACE FUNCTION audit.user_events_estimate(
     pattern text DEFAULT NULL,
     log_schema text DEFAULT 'audit'
 ) RETURNS bigint
-LANGUAGE plpgsql STABLE
+LANGUAGE plpgsql VOLATILE  -- EXPLAIN is only allowed in volatile functions
 AS $$
 DECLARE
     plan json;
@@ -238,9 +245,7 @@ DECLARE
     n bigint;
 BEGIN
     EXECUTE format(
-        'SELECT count(*) FROM %I.events e WHERE e.uid = $1 AND e.ts >= $2 AND e.ts < $3'
-        '   AND ($4::text IS NULL OR strpos(lower(e.content), lower($4)) > 0)'
-        '   AND ($5::text IS NULL OR e.content ~* $5)', audit.check_log_schema(log_schema))
+        'SELECT count(*) FROM %I.events e %s', audit.check_log_schema(log_schema), audit.user_events_filter())
         INTO n USING user_id, since, until, contains, pattern;
     RETURN n;
 END

@@ -1,0 +1,446 @@
+"""The audit log end to end: Kafka into per-shard, per-day tables, and the ctid puller into Elasticsearch.
+
+Each test gets its own audit log (a schema made by `audit.create_log`) and index prefix, so the
+supervised `audit` and `ctid_puller` services never see its rows. Writers and pullers run as real
+processes where a test kills them, in-process where it only needs their effect.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import UTC, date, datetime, timedelta
+
+import orjson
+import psycopg
+import pytest
+from confluent_kafka import Consumer, Producer
+from elasticsearch import helpers
+
+from pipelines import retention
+from pipelines.audit import AuditSink
+from pipelines.ctid_puller import CtidPuller
+from pipelines.events import AuditEvent
+from pipelines.settings import AuditSettings, PostgresSettings
+from stack.supervisor import Supervisor
+from tests.integration.conftest import pipeline_env, unique, wait_for
+
+WORDS = [
+    "login",
+    "logout",
+    "failed",
+    "password",
+    "reset",
+    "token",
+    "granted",
+    "denied",
+    "admin",
+    "export",
+    "delete",
+    "upload",
+]
+
+
+@pytest.fixture
+def audit_log(pg, es):
+    """A throwaway audit log: its schema and index prefix, dropped (tables, documents) afterwards."""
+    schema = unique("audit_t")
+    settings = AuditSettings(schema_name=schema, index_prefix=f"audit-{schema.replace('_', '')}")
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute("SELECT audit.create_log(%s)", (schema,))
+    yield settings
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute("SELECT audit.drop_expired(%s, '9999-12-31')", (schema,)).fetchall()
+        conn.execute("DELETE FROM audit.index_deletions WHERE log_schema = %s", (schema,))
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    for index in es.indices.get(index=f"{settings.index_prefix}-*", allow_no_indices=True):
+        es.indices.delete(index=index)
+
+
+def audit_env(stack, log: AuditSettings, role: str, **overrides: str) -> dict[str, str]:
+    return pipeline_env(
+        stack,
+        PGUSER=role,
+        AUDIT_SCHEMA=log.schema_name,
+        AUDIT_INDEX_PREFIX=log.index_prefix,
+        AUDIT_RETENTION_INTERVAL_S="0",
+        **overrides,
+    )
+
+
+def start_writer(stack, log: AuditSettings, topic: str, group: str) -> subprocess.Popen:
+    env = audit_env(stack, log, "sv_writer", PIPELINE_BATCH_MAX="500", PIPELINE_BATCH_WAIT_MS="20")
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines.audit", "--topic", topic, "--group", group],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def start_puller(stack, log: AuditSettings) -> subprocess.Popen:
+    env = audit_env(stack, log, "sv_indexer", AUDIT_PULL_BLOCKS="8")  # small chunks: many checkpoints
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines.ctid_puller"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    if process.poll() is None:
+        process.send_signal(sig)
+    process.wait(timeout=60)
+
+
+def event(uid: int, ts: datetime, rng: random.Random, **extra: str) -> bytes:
+    content = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 60)))
+    return orjson.dumps({"uid": uid, "ts": ts.isoformat(), "content": content, **extra})
+
+
+def rows_in_postgres(pg, log: AuditSettings) -> set[str]:
+    """Every row of the log as its document id: `<schema>.<table>:<block>:<offset>`."""
+    with pg("sv_reader") as conn:
+        rows = conn.execute(
+            "SELECT tableoid::regclass::text, audit.block_of(ctid), (ctid::text::point)[1]::int"
+            f" FROM {log.schema_name}.events"
+        ).fetchall()
+    return {f"{table}:{block}:{offset}" for table, block, offset in rows}
+
+
+def ids_in_elasticsearch(es, log: AuditSettings) -> list[str]:
+    index = f"{log.index_prefix}-*"
+    es.indices.refresh(index=index, allow_no_indices=True)
+    return [hit["_id"] for hit in helpers.scan(es, index=index, query={"query": {"match_all": {}}}, _source=False)]
+
+
+def pull_until_caught_up(puller: CtidPuller) -> None:
+    while puller.pull_once():
+        pass
+
+
+def in_process_puller(pg_settings: PostgresSettings, es, log: AuditSettings) -> CtidPuller:
+    return CtidPuller(pg_settings.conninfo(user="sv_indexer"), es, log)
+
+
+@pytest.fixture
+def pg_settings(stack, secrets_dir) -> PostgresSettings:
+    return PostgresSettings(host="127.0.0.1", port=stack.pgport, secrets_dir=secrets_dir)
+
+
+def write(pg, log: AuditSettings, events: list[tuple[int, AuditEvent]]) -> None:
+    """One writer batch, committed, as the audit pipeline writes it (without Kafka)."""
+    with pg("sv_writer") as conn, conn.transaction():
+        AuditSink(log.schema_name).apply(conn, events)
+
+
+def events_at(day: date, n: int, uid: int = 7, shard: int = 0) -> list[tuple[int, AuditEvent]]:
+    start = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
+    return [(shard, AuditEvent(uid, start + timedelta(seconds=i), f"event {i} " + "x" * 500, None)) for i in range(n)]
+
+
+# --- Writing -----------------------------------------------------------------------------------------
+
+
+def test_events_land_in_one_table_per_shard_and_day_with_brin_on_ts(pg, audit_log):
+    today = datetime.now(UTC).date()
+    write(pg, audit_log, events_at(today, 5, shard=3) + events_at(today - timedelta(days=1), 2, shard=0))
+
+    with pg("sv_owner") as conn:
+        tables = conn.execute(
+            "SELECT table_name, rows FROM audit.tables WHERE log_schema = %s ORDER BY table_name",
+            (audit_log.schema_name,),
+        ).fetchall()
+        indexes = conn.execute(
+            "SELECT indexdef FROM pg_indexes WHERE schemaname = %s AND tablename = %s",
+            (audit_log.schema_name, f"shard03_{today:%Y%m%d}"),
+        ).fetchall()
+    assert tables == [
+        (f"{audit_log.schema_name}.shard00_{today - timedelta(days=1):%Y%m%d}", 2),
+        (f"{audit_log.schema_name}.shard03_{today:%Y%m%d}", 5),
+    ]
+    assert any("USING brin (ts)" in d for (d,) in indexes)
+    assert any("USING btree (uid, ts)" in d for (d,) in indexes)
+
+
+def test_the_writer_role_cannot_create_tables_itself_only_through_audit_ensure_table(pg, audit_log):
+    with pg("sv_writer") as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute(f"CREATE TABLE {audit_log.schema_name}.mine (x int)")
+
+
+def test_malformed_audit_events_go_to_the_dead_letter_topic_and_good_ones_are_all_stored(
+    stack, pg, kafka, topic_factory, audit_log
+):
+    topic = topic_factory("audit", partitions=2)
+    group = unique("audit")
+    now = datetime.now(UTC)
+    rng = random.Random(3)
+    bad = {
+        "malformed_json": (b"5", b"{not json"),
+        "wrong_type": (b"5", orjson.dumps({"uid": 5, "content": 7})),
+        "unknown_field": (b"5", orjson.dumps({"uid": 5, "content": "x", "Bad.Name": "y"})),
+        "oversized": (b"5", b"{" + b" " * 70_000 + b"}"),
+        "invalid_text": (b"5", orjson.dumps({"uid": 5, "content": "nul \u0000 here"})),
+        "key_mismatch": (b"6", orjson.dumps({"uid": 5, "content": "x"})),
+        "ts_out_of_range": (b"5", orjson.dumps({"uid": 5, "content": "x", "ts": "2001-01-01T00:00:00Z"})),
+    }
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "message.max.bytes": 2_000_000})
+    good = 0
+    for i in range(300):
+        uid = 1 + i % 20
+        producer.produce(topic, key=str(uid), value=event(uid, now, rng, action="login"))
+        good += 1
+        if i % 40 == 0:
+            key, value = bad[list(bad)[(i // 40) % len(bad)]]
+            producer.produce(topic, key=key, value=value)
+    for key, value in bad.values():
+        producer.produce(topic, key=key, value=value)
+    producer.flush(30)
+
+    writer = start_writer(stack, audit_log, topic, group)
+    try:
+        wait_for(lambda: len(rows_in_postgres(pg, audit_log)) == good, timeout=60, what="the good events")
+    finally:
+        stop(writer)
+
+    with pg("sv_owner") as conn:
+        counted = dict(
+            conn.execute("SELECT reason, count FROM ops.dead_letters WHERE group_id = %s", (group,)).fetchall()
+        )
+    assert set(counted) == set(bad)
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap_servers, "group.id": unique("dlq"), "auto.offset.reset": "earliest"}
+    )
+    consumer.subscribe([f"{topic}.dlq"])
+    reasons = []
+    deadline = time.monotonic() + 30
+    while len(reasons) < sum(counted.values()) and time.monotonic() < deadline:
+        for message in consumer.consume(100, 0.5):
+            if message.error() is None:
+                reasons.append(dict(message.headers())["dlq.reason"].decode())
+    consumer.close()
+    assert sorted(reasons) == sorted(r for r, n in counted.items() for _ in range(n))
+
+
+# --- Pulling into Elasticsearch ------------------------------------------------------------------------
+
+
+def test_pulled_documents_carry_the_row_its_fields_and_its_table_and_ctid(pg, es, pg_settings, audit_log):
+    today = datetime.now(UTC).date()
+    ts = datetime(today.year, today.month, today.day, 9, 30, tzinfo=UTC)
+    write(pg, audit_log, [(2, AuditEvent(42, ts, "failed login from 10.0.0.9", {"action": "login", "ip": "x"}))])
+
+    pull_until_caught_up(in_process_puller(pg_settings, es, audit_log))
+
+    table = f"{audit_log.schema_name}.shard02_{today:%Y%m%d}"
+    doc = es.get(index=f"{audit_log.index_prefix}-{today:%Y.%m.%d}", id=f"{table}:0:1")["_source"]
+    assert doc == {
+        "ts": ts.isoformat(),
+        "uid": 42,
+        "content": "failed login from 10.0.0.9",
+        "action": "login",
+        "ip": "x",
+        "pg_table": table,
+        "pg_ctid": "(0,1)",
+    }
+
+
+def test_space_freed_by_an_aborted_batch_and_reused_later_is_pulled_again_without_holes(pg, es, pg_settings, audit_log):
+    """The hole the seed warns about: after vacuum, the free-space map sends new rows below pulled blocks."""
+    today = datetime.now(UTC).date()
+    puller = in_process_puller(pg_settings, es, audit_log)
+    write(pg, audit_log, events_at(today, 300))
+    table = f"{audit_log.schema_name}.shard00_{today:%Y%m%d}"
+    with pg("sv_writer") as conn, conn.transaction():  # a batch that aborts after writing its rows
+        AuditSink(audit_log.schema_name).apply(conn, events_at(today, 300))
+        raise psycopg.Rollback
+    write(pg, audit_log, events_at(today, 30))
+    pull_until_caught_up(puller)
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(f"VACUUM {table}")  # the aborted rows' space goes to the free-space map
+
+    write(pg, audit_log, events_at(today, 200))
+    pull_until_caught_up(puller)
+
+    with pg("sv_owner") as conn:
+        rewinds = conn.execute("SELECT count(*) FROM audit.table_rewinds WHERE table_name = %s", (table,)).fetchone()
+    assert rewinds[0] >= 1, "the new rows did not reuse freed space: nothing was proven"
+    ids = ids_in_elasticsearch(es, audit_log)
+    assert len(ids) == len(set(ids)) == 530
+    assert set(ids) == rows_in_postgres(pg, audit_log)
+
+
+def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_factory, audit_log):
+    """Producers, a killed writer, an aborted batch with vacuum, a killed puller, Elasticsearch restarted."""
+    topic = topic_factory("audit", partitions=3)
+    group = unique("audit")
+    supervisor = Supervisor(stack.paths)
+    writer = start_writer(stack, audit_log, topic, group)
+    puller = start_puller(stack, audit_log)
+    stop_producing = threading.Event()
+    produced = []
+
+    def produce(seed: int) -> None:
+        rng = random.Random(seed)
+        producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5})
+        n = 0
+        while not stop_producing.is_set():
+            for _ in range(20):
+                uid = rng.randint(1, 60)
+                ts = datetime.now(UTC) - timedelta(days=rng.choice((0, 0, 0, 1)))
+                producer.produce(topic, key=str(uid), value=event(uid, ts, rng, action=rng.choice(WORDS)))
+                n += 1
+            producer.poll(0)
+            time.sleep(0.1)
+        producer.flush(30)
+        produced.append(n)
+
+    producers = [threading.Thread(target=produce, args=(seed,)) for seed in range(3)]
+    for thread in producers:
+        thread.start()
+    try:
+        wait_for(lambda: len(rows_in_postgres(pg, audit_log)) > 1_000, timeout=60, what="first rows")
+        stop(writer, signal.SIGKILL)  # its batch in flight aborts
+        writer = start_writer(stack, audit_log, topic, group)
+
+        with pg("sv_owner") as conn:
+            table = conn.execute(
+                "SELECT table_name FROM audit.tables WHERE log_schema = %s ORDER BY rows DESC LIMIT 1",
+                (audit_log.schema_name,),
+            ).fetchone()[0]
+        with pg("sv_writer") as conn, conn.transaction():
+            conn.execute(
+                f"INSERT INTO {table} (shard, ts, uid, content)"
+                f" SELECT shard, ts, uid, content FROM (SELECT * FROM {table} LIMIT 1) r, generate_series(1, 500)"
+            )
+            raise psycopg.Rollback
+        stop(puller, signal.SIGKILL)
+        puller = start_puller(stack, audit_log)
+        time.sleep(1)
+        with pg("sv_owner", autocommit=True) as conn:
+            conn.execute(f"VACUUM {table}")
+
+        supervisor.stop("elasticsearch")
+        time.sleep(3)  # writes go on; the puller retries
+        stop(puller, signal.SIGKILL)
+        puller = start_puller(stack, audit_log)
+        supervisor.start("elasticsearch")
+        wait_for(lambda: _es_healthy(es), timeout=180, what="Elasticsearch back")
+        time.sleep(2)
+    finally:
+        stop_producing.set()
+        for thread in producers:
+            thread.join(60)
+    try:
+        total = sum(produced)
+        wait_for(lambda: len(rows_in_postgres(pg, audit_log)) == total, timeout=120, what="every event in PostgreSQL")
+        expected = rows_in_postgres(pg, audit_log)
+        wait_for(
+            lambda: len(ids_in_elasticsearch(es, audit_log)) >= len(expected),
+            timeout=120,
+            what="the puller catching up",
+        )
+    finally:
+        stop(writer)
+        stop(puller)
+
+    ids = ids_in_elasticsearch(es, audit_log)
+    assert len(ids) == len(set(ids)), "a row was indexed twice"
+    assert set(ids) == expected
+
+
+def _es_healthy(es) -> bool:
+    try:
+        return es.cluster.health(timeout="1s")["status"] in ("yellow", "green")
+    except Exception:
+        return False
+
+
+# --- Retention -------------------------------------------------------------------------------------------
+
+
+def test_retention_drops_old_days_tables_and_their_indices_and_keeps_the_rest(pg, es, pg_settings, audit_log):
+    today = datetime.now(UTC).date()
+    days = [today - timedelta(days=n) for n in (40, 31, 30, 0)]
+    for day in days:
+        write(pg, audit_log, events_at(day, 3))
+    pull_until_caught_up(in_process_puller(pg_settings, es, audit_log))
+    index = {day: f"{audit_log.index_prefix}-{day:%Y.%m.%d}" for day in days}
+    assert all(es.indices.exists(index=name) for name in index.values())
+
+    with psycopg.connect(pg_settings.conninfo(user="sv_indexer"), autocommit=True) as conn:
+        result = retention.run(conn, es, audit_log, days=30)
+
+    old, kept = days[:2], days[2:]
+    assert result["tables_dropped"] == [f"{audit_log.schema_name}.shard00_{d:%Y%m%d}" for d in old]
+    assert result["indices_deleted"] == [index[d] for d in old]
+    assert not any(es.indices.exists(index=index[d]) for d in old)
+    assert all(es.indices.exists(index=index[d]) for d in kept)
+    assert {i.split(":")[0] for i in rows_in_postgres(pg, audit_log)} == {
+        f"{audit_log.schema_name}.shard00_{d:%Y%m%d}" for d in kept
+    }
+    assert set(ids_in_elasticsearch(es, audit_log)) == rows_in_postgres(pg, audit_log)
+
+
+# --- Queries of the read-only role ---------------------------------------------------------------------
+
+
+def test_a_users_events_page_by_cursor_in_ts_order_without_overlap_or_gaps(pg, audit_log):
+    today = datetime.now(UTC).date()
+    noon = datetime(today.year, today.month, today.day, 12, tzinfo=UTC)
+    # Ties on ts across two shards' tables: only the (ts, table, ctid) order keeps pages apart.
+    batch = [
+        (s, AuditEvent(7, noon + timedelta(seconds=i // 4), f"row {s}-{i}", None)) for s in (0, 1) for i in range(40)
+    ]
+    batch += [(0, AuditEvent(8, noon, "another user", None))]
+    write(pg, audit_log, batch)
+    since, until = noon - timedelta(hours=1), noon + timedelta(hours=1)
+
+    with pg("sv_reader") as conn:
+        pages, after = [], None
+        while True:
+            page = conn.execute(
+                "SELECT content, next_cursor FROM audit.user_events(7, %s, %s, after => %s, page_size => 7,"
+                " log_schema => %s)",
+                (since, until, after, audit_log.schema_name),
+            ).fetchall()
+            if not page:
+                break
+            pages.append([content for content, _ in page])
+            after = page[-1][1]
+        everything = [
+            r[0]
+            for r in conn.execute(
+                "SELECT content FROM audit.user_events(7, %s, %s, page_size => 1000, log_schema => %s)",
+                (since, until, audit_log.schema_name),
+            )
+        ]
+    assert [c for page in pages for c in page] == everything
+    assert len(everything) == len(set(everything)) == 80
+    assert len(pages) == 12
+
+
+def test_text_and_regex_filters_with_an_estimated_and_an_exact_count(pg, audit_log):
+    today = datetime.now(UTC).date()
+    noon = datetime(today.year, today.month, today.day, 12, tzinfo=UTC)
+    contents = ["Failed LOGIN from a", "login ok", "password reset", "failed login again"]
+    write(pg, audit_log, [(0, AuditEvent(9, noon + timedelta(minutes=i), c, None)) for i, c in enumerate(contents)])
+    args = (9, noon - timedelta(hours=1), noon + timedelta(hours=1))
+
+    with pg("sv_reader") as conn:
+
+        def call(function: str, **filters: str) -> list:
+            named = "".join(f", {k} => %({k})s" for k in filters)
+            return conn.execute(
+                f"SELECT * FROM audit.{function}(%(u)s, %(s)s, %(e)s{named}, log_schema => %(log)s)",
+                {"u": args[0], "s": args[1], "e": args[2], "log": audit_log.schema_name, **filters},
+            ).fetchall()
+
+        assert [r[2] for r in call("user_events", contains="failed login")] == [contents[0], contents[3]]
+        assert [r[2] for r in call("user_events", pattern="^(login|password)")] == contents[1:3]
+        assert call("user_events_count", contains="login") == [(3,)]
+        assert call("user_events_estimate", contains="login")[0][0] >= 1
+        with pytest.raises(psycopg.errors.RaiseException, match="not a cursor"):
+            call("user_events", after="garbage")
