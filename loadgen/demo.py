@@ -1,16 +1,19 @@
-"""The main job, for a newcomer: stream likes and follows through Kafka and read the fresh answers.
+"""The main job, for a newcomer: stream likes, follows and audit events through Kafka and read the answers.
 
 `make demo` brings the stack up and runs this. It produces the seed's workload at a small scale to the
 real `likes` and `follows` topics (a hot spot of objects, a long tail of follows), waits until the
 supervised pipelines have applied it, and prints what users ask: how many likes, who likes it, and
 which of my friends like it, each a primary-key read through the `social.*` functions, plus how long a
-single like took to become visible and what happened to a malformed event.
+single like took to become visible and what happened to a malformed event. Then it produces audit
+events to `audit` and searches them, in Elasticsearch (as `python -m pipelines.search` does) and in
+PostgreSQL (`audit.user_events`), each hit naming the table and ctid it lives at.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import random
 import sys
 import time
 
@@ -18,7 +21,8 @@ import psycopg
 from confluent_kafka import Consumer, Producer
 
 from loadgen.workload import encode_follow, encode_like, follow_events, like_events
-from pipelines.settings import ROLE_READER, KafkaSettings, PostgresSettings
+from pipelines import elastic, search
+from pipelines.settings import ROLE_READER, AuditSettings, ElasticsearchSettings, KafkaSettings, PostgresSettings
 
 USERS, OBJECTS, FOLLOWERS = 10_000, 2_000, 500
 LIKES, FOLLOWS = 50_000, 20_000
@@ -116,7 +120,80 @@ def main() -> int:
                 break
 
     show_a_dead_letter(kafka, producer)
+    search_the_audit_log(producer, postgres)
     return 0
+
+
+AUDIT_EVENTS = 5_000
+ACTIONS = ("login", "logout", "password_change", "export", "delete")
+
+
+def search_the_audit_log(producer: Producer, postgres: PostgresSettings) -> None:
+    """Produce audit events, wait until they are searchable, then search them two ways."""
+    rng = random.Random()  # noqa: S311 - demo data, not secrets
+    uid = rng.randint(1, 1_000)
+    token = f"host{rng.randint(10_000, 99_999)}"
+    failures = AUDIT_EVENTS // 1_000
+    print(f"\nProducing {AUDIT_EVENTS:,} audit events; user {uid} fails to log in from {token} {failures} times ...")
+    sent = time.monotonic()
+    for i in range(AUDIT_EVENTS):
+        who = uid if i % 1_000 == 999 else rng.randint(1, 1_000)
+        if who == uid and i % 1_000 == 999:
+            content, action = f"failed login for user {uid} from {token}: bad password", "login"
+        else:
+            content, action = f"user {who} {rng.choice(ACTIONS)} " + " ".join(rng.choices(WORDS, k=40)), "other"
+        event = {"uid": who, "ts": int(time.time() * 1000), "content": content, "action": action}
+        producer.produce("audit", key=str(who), value=json.dumps(event))
+        producer.poll(0)
+    producer.flush(30)
+
+    settings = AuditSettings()
+    with elastic.client(ElasticsearchSettings()) as es:
+        body = search.build_query(f"failed login {token}", uid=uid, limit=10)
+        index = f"{settings.index_prefix}-*"
+        deadline = time.monotonic() + 60
+        while search.search(es, index, body)[0] < failures and time.monotonic() < deadline:
+            time.sleep(0.2)
+            es.indices.refresh(index=index)
+        total, hits = search.search(es, index, body)
+    print(
+        f"Searchable in Elasticsearch {time.monotonic() - sent:.1f} s after the first was produced. "
+        f'python -m pipelines.search "failed login {token}" --uid {uid} finds {total}:'
+    )
+    for hit in hits:
+        print("  " + search.format_hit(hit)[:150])
+    with psycopg.connect(postgres.conninfo(), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT ts, pg_table, pg_ctid, content FROM audit.user_events(%(uid)s, now() - interval '1 hour',"
+            " now() + interval '1 minute', contains => %(token)s, page_size => 5)",
+            {"uid": uid, "token": token},
+        ).fetchall()
+        estimate, exact = conn.execute(
+            "SELECT audit.user_events_estimate(%(uid)s, now() - interval '1 hour', now() + interval '1 minute'),"
+            " audit.user_events_count(%(uid)s, now() - interval '1 hour', now() + interval '1 minute')",
+            {"uid": uid},
+        ).fetchone()
+    query = f"SELECT * FROM audit.user_events({uid}, ..., contains => '{token}')"  # noqa: S608 - printed only
+    print(f"The same rows in PostgreSQL, {query}:")
+    for ts, table, ctid, content in rows:
+        print(f"  {ts:%H:%M:%S.%f}  {table} {ctid}  {content}")
+    print(f"User {uid}'s events in the last hour: about {estimate} (planner estimate), exactly {exact}.")
+
+
+WORDS = [
+    "session",
+    "token",
+    "granted",
+    "denied",
+    "admin",
+    "upload",
+    "report",
+    "settings",
+    "profile",
+    "api",
+    "key",
+    "rotated",
+]
 
 
 if __name__ == "__main__":
