@@ -5,6 +5,11 @@ One poll is one batch: `consume()` returns up to `PIPELINE_BATCH_MAX` records wi
 records go to the dead-letter topic and never stop the pipeline. Any failure to commit (database
 down, a deadlock, a fence) rolls the batch back and re-seeks every partition to the offsets stored in
 PostgreSQL, so the same records are consumed again.
+
+Decoding and committing overlap: a committer thread commits batch N (the database works, this
+process waits on its socket) while the main thread consumes and decodes batch N+1, whose start is
+N's end. N+1 is handed over only once N has committed; if N fails, N+1 is dropped with it and both
+are consumed again after the re-seek. At most one batch is in flight, so commits stay in order.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -111,8 +117,11 @@ class Pipeline:
             ),
             spec.name,
         )
-        # Where each assigned partition stands in PostgreSQL (None: never committed).
+        # Where each assigned partition will stand in PostgreSQL once the batches decoded so far have
+        # committed (None: never committed); reset from PostgreSQL by a rewind.
         self.positions: dict[int, int | None] = {}
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{spec.name}-commit")
+        self._inflight: tuple[Batch, Future[int]] | None = None
         self.running = True
         self.totals = {"batches": 0, "records": 0, "changes": 0, "retries": 0}
         self._failures = 0  # consecutive failed commits
@@ -142,8 +151,11 @@ class Pipeline:
                 messages = self.consumer.consume(self.settings.batch_max, self.settings.batch_wait_ms / 1000)
                 if messages:
                     self._process(messages)
+                elif self._inflight is not None:
+                    self._settle()
                 now = time.monotonic()
                 if now >= next_housekeeping:
+                    self._settle()
                     self._housekeeping()
                     next_housekeeping = now + self.settings.expire_interval_s
                 if self.settings.heartbeat_file and now >= next_beat:
@@ -155,6 +167,8 @@ class Pipeline:
                     )
                     next_report = now + self.settings.report_interval_s
         finally:
+            self._settle(rewind=False)
+            self._committer.shutdown()
             self.consumer.close()
             self.checkpoint.close()
             log.info("pipeline stopped", pipeline=self.spec.name, **self.totals)
@@ -167,9 +181,27 @@ class Pipeline:
         batch = self._decode(messages)
         if not batch.end:
             return
+        if self._settle():
+            self._inflight = (batch, self._committer.submit(self._commit, batch))
+        # else: the batch in flight failed and everything was re-seeked; this one started where that
+        # one ended, so it is dropped and consumed again.
+
+    def _commit(self, batch: Batch) -> int:
+        """In the committer thread: dead letters reach Kafka before the batch's offsets commit."""
+        self.dead_letters.flush()
+        return self.checkpoint.commit(batch)
+
+    def _settle(self, *, rewind: bool = True) -> bool:
+        """Wait for the batch in flight, if any; True if it committed (or there was none).
+
+        On failure, back off and (with `rewind`) re-seek every partition to PostgreSQL's offsets.
+        """
+        if self._inflight is None:
+            return True
+        batch, future = self._inflight
+        self._inflight = None
         try:
-            self.dead_letters.flush()
-            changed = self.checkpoint.commit(batch)
+            changed = future.result()
         except (Fenced, psycopg.Error, StreamviewsError) as e:
             self.totals["retries"] += 1
             self._failures += 1
@@ -182,19 +214,19 @@ class Pipeline:
                 records=batch.consumed,
                 retry_in_s=delay,
             )
-            time.sleep(delay)
-            self._rewind()
-            return
+            if rewind:
+                time.sleep(delay)
+                self._rewind()
+            return False
         self._failures = 0
-        for (_, partition), offset in batch.end.items():
-            self.positions[partition] = offset
         self.totals["batches"] += 1
         self.totals["records"] += batch.consumed
         self.totals["changes"] += changed
         # Kafka's committed offsets only inform lag tooling; PostgreSQL's are the truth.
-        self.consumer.commit(
-            offsets=[TopicPartition(self.topic, p, o) for (_, p), o in batch.end.items()], asynchronous=True
-        )
+        offsets = [TopicPartition(self.topic, p, o) for (_, p), o in batch.end.items() if p in self.positions]
+        if offsets:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+        return True
 
     def _decode(self, messages: list[Message]) -> Batch:
         batch = Batch()
@@ -224,6 +256,8 @@ class Pipeline:
                 continue
             if change is not None:
                 records.append((partition, change))
+        for (_, partition), offset in batch.end.items():
+            self.positions[partition] = offset  # where the next batch starts, once this one commits
         return batch
 
     def _reject(self, batch: Batch, message: Message, error: InvalidEvent) -> None:
@@ -231,6 +265,7 @@ class Pipeline:
         batch.dead_letters[(message.topic(), error.reason)] += 1
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._settle(rewind=False)
         stored = self._stored_offsets([p.partition for p in partitions])
         for tp in partitions:
             tp.offset = stored.get(tp.partition, OFFSET_BEGINNING)
@@ -243,6 +278,8 @@ class Pipeline:
         )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Let the batch in flight finish first: the partitions' next owner then starts after it.
+        self._settle(rewind=False)
         for tp in partitions:
             self.positions.pop(tp.partition, None)
         consumer.unassign()
