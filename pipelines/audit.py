@@ -16,9 +16,10 @@ Each batch, in the checkpoint's one transaction with its Kafka offsets:
 from __future__ import annotations
 
 import argparse
+import struct
 import sys
 from collections import defaultdict
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import orjson
 import psycopg
@@ -48,11 +49,11 @@ class AuditSink:
             table = self._table(conn, *key)
             events = groups[key]
             schema, name = table.split(".")
-            statement = sql.SQL("COPY {}.{} ({}) FROM STDIN").format(
+            statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT binary)").format(
                 sql.Identifier(schema), sql.Identifier(name), sql.SQL(", ").join(map(sql.Identifier, COPY_COLUMNS))
             )
             with conn.cursor().copy(statement) as copy:
-                copy.write(copy_text(key[0], events))
+                copy.write(copy_rows(key[0], events))
             conn.execute("SELECT audit.record_batch(%s, %s)", (table, len(events)))
         return len(records)
 
@@ -74,25 +75,36 @@ class AuditSink:
         return f"audit tables of schema {self.log_schema}"
 
 
-# COPY's text format: backslash, tab, newline and carriage return are escaped; \N is NULL.
-_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+# COPY's binary format: no escaping or date formatting on either side, which makes it the cheapest
+# way in for Python and for PostgreSQL. A row is a field count, then per field its length (-1: NULL)
+# and its bytes: smallint, timestamptz as microseconds since 2000-01-01 UTC, bigint, UTF-8 text,
+# jsonb as a version byte (1) followed by JSON text.
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+_ROW_START = struct.Struct(">hihiqiqi")  # fields; shard; ts; uid; the content's length
+_JSONB_START = struct.Struct(">ib")  # length, version
+_NULL = struct.pack(">i", -1)
+_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-def _escape(text: str) -> str:
-    # Most audit text needs no escaping; four substring tests are cheaper than translate().
-    if "\\" in text or "\t" in text or "\n" in text or "\r" in text:
-        return text.translate(_ESCAPES)
-    return text
-
-
-def copy_text(shard: int, events: list[AuditEvent]) -> str:
-    """The COPY text-format lines of one table's rows (columns as in `COPY_COLUMNS`)."""
-    lines = []
-    prefix = f"{shard}\t"
+def copy_rows(shard: int, events: list[AuditEvent]) -> bytes:
+    """One table's rows in COPY binary format (columns as in `COPY_COLUMNS`)."""
+    parts = [_COPY_HEADER]
+    append = parts.append
     for e in events:
-        fields = "\\N" if e.fields is None else _escape(orjson.dumps(e.fields).decode())
-        lines.append(f"{prefix}{e.ts.isoformat()}\t{e.uid}\t{_escape(e.content)}\t{fields}\n")
-    return "".join(lines)
+        content = e.content.encode()
+        since = e.ts - _PG_EPOCH
+        micros = (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
+        append(_ROW_START.pack(5, 2, shard, 8, micros, 8, e.uid, len(content)))
+        append(content)
+        if e.fields is None:
+            append(_NULL)
+        else:
+            fields = orjson.dumps(e.fields)
+            append(_JSONB_START.pack(len(fields) + 1, 1))
+            append(fields)
+    append(_COPY_TRAILER)
+    return b"".join(parts)
 
 
 def _build(args: argparse.Namespace) -> tuple[Decoder, AuditSink]:

@@ -81,6 +81,7 @@ MAX_EXTRA_CHARS = 1024
 _AUDIT_REQUIRED = ("uid", "content")
 _AUDIT_RESERVED = frozenset(("uid", "ts", "content", "pg_table", "pg_ctid", "index_error", "shard", "fields"))
 _EXTRA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_CHECKED_NAMES: set[str] = set()  # optional field names already found valid (bounded)
 
 
 class InvalidEvent(StreamviewsError):
@@ -228,29 +229,33 @@ def decode_audit(key: bytes | None, value: bytes | None, timestamp_ms: int) -> A
         raise InvalidEvent("wrong_type", f"content must be a JSON string, got {_json(content)}")
     _check_text("content", content)
     ts = _timestamp(event, timestamp_ms)
-    fields = None
-    if len(event) > len(_AUDIT_REQUIRED) + ("ts" in event):
-        fields = _audit_extras(event)
+    fields = _audit_extras(event) if len(event) > len(_AUDIT_REQUIRED) + ("ts" in event) else None
     return AuditEvent(uid, ts, content, fields)
 
 
 def _audit_extras(event: dict[str, Any]) -> dict[str, str] | None:
-    extras = {name: value for name, value in event.items() if name not in ("uid", "ts", "content")}
-    if len(extras) > MAX_AUDIT_EXTRAS:
-        raise InvalidEvent("unknown_field", f"{len(extras)} optional fields, at most {MAX_AUDIT_EXTRAS}")
-    for name, value in extras.items():
-        if name in _AUDIT_RESERVED or not _EXTRA_NAME.fullmatch(name):
-            raise InvalidEvent(
-                "unknown_field",
-                f"field {name[:64]!r}: optional fields are named [a-z_][a-z0-9_]* (max 63) and not "
-                f"{', '.join(sorted(_AUDIT_RESERVED - {'uid', 'ts', 'content'}))}",
-            )
+    # Runs for nearly every audit event, so the core fields are deleted from the parsed object (no
+    # copy) and the few field names producers use are checked once each, then remembered.
+    del event["uid"], event["content"]
+    event.pop("ts", None)
+    if len(event) > MAX_AUDIT_EXTRAS:
+        raise InvalidEvent("unknown_field", f"{len(event)} optional fields, at most {MAX_AUDIT_EXTRAS}")
+    for name, value in event.items():
+        if name not in _CHECKED_NAMES:
+            if name in _AUDIT_RESERVED or not _EXTRA_NAME.fullmatch(name):
+                raise InvalidEvent(
+                    "unknown_field",
+                    f"field {name[:64]!r}: optional fields are named [a-z_][a-z0-9_]* (max 63) and not "
+                    f"{', '.join(sorted(_AUDIT_RESERVED - {'uid', 'ts', 'content'}))}",
+                )
+            if len(_CHECKED_NAMES) < 4096:
+                _CHECKED_NAMES.add(name)
         if type(value) is not str:
             raise InvalidEvent("wrong_type", f"{name} must be a JSON string, got {_json(value)}")
         if len(value) > MAX_EXTRA_CHARS:
             raise InvalidEvent("oversized", f"{name} is {len(value)} characters, over {MAX_EXTRA_CHARS}")
         _check_text(name, value)
-    return extras or None
+    return event or None
 
 
 def _check_text(name: str, text: str) -> None:

@@ -230,7 +230,8 @@ def test_malformed_audit_events_go_to_the_dead_letter_topic_and_good_ones_are_al
 def test_pulled_documents_carry_the_row_its_fields_and_its_table_and_ctid(pg, es, pg_settings, audit_log):
     today = datetime.now(UTC).date()
     ts = datetime(today.year, today.month, today.day, 9, 30, tzinfo=UTC)
-    write(pg, audit_log, [(2, AuditEvent(42, ts, "failed login from 10.0.0.9", {"action": "login", "ip": "x"}))])
+    content = "failed login from 10.0.0.9\ttab\nnew line \\ backslash \u00e9\U0001f600"
+    write(pg, audit_log, [(2, AuditEvent(42, ts, content, {"action": "login", "ip": "x \\ \" \u00e9"}))])
 
     pull_until_caught_up(in_process_puller(pg_settings, es, audit_log))
 
@@ -239,9 +240,9 @@ def test_pulled_documents_carry_the_row_its_fields_and_its_table_and_ctid(pg, es
     assert doc == {
         "ts": ts.isoformat(),
         "uid": 42,
-        "content": "failed login from 10.0.0.9",
+        "content": content,
         "action": "login",
-        "ip": "x",
+        "ip": "x \\ \" \u00e9",
         "pg_table": table,
         "pg_ctid": "(0,1)",
     }
@@ -300,40 +301,45 @@ def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_f
     producers = [threading.Thread(target=produce, args=(seed,)) for seed in range(3)]
     for thread in producers:
         thread.start()
-    try:
-        wait_for(lambda: len(rows_in_postgres(pg, audit_log)) > 1_000, timeout=60, what="first rows")
-        stop(writer, signal.SIGKILL)  # its batch in flight aborts
-        writer = start_writer(stack, audit_log, topic, group)
+    running = {"writer": writer, "puller": puller}
 
-        with pg("sv_owner") as conn:
-            table = conn.execute(
-                "SELECT table_name FROM audit.tables WHERE log_schema = %s ORDER BY rows DESC LIMIT 1",
-                (audit_log.schema_name,),
-            ).fetchone()[0]
-        with pg("sv_writer") as conn, conn.transaction():
-            conn.execute(
-                f"INSERT INTO {table} (shard, ts, uid, content)"
-                f" SELECT shard, ts, uid, content FROM (SELECT * FROM {table} LIMIT 1) r, generate_series(1, 500)"
-            )
-            raise psycopg.Rollback
-        stop(puller, signal.SIGKILL)
-        puller = start_puller(stack, audit_log)
-        time.sleep(1)
-        with pg("sv_owner", autocommit=True) as conn:
-            conn.execute(f"VACUUM {table}")
+    def restart(name: str) -> None:
+        stop(running[name], signal.SIGKILL)  # no chance to finish anything
+        running[name] = (
+            start_writer(stack, audit_log, topic, group) if name == "writer" else start_puller(stack, audit_log)
+        )
 
-        supervisor.stop("elasticsearch")
-        time.sleep(3)  # writes go on; the puller retries
-        stop(puller, signal.SIGKILL)
-        puller = start_puller(stack, audit_log)
-        supervisor.start("elasticsearch")
-        wait_for(lambda: _es_healthy(es), timeout=180, what="Elasticsearch back")
-        time.sleep(2)
-    finally:
-        stop_producing.set()
-        for thread in producers:
-            thread.join(60)
     try:
+        try:
+            wait_for(lambda: len(rows_in_postgres(pg, audit_log)) > 1_000, timeout=60, what="first rows")
+            restart("writer")  # its batch in flight aborts
+
+            with pg("sv_owner") as conn:
+                table = conn.execute(
+                    "SELECT table_name FROM audit.tables WHERE log_schema = %s ORDER BY rows DESC LIMIT 1",
+                    (audit_log.schema_name,),
+                ).fetchone()[0]
+            with pg("sv_writer") as conn, conn.transaction():  # an aborted batch, then vacuum frees its space
+                conn.execute(
+                    f"INSERT INTO {table} (shard, ts, uid, content)"
+                    f" SELECT shard, ts, uid, content FROM (SELECT * FROM {table} LIMIT 1) r, generate_series(1, 500)"
+                )
+                raise psycopg.Rollback
+            restart("puller")
+            time.sleep(1)
+            with pg("sv_owner", autocommit=True) as conn:
+                conn.execute(f"VACUUM {table}")
+
+            supervisor.stop("elasticsearch")
+            time.sleep(3)  # writes go on; the puller backs off and retries
+            restart("puller")
+        finally:
+            supervisor.start("elasticsearch")
+            wait_for(lambda: _es_healthy(es), timeout=180, what="Elasticsearch back")
+            time.sleep(2)
+            stop_producing.set()
+            for thread in producers:
+                thread.join(60)
         total = sum(produced)
         wait_for(lambda: len(rows_in_postgres(pg, audit_log)) == total, timeout=120, what="every event in PostgreSQL")
         expected = rows_in_postgres(pg, audit_log)
@@ -343,8 +349,8 @@ def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_f
             what="the puller catching up",
         )
     finally:
-        stop(writer)
-        stop(puller)
+        for process in running.values():
+            stop(process)
 
     ids = ids_in_elasticsearch(es, audit_log)
     assert len(ids) == len(set(ids)), "a row was indexed twice"

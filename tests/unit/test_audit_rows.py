@@ -1,10 +1,11 @@
-"""How audit rows travel: COPY text lines into PostgreSQL, documents and ids into Elasticsearch."""
+"""How audit rows travel: binary COPY into PostgreSQL, documents and ids into Elasticsearch."""
 
 from __future__ import annotations
 
+import struct
 from datetime import UTC, date, datetime, timedelta, timezone
 
-from pipelines.audit import copy_text
+from pipelines.audit import copy_rows
 from pipelines.ctid_puller import document
 from pipelines.events import AuditEvent
 from pipelines.retention import cutoff
@@ -12,16 +13,15 @@ from pipelines.retention import cutoff
 TS = datetime(2026, 11, 22, 10, 0, 0, 123456, tzinfo=UTC)
 
 
-def test_copy_lines_escape_what_copy_text_format_would_misread():
-    line = copy_text(3, [AuditEvent(42, TS, "a\tb\nc\rd\\e", {"note": 'say "\\hi"'})])
+def test_copy_rows_are_postgres_binary_copy_with_microseconds_since_2000_and_jsonb_version_1():
+    data = copy_rows(3, [AuditEvent(42, TS, "é\t\\", {"a": "b"}), AuditEvent(7, TS, "x", None)])
 
-    assert line == (
-        "3\t2026-11-22T10:00:00.123456+00:00\t42\ta\\tb\\nc\\rd\\\\e\t" + '{"note":"say \\\\"\\\\\\\\hi\\\\""}' + "\n"
-    )
-
-
-def test_an_event_without_optional_fields_copies_null_fields():
-    assert copy_text(0, [AuditEvent(1, TS, "x", None)]).split("\t")[-1] == "\\N\n"
+    assert data.startswith(b"PGCOPY\n\xff\r\n\x00" + bytes(8))
+    assert data.endswith(b"\xff\xff")
+    micros = (TS - datetime(2000, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    first = struct.pack(">hihiqiqi", 5, 2, 3, 8, micros, 8, 42, 4) + "é\t\\".encode() + struct.pack(">ib", 10, 1)
+    assert data[19:].startswith(first + b'{"a":"b"}')
+    assert data[-6:-2] == struct.pack(">i", -1)  # the second row's fields are NULL
 
 
 def test_a_document_holds_the_row_its_optional_fields_and_where_it_lives():
