@@ -40,8 +40,9 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
-from datetime import UTC, date
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import orjson
@@ -74,6 +75,7 @@ class TableState:
     hi_block: int
     seq: int
     rows: int
+    committed_at: datetime | None  # the writer's last commit (database clock)
     next_block: int
     pulled_seq: int
     rewind_seq: int
@@ -94,7 +96,7 @@ class Chunk:
 
 
 _STATE_SQL = """
-SELECT t.table_name, t.day, t.hi_block, t.seq, t.rows,
+SELECT t.table_name, t.day, t.hi_block, t.seq, t.rows, t.committed_at,
        coalesce(c.next_block, 0), coalesce(c.seq, 0), coalesce(c.rewind_seq, 0),
        coalesce(c.rows_before, 0), coalesce(c.rows_indexed, 0)
   FROM audit.tables t LEFT JOIN audit.pull_checkpoints c USING (table_name)
@@ -123,7 +125,8 @@ class CtidPuller:
         self.report_interval_s, self.heartbeat_file = report_interval_s, heartbeat_file
         self.running = True
         self._conn: psycopg.Connection | None = None
-        self._pending_since: dict[str, float] = {}  # table -> when unindexed rows were first seen
+        # Per table, the writer's (seq, commit time) as seen at each pass, from the oldest unindexed on.
+        self._seen: dict[str, deque[tuple[int, datetime]]] = {}
         self.totals = {"documents": 0, "bulks": 0, "retries": 0, "rewinds": 0, "stripped": 0}
 
     @property
@@ -176,7 +179,9 @@ class CtidPuller:
         """One pass over the tables with unindexed rows; True if anything was read."""
         worked = False
         with retention.pass_lock(self.conn, self.settings.schema_name):
-            for state in self.tables(pending_only=True):
+            pending = self.tables(pending_only=True)
+            self._observe(pending)
+            for state in pending:
                 if not self.running:
                     break
                 worked |= self._pull_table(state.table)
@@ -184,15 +189,12 @@ class CtidPuller:
 
     def _pull_table(self, table: str, max_chunks: int = 8) -> bool:
         # At most `max_chunks` per pass, so one big backlog does not starve the other tables.
-        self._pending_since.setdefault(table, time.monotonic())
         for n in range(max_chunks):
             chunk = self.read_chunk(table)
             if chunk is None:
-                self._pending_since.pop(table, None)
                 return n > 0
             self.index(chunk)
             if self.advance(chunk):
-                self._pending_since.pop(table, None)
                 return True
             if not self.running:
                 break
@@ -325,12 +327,28 @@ class CtidPuller:
         return at_top
 
     def lag(self) -> dict[str, float | int]:
-        """Rows written but not yet indexed, and how long the oldest unindexed batch has waited."""
+        """Rows written but not yet indexed, and for how long the oldest unindexed batch has waited.
+
+        The wait is measured from that batch's commit as this process observed it (each pass reads
+        the ledger, so within one pass); just after a start, the first batch seen is the oldest.
+        """
         states = self.tables()
+        for gone in self._seen.keys() - {s.table for s in states}:
+            del self._seen[gone]  # dropped by retention
+        now = self._observe(states)
         behind = sum(max(s.rows - s.rows_indexed, 0) for s in states)
-        now = time.monotonic()
-        waiting = [now - self._pending_since[s.table] for s in states if s.table in self._pending_since]
-        return {"tables": len(states), "rows_behind": behind, "seconds_behind": round(max(waiting, default=0.0), 3)}
+        waits = [(now - seen[0][1]).total_seconds() for seen in self._seen.values() if seen]
+        return {"tables": len(states), "rows_behind": behind, "seconds_behind": round(max(waits, default=0.0), 3)}
+
+    def _observe(self, states: list[TableState]) -> datetime:
+        """Remember each table's newest batch; forget the batches indexed since. Returns the database's now."""
+        for state in states:
+            seen = self._seen.setdefault(state.table, deque())
+            if state.seq > state.pulled_seq and state.committed_at and (not seen or seen[-1][0] < state.seq):
+                seen.append((state.seq, state.committed_at))
+            while seen and seen[0][0] <= state.pulled_seq:
+                seen.popleft()
+        return self.conn.execute("SELECT clock_timestamp()").fetchone()[0]
 
     def report(self) -> None:
         """Log progress and lag (the service's metrics)."""

@@ -450,3 +450,19 @@ def test_text_and_regex_filters_with_an_estimated_and_an_exact_count(pg, audit_l
         assert call("user_events_estimate", contains="login")[0][0] >= 1
         with pytest.raises(psycopg.errors.RaiseException, match="not a cursor"):
             call("user_events", after="garbage")
+
+
+def test_the_puller_reports_rows_and_seconds_behind_until_it_has_caught_up(pg, es, pg_settings, audit_log):
+    today = datetime.now(UTC).date()
+    puller = in_process_puller(pg_settings, es, audit_log)
+    assert puller.lag()["rows_behind"] == 0
+
+    write(pg, audit_log, events_at(today, 40))
+    time.sleep(0.3)
+    write(pg, audit_log, events_at(today, 10, shard=1))
+    lag = puller.lag()
+    assert lag["rows_behind"] == 50
+    assert lag["seconds_behind"] >= 0.3
+
+    pull_until_caught_up(puller)
+    assert puller.lag() == {"tables": 2, "rows_behind": 0, "seconds_behind": 0.0}
