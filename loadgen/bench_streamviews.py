@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
@@ -213,11 +213,18 @@ def stack_env_file() -> Path | None:
     return path if path.is_file() else None
 
 
-def pipeline_env(postgres: PostgresSettings, kafka: KafkaSettings) -> dict[str, str]:
-    """Environment of the pipeline process: ours and stack.env's, as `sv_writer`, JSON logs, default batches.
+def pipeline_env(
+    postgres: PostgresSettings,
+    kafka: KafkaSettings,
+    *,
+    role: str = ROLE_WRITER,
+    application_name: str = PIPELINE_APPLICATION,
+) -> dict[str, str]:
+    """Environment of a pipeline process: ours and stack.env's, as `role`, JSON logs, default batches.
 
     `PIPELINE_*` variables are left out so the pipeline runs with its default batch settings, and the
-    Kafka and PostgreSQL endpoints are the ones this benchmark uses.
+    Kafka and PostgreSQL endpoints are the ones this benchmark uses. `application_name` names its
+    PostgreSQL sessions (see `backend_pid`).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_") and k not in {"PGPASSWORD", "PGUSER"}}
     env_file = stack_env_file()
@@ -231,15 +238,15 @@ def pipeline_env(postgres: PostgresSettings, kafka: KafkaSettings) -> dict[str, 
             "PGHOST": postgres.host,
             "PGPORT": str(postgres.port),
             "PGDATABASE": postgres.database,
-            "PGUSER": ROLE_WRITER,
-            "PGAPPNAME": PIPELINE_APPLICATION,
+            "PGUSER": role,
+            "PGAPPNAME": application_name,
             "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
             "LOG_FORMAT": "json",
         }
     )
     if postgres.secrets_dir is not None:
         env["SECRETS_DIR"] = str(postgres.secrets_dir)
-    password = postgres.role_password(ROLE_WRITER)
+    password = postgres.role_password(role)
     if password is not None:
         env["PGPASSWORD"] = password.get_secret_value()
     return env
@@ -344,41 +351,32 @@ class Drain:
         return self.done - self.started
 
 
-class PipelineProcess:
-    """One `python -m pipelines.likes` process on a bench topic and stream, its log in a file."""
+class ServiceProcess:
+    """One `python -m <module> [args]` service process (a pipeline, the puller), its log in a file."""
 
-    def __init__(self, *, topic: str, stream: str, group: str, env: dict[str, str], log_path: Path) -> None:
-        self.topic, self.stream, self.group = topic, stream, group
-        self.log_path = log_path
+    def __init__(self, name: str, module: str, args: Sequence[str], *, env: dict[str, str], log_path: Path) -> None:
+        self.name, self.log_path = name, log_path
         self.backend: int | None = None  # its PostgreSQL backend, once known
         self._log = log_path.open("w")
         self.started = time.monotonic()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.likes", "--topic", topic, "--stream", stream, "--group", group],
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            [sys.executable, "-m", module, *args], env=env, stdout=self._log, stderr=subprocess.STDOUT
         )
-
-    @property
-    def pids(self) -> dict[str, int | None]:
-        """The pipeline process and its PostgreSQL backend, by role."""
-        return {"pipeline": self.process.pid, "postgres": self.backend}
 
     def check_alive(self) -> None:
         """Raise when the process has exited."""
         code = self.process.poll()
         if code is not None:
-            raise BenchmarkError(f"pipeline exited {code}: {self.tail()}")
+            raise BenchmarkError(f"{self.name} exited {code}: {self.tail()}")
 
     def stop(self) -> int:
-        """SIGTERM (finish the batch, leave the group), then wait; SIGKILL if it will not stop."""
+        """SIGTERM (finish the batch or chunk in flight), then wait; SIGKILL if it will not stop."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                log.warning("pipeline ignored SIGTERM; killing it", pid=self.process.pid)
+                log.warning("service ignored SIGTERM; killing it", service=self.name, pid=self.process.pid)
                 self.process.kill()
                 self.process.wait(STOP_TIMEOUT_S)
         self._log.close()
@@ -397,6 +395,20 @@ class PipelineProcess:
     def tail(self, lines: int = 3) -> str:
         """The last lines of its log, for error messages."""
         return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])[-400:]
+
+
+class PipelineProcess(ServiceProcess):
+    """One `python -m pipelines.likes` process on a bench topic and stream."""
+
+    def __init__(self, *, topic: str, stream: str, group: str, env: dict[str, str], log_path: Path) -> None:
+        self.topic, self.stream, self.group = topic, stream, group
+        args = ["--topic", topic, "--stream", stream, "--group", group]
+        super().__init__("pipeline", "pipelines.likes", args, env=env, log_path=log_path)
+
+    @property
+    def pids(self) -> dict[str, int | None]:
+        """The pipeline process and its PostgreSQL backend, by role."""
+        return {"pipeline": self.process.pid, "postgres": self.backend}
 
 
 def committed_offsets(conn: psycopg.Connection, group: str, topic: str) -> dict[int, int]:
@@ -439,29 +451,36 @@ def wait_drained(conn: psycopg.Connection, pipeline: PipelineProcess, ends: dict
         time.sleep(max(0.0, tick - time.monotonic()))
 
 
-class MarkerProbe(threading.Thread):
-    """Polls `<schema>.object_likes` for pending marker objects every 5 ms, on its own connection.
+class Probe(threading.Thread):
+    """Polls for pending markers every `poll_s` on a session of its own, and times when each is seen.
 
-    A marker counts as seen at the moment the query that returned it was sent: its snapshot is taken
-    after that, and the previous poll (5 ms earlier) did not see the row, so the commit happened in
-    between. Latency = seen - the time it was handed to the producer.
+    A marker counts as seen at the moment the poll that returned it was sent: the previous poll did
+    not find it, so it became visible in between. Latency = seen - the time it was registered (just
+    before it was handed to the producer). Subclasses say how to open the session and look markers up.
     """
 
-    def __init__(self, conninfo: str, schema: str) -> None:
-        super().__init__(name="marker-probe", daemon=True)
-        self._conninfo = conninfo
-        self._query = sql.SQL("SELECT oid FROM {}.object_likes WHERE oid = ANY(%s)").format(sql.Identifier(schema))
+    def __init__(self, name: str, poll_s: float) -> None:
+        super().__init__(name=name, daemon=True)
+        self._poll_s = poll_s
         self._lock = threading.Lock()
-        self._pending: dict[int, float] = {}
+        self._pending: dict[Any, float] = {}
         self._halt = threading.Event()
         self.latencies: list[float] = []  # seconds
         self.polls = 0
         self.error: BaseException | None = None
 
-    def sent(self, oid: int, at: float) -> None:
+    def session(self) -> AbstractContextManager[Any]:
+        """The session `find` polls with, opened in the probe's thread."""
+        raise NotImplementedError
+
+    def find(self, session: Any, markers: list[Any]) -> Iterable[Any]:
+        """Which of `markers` are visible now."""
+        raise NotImplementedError
+
+    def sent(self, marker: Any, at: float) -> None:
         """Register a marker just before it is produced."""
         with self._lock:
-            self._pending[oid] = at
+            self._pending[marker] = at
 
     @property
     def pending(self) -> int:
@@ -476,22 +495,21 @@ class MarkerProbe(threading.Thread):
     def run(self) -> None:
         """Poll until stopped; any error is kept for the caller."""
         try:
-            with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            with self.session() as session:
                 tick = time.monotonic()
                 while not self._halt.is_set():
                     with self._lock:
-                        oids = list(self._pending)
-                    if oids:
+                        markers = list(self._pending)
+                    if markers:
                         asked = time.monotonic()
-                        rows = conn.execute(self._query, (oids,)).fetchall()
+                        found = list(self.find(session, markers))
                         self.polls += 1
-                        if rows:
-                            with self._lock:
-                                for (oid,) in rows:
-                                    sent = self._pending.pop(oid, None)
-                                    if sent is not None:
-                                        self.latencies.append(asked - sent)
-                    tick += MARKER_POLL_S
+                        with self._lock:
+                            for marker in found:
+                                sent = self._pending.pop(marker, None)
+                                if sent is not None:
+                                    self.latencies.append(asked - sent)
+                    tick += self._poll_s
                     delay = tick - time.monotonic()
                     if delay > 0:
                         time.sleep(delay)
@@ -499,6 +517,26 @@ class MarkerProbe(threading.Thread):
                         tick = time.monotonic()
         except BaseException as e:  # reported by the caller, which owns the run
             self.error = e
+
+
+class MarkerProbe(Probe):
+    """Polls `<schema>.object_likes` for pending marker objects every 5 ms, on its own connection.
+
+    The poll's snapshot is taken after it was sent, so a marker it finds committed before that.
+    """
+
+    def __init__(self, conninfo: str, schema: str) -> None:
+        super().__init__("marker-probe", MARKER_POLL_S)
+        self._conninfo = conninfo
+        self._query = sql.SQL("SELECT oid FROM {}.object_likes WHERE oid = ANY(%s)").format(sql.Identifier(schema))
+
+    def session(self) -> psycopg.Connection:
+        """An autocommit connection (each poll sees the latest commits)."""
+        return psycopg.connect(self._conninfo, autocommit=True)
+
+    def find(self, session: psycopg.Connection, markers: list[int]) -> Iterable[int]:
+        """The marker objects present in object_likes."""
+        return [oid for (oid,) in session.execute(self._query, (markers,)).fetchall()]
 
 
 @dataclass
@@ -689,7 +727,7 @@ def run_pipeline(
             finally:
                 pipeline.stop()
     finally:
-        _forget_group(owner, group, topic, kafka)
+        forget_group(owner, group, topic, kafka)
 
 
 def _measure(
@@ -752,7 +790,7 @@ def _measure(
     return PipelineRun(len(events), drain, load, latencies_ms, pipeline.log_path, totals, warnings, cpu_steady)
 
 
-def _forget_group(owner: str, group: str, topic: str, kafka: KafkaSettings) -> None:
+def forget_group(owner: str, group: str, topic: str, kafka: KafkaSettings) -> None:
     """Delete what a bench pipeline leaves outside its schema: offset rows, dead-letter topic. Never raises."""
     try:
         with psycopg.connect(owner, autocommit=True) as conn:

@@ -19,7 +19,7 @@ import argparse
 import struct
 import sys
 from collections import defaultdict
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 
 import orjson
 import psycopg
@@ -42,11 +42,11 @@ class AuditSink:
 
     def apply(self, conn: psycopg.Connection, records: list[Record]) -> int:
         """Write the batch: one COPY per (shard, day) table, in key order; returns the rows written."""
-        groups: dict[tuple[int, date], list[AuditEvent]] = defaultdict(list)
+        groups: dict[tuple[int, int], list[AuditEvent]] = defaultdict(list)
         for partition, event in records:
-            groups[(partition, event.ts.date())].append(event)
+            groups[(partition, event.micros // MICROS_PER_DAY)].append(event)
         for key in sorted(groups):
-            table = self._table(conn, *key)
+            table = self._table(conn, key[0], _EPOCH_DAY + timedelta(days=key[1]))
             events = groups[key]
             schema, name = table.split(".")
             statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT binary)").format(
@@ -84,7 +84,10 @@ _COPY_TRAILER = struct.pack(">h", -1)
 _ROW_START = struct.Struct(">hihiqiqi")  # fields; shard; ts; uid; the content's length
 _JSONB_START = struct.Struct(">ib")  # length, version
 _NULL = struct.pack(">i", -1)
-_PG_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+# PostgreSQL counts timestamps from 2000-01-01 UTC, 946,684,800 s after the Unix epoch.
+_PG_EPOCH_MICROS = 946_684_800_000_000
+MICROS_PER_DAY = 86_400_000_000
+_EPOCH_DAY = date(1970, 1, 1)
 
 
 def copy_rows(shard: int, events: list[AuditEvent]) -> bytes:
@@ -93,9 +96,7 @@ def copy_rows(shard: int, events: list[AuditEvent]) -> bytes:
     append = parts.append
     for e in events:
         content = e.content.encode()
-        since = e.ts - _PG_EPOCH
-        micros = (since.days * 86_400 + since.seconds) * 1_000_000 + since.microseconds
-        append(_ROW_START.pack(5, 2, shard, 8, micros, 8, e.uid, len(content)))
+        append(_ROW_START.pack(5, 2, shard, 8, e.micros - _PG_EPOCH_MICROS, 8, e.uid, len(content)))
         append(content)
         if e.fields is None:
             append(_NULL)

@@ -60,6 +60,9 @@ log = get_logger("ctid_puller")
 # Bulk item statuses worth retrying: the document is fine, Elasticsearch was not (overloaded, a shard
 # not ready, a node leaving).
 RETRYABLE_STATUSES = frozenset((408, 409, 429, 500, 502, 503, 504))
+# A pass that read fewer rows than this sleeps AUDIT_PULL_IDLE_S before the next: a trickle then goes
+# out in bulks of hundreds of documents, not in one request per commit.
+MIN_PASS_ROWS = 500
 
 
 class PullerError(StreamviewsError):
@@ -148,7 +151,7 @@ class CtidPuller:
             while self.running:
                 self._beat()
                 try:
-                    worked = self.pull_once()
+                    rows = self.pull_once()
                     now = time.monotonic()
                     if self.settings.retention_interval_s and now >= next_retention:
                         self.run_retention()
@@ -165,8 +168,8 @@ class CtidPuller:
                     log.warning("pull failed; retrying", error=str(e), retry_in_s=delay)
                     self._sleep(delay)
                     continue
-                if not worked:
-                    self._sleep(self.settings.pull_idle_s)
+                if rows < MIN_PASS_ROWS:
+                    self._sleep(self.settings.pull_idle_s)  # caught up, or nearly: let rows gather
         finally:
             self._close_conn()
             log.info("puller stopped", **self.totals)
@@ -175,30 +178,28 @@ class CtidPuller:
         """Finish the chunk in flight (or give up a retry wait) and stop."""
         self.running = False
 
-    def pull_once(self) -> bool:
-        """One pass over the tables with unindexed rows; True if anything was read."""
-        worked = False
+    def pull_once(self) -> int:
+        """One pass: one chunk of each table with unindexed rows, in one bulk request; returns the rows read.
+
+        One chunk per table and pass, round robin: a table with a backlog does not hold back the rows
+        that just arrived in another, and passes stay short, so lag reports and retention come on
+        time. One bulk request per pass: under a steady trickle, fewer and larger requests cost
+        Elasticsearch less than one per table.
+        """
         with retention.pass_lock(self.conn, self.settings.schema_name):
             pending = self.tables(pending_only=True)
             self._observe(pending)
+            chunks = []
             for state in pending:
                 if not self.running:
-                    break
-                worked |= self._pull_table(state.table)
-        return worked
-
-    def _pull_table(self, table: str, max_chunks: int = 8) -> bool:
-        # At most `max_chunks` per pass, so one big backlog does not starve the other tables.
-        for n in range(max_chunks):
-            chunk = self.read_chunk(table)
-            if chunk is None:
-                return n > 0
-            self.index(chunk)
-            if self.advance(chunk):
-                return True
-            if not self.running:
-                break
-        return True
+                    return 0
+                chunk = self.read_chunk(state.table)
+                if chunk is not None:
+                    chunks.append(chunk)
+            self.index(chunks)
+            for chunk in chunks:
+                self.advance(chunk)
+        return sum(len(chunk.rows) for chunk in chunks)
 
     def tables(self, *, pending_only: bool = False) -> list[TableState]:
         """The log's tables with their checkpoints (only those with unindexed rows, if asked)."""
@@ -236,39 +237,37 @@ class CtidPuller:
             conn.isolation_level = None
         return Chunk(state, start, end, rows, max(state.rewind_seq, rewind_seq or 0), rows_before)
 
-    def index(self, chunk: Chunk) -> None:
-        """Bulk-index the chunk's rows; returns only once Elasticsearch acknowledged every document."""
-        if not chunk.rows:
-            return
-        table, day = chunk.state.table, chunk.state.day
-        index = elastic.index_name(self.settings.index_prefix, day)
-        docs = {f"{table}:{block}:{offset}": document(table, block, offset, row) for block, offset, *row in chunk.rows}
+    def index(self, chunks: list[Chunk]) -> None:
+        """Bulk-index the chunks' rows; returns only once Elasticsearch acknowledged every document."""
+        docs: dict[str, tuple[str, dict]] = {}  # id -> (index, document)
+        for chunk in chunks:
+            table = chunk.state.table
+            index = elastic.index_name(self.settings.index_prefix, chunk.state.day)
+            for block, offset, *row in chunk.rows:
+                docs[f"{table}:{block}:{offset}"] = (index, document(table, block, offset, row))
         delay = 0.5
         while docs:
             try:
-                failed = self._bulk(index, docs)
+                failed = self._bulk(docs)
             except TransportError as e:
                 failed, reason = docs, f"{type(e).__name__}: {e}"
             else:
                 reason = "some documents were not acknowledged"
-            acknowledged = len(docs) - len(failed)
-            self.totals["documents"] += acknowledged
+            self.totals["documents"] += len(docs) - len(failed)
             self.totals["bulks"] += 1
             docs = failed
             if docs:
                 if not self.running:
-                    raise PullerError(f"{table}: stopping with {len(docs)} documents unacknowledged")
+                    raise PullerError(f"stopping with {len(docs)} documents unacknowledged")
                 self.totals["retries"] += 1
-                log.warning(
-                    "bulk not acknowledged; retrying", table=table, pending=len(docs), error=reason, retry_in_s=delay
-                )
+                log.warning("bulk not acknowledged; retrying", pending=len(docs), error=reason, retry_in_s=delay)
                 self._sleep(delay)
                 delay = min(delay * 2, self.settings.max_backoff_s)
 
-    def _bulk(self, index: str, docs: dict[str, dict]) -> dict[str, dict]:
+    def _bulk(self, docs: dict[str, tuple[str, dict]]) -> dict[str, tuple[str, dict]]:
         """One bulk request; returns the documents to send again (retryable failures, or stripped ones)."""
         lines = []
-        for doc_id, doc in docs.items():
+        for doc_id, (index, doc) in docs.items():
             lines.append(orjson.dumps({"index": {"_index": index, "_id": doc_id}}))
             lines.append(orjson.dumps(doc))
         body = b"\n".join(lines) + b"\n"
@@ -286,13 +285,14 @@ class CtidPuller:
                 continue
             # Refused for good (a mapping conflict on an optional field): index the row's core so the
             # ids still match PostgreSQL one to one, and say why on the document and in the log.
-            doc = docs[doc_id]
+            index, doc = docs[doc_id]
             if "index_error" in doc:
                 raise PullerError(f"{doc_id}: Elasticsearch refused even the stripped document: {result.get('error')}")
             error = result.get("error", {})
             log.error("document refused; indexing its core fields only", id=doc_id, error=error)
             self.totals["stripped"] += 1
-            again[doc_id] = {k: doc[k] for k in CORE_FIELDS} | {"index_error": str(error.get("reason", error))[:500]}
+            stripped = {k: doc[k] for k in CORE_FIELDS} | {"index_error": str(error.get("reason", error))[:500]}
+            again[doc_id] = (index, stripped)
         return again
 
     def advance(self, chunk: Chunk) -> bool:

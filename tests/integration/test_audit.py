@@ -138,7 +138,7 @@ def write(pg, log: AuditSettings, events: list[tuple[int, AuditEvent]]) -> None:
 
 def events_at(day: date, n: int, uid: int = 7, shard: int = 0) -> list[tuple[int, AuditEvent]]:
     start = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
-    return [(shard, AuditEvent(uid, start + timedelta(seconds=i), f"event {i} " + "x" * 500, None)) for i in range(n)]
+    return [(shard, AuditEvent.at(uid, start + timedelta(seconds=i), f"event {i} " + "x" * 500)) for i in range(n)]
 
 
 # --- Writing -----------------------------------------------------------------------------------------
@@ -231,7 +231,7 @@ def test_pulled_documents_carry_the_row_its_fields_and_its_table_and_ctid(pg, es
     today = datetime.now(UTC).date()
     ts = datetime(today.year, today.month, today.day, 9, 30, tzinfo=UTC)
     content = "failed login from 10.0.0.9\ttab\nnew line \\ backslash \u00e9\U0001f600"
-    write(pg, audit_log, [(2, AuditEvent(42, ts, content, {"action": "login", "ip": "x \\ \" \u00e9"}))])
+    write(pg, audit_log, [(2, AuditEvent.at(42, ts, content, {"action": "login", "ip": 'x \\ " \u00e9'}))])
 
     pull_until_caught_up(in_process_puller(pg_settings, es, audit_log))
 
@@ -242,7 +242,7 @@ def test_pulled_documents_carry_the_row_its_fields_and_its_table_and_ctid(pg, es
         "uid": 42,
         "content": content,
         "action": "login",
-        "ip": "x \\ \" \u00e9",
+        "ip": 'x \\ " \u00e9',
         "pg_table": table,
         "pg_ctid": "(0,1)",
     }
@@ -398,9 +398,9 @@ def test_a_users_events_page_by_cursor_in_ts_order_without_overlap_or_gaps(pg, a
     noon = datetime(today.year, today.month, today.day, 12, tzinfo=UTC)
     # Ties on ts across two shards' tables: only the (ts, table, ctid) order keeps pages apart.
     batch = [
-        (s, AuditEvent(7, noon + timedelta(seconds=i // 4), f"row {s}-{i}", None)) for s in (0, 1) for i in range(40)
+        (s, AuditEvent.at(7, noon + timedelta(seconds=i // 4), f"row {s}-{i}", None)) for s in (0, 1) for i in range(40)
     ]
-    batch += [(0, AuditEvent(8, noon, "another user", None))]
+    batch += [(0, AuditEvent.at(8, noon, "another user", None))]
     write(pg, audit_log, batch)
     since, until = noon - timedelta(hours=1), noon + timedelta(hours=1)
 
@@ -432,7 +432,7 @@ def test_text_and_regex_filters_with_an_estimated_and_an_exact_count(pg, audit_l
     today = datetime.now(UTC).date()
     noon = datetime(today.year, today.month, today.day, 12, tzinfo=UTC)
     contents = ["Failed LOGIN from a", "login ok", "password reset", "failed login again"]
-    write(pg, audit_log, [(0, AuditEvent(9, noon + timedelta(minutes=i), c, None)) for i, c in enumerate(contents)])
+    write(pg, audit_log, [(0, AuditEvent.at(9, noon + timedelta(minutes=i), c, None)) for i, c in enumerate(contents)])
     args = (9, noon - timedelta(hours=1), noon + timedelta(hours=1))
 
     with pg("sv_reader") as conn:

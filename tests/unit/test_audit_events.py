@@ -35,11 +35,11 @@ def test_an_audit_event_decodes_with_its_optional_string_fields_kept_as_they_are
         b"42", audit(ts="2026-11-22T11:00:00+01:00", action="login", ip="10.0.0.1", source="web"), KAFKA_TS_MS
     )
 
-    assert event == AuditEvent(
-        uid=42,
-        ts=datetime(2026, 11, 22, 10, 0, tzinfo=UTC),
-        content="failed login",
-        fields={"action": "login", "ip": "10.0.0.1", "source": "web"},
+    assert event == AuditEvent.at(
+        42,
+        datetime(2026, 11, 22, 10, 0, tzinfo=UTC),
+        "failed login",
+        {"action": "login", "ip": "10.0.0.1", "source": "web"},
     )
 
 
@@ -48,6 +48,13 @@ def test_without_optional_fields_there_is_no_fields_object_and_ts_defaults_to_th
 
     assert event.fields is None
     assert event.ts == datetime(2026, 11, 22, 10, 0, 0, 123000, tzinfo=UTC)
+
+
+def test_times_are_exact_to_the_microsecond_from_either_form():
+    assert decode_audit(b"42", audit(ts=KAFKA_TS_MS), 0).micros == KAFKA_TS_MS * 1000
+    event = decode_audit(b"42", audit(ts="2026-11-22T10:00:00.123456-02:00"), 0)
+    assert event.ts == datetime(2026, 11, 22, 12, 0, 0, 123456, tzinfo=UTC)
+    assert event.day == (datetime(2026, 11, 22, tzinfo=UTC) - datetime(1970, 1, 1, tzinfo=UTC)).days
 
 
 def test_content_may_hold_any_text_postgres_can_store():

@@ -14,7 +14,7 @@ TS = datetime(2026, 11, 22, 10, 0, 0, 123456, tzinfo=UTC)
 
 
 def test_copy_rows_are_postgres_binary_copy_with_microseconds_since_2000_and_jsonb_version_1():
-    data = copy_rows(3, [AuditEvent(42, TS, "é\t\\", {"a": "b"}), AuditEvent(7, TS, "x", None)])
+    data = copy_rows(3, [AuditEvent.at(42, TS, "é\t\\", {"a": "b"}), AuditEvent.at(7, TS, "x", None)])
 
     assert data.startswith(b"PGCOPY\n\xff\r\n\x00" + bytes(8))
     assert data.endswith(b"\xff\xff")
