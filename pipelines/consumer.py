@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -137,6 +138,10 @@ class Pipeline:
         )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
+        # The committer thread gives up the GIL at every round trip to PostgreSQL and must win it back
+        # from the decoding thread: with the default 5 ms switch interval each round trip could wait
+        # that long, which adds up over a batch's dozen statements.
+        sys.setswitchinterval(0.0005)
         self.consumer.subscribe(
             [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
         )
