@@ -46,6 +46,11 @@ MARKER_TIMEOUT_S = 60.0
 APPS = {"writer": "streamviews-bench-audit-writer", "puller": "streamviews-bench-audit-puller"}
 
 
+def _app(role: str) -> str:
+    """The session name of a service's PostgreSQL backend (writer2, writer3, ... for extra writers)."""
+    return APPS.get(role, f"streamviews-bench-audit-{role}")
+
+
 @dataclass(frozen=True)
 class Names:
     """Every throwaway name of one run."""
@@ -85,10 +90,10 @@ class Services:
 
     def start(self, role: str) -> ServiceProcess:
         """Spawn the writer (`role="writer"`) or the puller, its JSON log in a temporary file."""
-        user = ROLE_WRITER if role == "writer" else ROLE_INDEXER
-        env = pipeline_env(self.postgres, self.kafka, role=user, application_name=APPS[role])
+        user = ROLE_WRITER if role.startswith("writer") else ROLE_INDEXER
+        env = pipeline_env(self.postgres, self.kafka, role=user, application_name=_app(role))
         env = {k: v for k, v in env.items() if not k.startswith("AUDIT_")} | {"AUDIT_SCHEMA": self.names.schema}
-        if role == "writer":
+        if role.startswith("writer"):
             module, args = "pipelines.audit", ["--topic", self.names.topic, "--group", self.names.group]
         else:
             module, args = "pipelines.ctid_puller", []
@@ -106,7 +111,7 @@ class Services:
         pids: dict[str, int | None] = dict(self.jvms)
         for role, proc in self.procs.items():
             if self.backends.get(role) is None:
-                self.backends[role] = backend_pid(self.conn, APPS[role])
+                self.backends[role] = backend_pid(self.conn, _app(role))
             pids |= {role: proc.process.pid, f"{role}_pg": self.backends[role]}
         return pids
 

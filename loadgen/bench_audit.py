@@ -155,6 +155,8 @@ def measure_pipelines(
     """The writer on the backlog, the bare indexer and the puller on its rows, then lag; fills `out`."""
     names = services.names
     writer = services.start("writer")
+    for n in range(2, args.writers + 1):  # more processes in the same consumer group share the partitions
+        services.start(f"writer{n}")
     ingest = results.measure(
         "ingest", lambda: wait_for_count(lambda: services.count(ROWS_WRITTEN), args.rows, writer, services)
     )
@@ -232,7 +234,7 @@ def report(args: argparse.Namespace, results: Results, out: dict[str, Any], mach
         ("  same from pgbench, synchronous_commit=off (rows/s)", "per_row_pgbench_async", ",.0f"),
         ("raw COPY, one unindexed table (rows/s)", "copy", ",.0f"),
         ("COPY, one table, BRIN(ts) + btree(uid, ts) (rows/s)", "copy_indexed", ",.0f"),
-        ("audit writer, Kafka -> tables (rows/s)", "ingest", ",.0f"),
+        (f"audit writer x{args.writers}, Kafka -> tables (rows/s)", "ingest", ",.0f"),
         ("bare bulk indexer -> searchable (docs/s)", "bulk", ",.0f"),
         ("ctid puller, tables -> searchable (docs/s)", "puller", ",.0f"),
         ("lag, produce -> searchable, p50 (s)", "lag50", ".2f"),
@@ -334,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m loadgen.bench_audit`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=500_000, help="events produced, ingested and pulled")
+    parser.add_argument("--writers", type=int, default=1, help="writer processes in the consumer group")
     parser.add_argument("--seconds", type=float, default=30, help="length of the lag phase")
     parser.add_argument("--lag-share", type=float, default=0.5, help="lag phase rate, share of the puller's rate")
     parser.add_argument("--query-rows", type=int, default=2_000_000, help="rows of the query table (0: skip)")
