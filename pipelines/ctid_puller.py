@@ -63,6 +63,9 @@ RETRYABLE_STATUSES = frozenset((408, 409, 429, 500, 502, 503, 504))
 # A pass that read fewer rows than this sleeps AUDIT_PULL_IDLE_S before the next: a trickle then goes
 # out in bulks of hundreds of documents, not in one request per commit.
 MIN_PASS_ROWS = 500
+# Bulk requests stay well under Elasticsearch's http.max_content_length (100 MB): a chunk of blocks
+# whose rows keep large contents out of line (TOAST) can hold far more text than its 8 KiB blocks.
+MAX_BULK_BYTES = 16 * 1024 * 1024
 
 
 class PullerError(StreamviewsError):
@@ -265,13 +268,24 @@ class CtidPuller:
                 delay = min(delay * 2, self.settings.max_backoff_s)
 
     def _bulk(self, docs: dict[str, tuple[str, dict]]) -> dict[str, tuple[str, dict]]:
-        """One bulk request; returns the documents to send again (retryable failures, or stripped ones)."""
-        lines = []
+        """Bulk requests of at most MAX_BULK_BYTES; returns the documents to send again (see `_send`)."""
+        again: dict[str, tuple[str, dict]] = {}
+        lines: list[bytes] = []
+        size = 0
         for doc_id, (index, doc) in docs.items():
-            lines.append(orjson.dumps({"index": {"_index": index, "_id": doc_id}}))
-            lines.append(orjson.dumps(doc))
-        body = b"\n".join(lines) + b"\n"
-        response = self.es.bulk(operations=body, refresh=False)
+            action, source = orjson.dumps({"index": {"_index": index, "_id": doc_id}}), orjson.dumps(doc)
+            if lines and size + len(action) + len(source) > MAX_BULK_BYTES:
+                again |= self._send(lines, docs)
+                lines, size = [], 0
+            lines += (action, source)
+            size += len(action) + len(source) + 2
+        if lines:
+            again |= self._send(lines, docs)
+        return again
+
+    def _send(self, lines: list[bytes], docs: dict[str, tuple[str, dict]]) -> dict[str, tuple[str, dict]]:
+        """One bulk request; returns its retryable failures and, stripped, the documents refused for good."""
+        response = self.es.bulk(operations=b"\n".join(lines) + b"\n", refresh=False)
         if not response["errors"]:
             return {}
         again = {}

@@ -466,3 +466,22 @@ def test_the_puller_reports_rows_and_seconds_behind_until_it_has_caught_up(pg, e
 
     pull_until_caught_up(puller)
     assert puller.lag() == {"tables": 2, "rows_behind": 0, "seconds_behind": 0.0}
+
+
+def test_bulk_requests_are_split_so_large_contents_never_exceed_elasticsearchs_request_limit(
+    pg, es, pg_settings, audit_log, monkeypatch
+):
+    from pipelines import ctid_puller
+
+    monkeypatch.setattr(ctid_puller, "MAX_BULK_BYTES", 8_000)  # about a dozen 600-byte documents
+    write(pg, audit_log, events_at(datetime.now(UTC).date(), 100))
+    puller = in_process_puller(pg_settings, es, audit_log)
+    sent = []
+    real_bulk = es.bulk
+    monkeypatch.setattr(es, "bulk", lambda **kw: sent.append(len(kw["operations"])) or real_bulk(**kw))
+
+    pull_until_caught_up(puller)
+
+    assert len(sent) >= 8
+    assert max(sent) <= 8_000
+    assert set(ids_in_elasticsearch(es, audit_log)) == rows_in_postgres(pg, audit_log)
