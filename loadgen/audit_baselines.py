@@ -37,7 +37,7 @@ from psycopg import sql
 from loadgen import seed_baselines as seed
 from loadgen.workload import new_rng, now_ms
 from pipelines import elastic
-from pipelines.audit import copy_rows
+from pipelines.audit import COPY_HEADER, COPY_TRAILER, copy_body
 from pipelines.ctid_puller import document
 from pipelines.events import AuditEvent
 from pipelines.settings import ROLE_OWNER, ROLE_READER, PostgresSettings
@@ -87,15 +87,11 @@ class AuditWorkload:
     def copy_chunks(self, rows: Sequence[AuditRow]) -> list[bytes]:
         """The rows in the writer's own binary COPY format (shard 0, ts now), in chunks of 10k rows."""
         ts = datetime.now(UTC)
-        empty = copy_rows(0, [])  # the format's header and trailer: once per COPY, not per chunk
-        header, trailer = empty[:-2], empty[-2:]
         chunks = [
-            copy_rows(0, [AuditEvent.at(r.uid, ts, self.content(r), {"action": r.action}) for r in part])[
-                len(header) : -len(trailer)
-            ]
+            copy_body(0, [AuditEvent.at(r.uid, ts, self.content(r), {"action": r.action}) for r in part])
             for part in (rows[i : i + COPY_CHUNK_ROWS] for i in range(0, len(rows), COPY_CHUNK_ROWS))
         ]
-        return [header, *chunks, trailer]
+        return [COPY_HEADER, *chunks, COPY_TRAILER]
 
 
 def _create(schema: str, statements: str, settings: PostgresSettings | None) -> None:

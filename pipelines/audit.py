@@ -44,7 +44,7 @@ class AuditSink:
         """Write the batch: one COPY per (shard, day) table, in key order; returns the rows written."""
         groups: dict[tuple[int, int], list[AuditEvent]] = defaultdict(list)
         for partition, event in records:
-            groups[(partition, event.micros // MICROS_PER_DAY)].append(event)
+            groups[(partition, event.day)].append(event)
         for key in sorted(groups):
             table = self._table(conn, key[0], _EPOCH_DAY + timedelta(days=key[1]))
             events = groups[key]
@@ -79,20 +79,24 @@ class AuditSink:
 # way in for Python and for PostgreSQL. A row is a field count, then per field its length (-1: NULL)
 # and its bytes: smallint, timestamptz as microseconds since 2000-01-01 UTC, bigint, UTF-8 text,
 # jsonb as a version byte (1) followed by JSON text.
-_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
-_COPY_TRAILER = struct.pack(">h", -1)
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+COPY_TRAILER = struct.pack(">h", -1)
 _ROW_START = struct.Struct(">hihiqiqi")  # fields; shard; ts; uid; the content's length
 _JSONB_START = struct.Struct(">ib")  # length, version
 _NULL = struct.pack(">i", -1)
 # PostgreSQL counts timestamps from 2000-01-01 UTC, 946,684,800 s after the Unix epoch.
 _PG_EPOCH_MICROS = 946_684_800_000_000
-MICROS_PER_DAY = 86_400_000_000
 _EPOCH_DAY = date(1970, 1, 1)
 
 
 def copy_rows(shard: int, events: list[AuditEvent]) -> bytes:
-    """One table's rows in COPY binary format (columns as in `COPY_COLUMNS`)."""
-    parts = [_COPY_HEADER]
+    """One table's rows as a whole binary COPY stream (columns as in `COPY_COLUMNS`)."""
+    return COPY_HEADER + copy_body(shard, events) + COPY_TRAILER
+
+
+def copy_body(shard: int, events: list[AuditEvent]) -> bytes:
+    """The rows alone, without the stream's header and trailer (to send one stream in parts)."""
+    parts = []
     append = parts.append
     for e in events:
         content = e.content.encode()
@@ -104,7 +108,6 @@ def copy_rows(shard: int, events: list[AuditEvent]) -> bytes:
             fields = orjson.dumps(e.fields)
             append(_JSONB_START.pack(len(fields) + 1, 1))
             append(fields)
-    append(_COPY_TRAILER)
     return b"".join(parts)
 
 

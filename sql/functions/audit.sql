@@ -150,8 +150,9 @@ BEGIN
 END
 $$;
 
--- audit.user_events_filter: the WHERE clause user_events and user_events_count share, over
--- parameters $1 user_id, $2 since, $3 until, $4 contains, $5 pattern.
+-- audit.user_events_filter: the WHERE clause user_events, user_events_estimate and user_events_count
+-- share, over parameters $1 user_id, $2 since, $3 until, $4 contains, $5 pattern. (EXECUTE ... USING
+-- plans with the values, so the NULL tests fold away and the estimate sees the same predicate.)
 CREATE OR REPLACE FUNCTION audit.user_events_filter() RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $$
@@ -220,12 +221,9 @@ AS $$
 DECLARE
     plan json;
 BEGIN
-    EXECUTE format(
-        'EXPLAIN (FORMAT JSON) SELECT 1 FROM %I.events e WHERE e.uid = %L AND e.ts >= %L AND e.ts < %L%s%s',
-        audit.check_log_schema(log_schema), user_id, since, until,
-        CASE WHEN contains IS NULL THEN '' ELSE format(' AND strpos(lower(e.content), lower(%L)) > 0', contains) END,
-        CASE WHEN pattern IS NULL THEN '' ELSE format(' AND e.content ~* %L', pattern) END)
-        INTO plan;
+    EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM %I.events e %s',
+        audit.check_log_schema(log_schema), audit.user_events_filter())
+        INTO plan USING user_id, since, until, contains, pattern;
     RETURN (plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric::bigint;
 END
 $$;
