@@ -56,6 +56,10 @@ PRODUCER_CONFIG: dict[str, Any] = {
 }
 
 
+# A paced source sleeps at least this long at a time and then catches up in a burst.
+PACING_TICK_S = 0.01
+
+
 class WorkloadError(StreamviewsError):
     """The load generator cannot run as asked (e.g. its topic does not exist)."""
 
@@ -362,11 +366,13 @@ class EventSource:
         try:
             while self._running and (self._count == 0 or produced < self._count):
                 if interval:
-                    # Pace against the start, not the previous event, so pauses do not accumulate.
+                    # Pace against the start, not the previous event, so pauses do not accumulate; sleep
+                    # in ticks of PACING_TICK_S, not per event (thousands of wake-ups a second would cost
+                    # this process, and Kafka's small batches, more than the events themselves).
                     delay = started + produced * interval - time.monotonic()
                     if delay > 0:
                         producer.poll(0)
-                        time.sleep(delay)
+                        time.sleep(max(delay, PACING_TICK_S))
                 if (interval or (produced & 1023) == 0) and time.monotonic() >= deadline:
                     break
                 # Drawn only now, so `ts` is the production time (what freshness is measured from).
