@@ -99,6 +99,36 @@ def test_following_followers_and_friends_who_like(producer, reader, ids):
     assert query(reader, "SELECT social.friends_who_like(%s, %s)", me, post) == [alice]
 
 
+def test_friends_who_like_is_the_intersection_whichever_side_is_larger(producer, reader, ids):
+    # Three shapes, one per way the function intersects: few likers and many follows, few follows and
+    # many likers, and both sides large (over 32).
+    few_fans, many_fans, me_many, me_few, me_both = ids(1), ids(2), ids(3), ids(4), ids(5)
+    people = [ids(1000 + n) for n in range(120)]
+    for friend in people[:100]:
+        follow(producer, me_many, friend)
+        follow(producer, me_both, friend)
+    for friend in (people[5], people[110], people[119]):
+        follow(producer, me_few, friend)
+    for fan in (people[3], people[50], people[115]):
+        like(producer, few_fans, fan)
+    for fan in people[40:120]:
+        like(producer, many_fans, fan)
+    producer.flush(30)
+
+    wait_for(lambda: query(reader, "SELECT social.like_count(%s)", many_fans) == 80, what="80 likes")
+    wait_for(lambda: query(reader, "SELECT social.like_count(%s)", few_fans) == 3, what="3 likes")
+    wait_for(lambda: len(query(reader, "SELECT social.following(%s)", me_both)) == 100, what="100 follows")
+    wait_for(lambda: len(query(reader, "SELECT social.following(%s)", me_few)) == 3, what="3 follows")
+
+    def friends(uid, oid):
+        return sorted(query(reader, "SELECT social.friends_who_like(%s, %s)", uid, oid))
+
+    assert friends(me_many, few_fans) == [people[3], people[50]]
+    assert friends(me_few, many_fans) == [people[110], people[119]]
+    assert friends(me_both, many_fans) == people[40:100]
+    assert friends(me_few, few_fans) == []
+
+
 def test_unknown_ids_read_as_zero_and_empty(reader, ids):
     nobody = ids(424242)
     assert query(reader, "SELECT social.like_count(%s)", nobody) == 0
