@@ -26,8 +26,10 @@ Why no row is ever missed and none is ever indexed twice:
    checked; transient failures are retried with back-off for as long as it takes (Elasticsearch down
    for a while) and the checkpoint stays put meanwhile. It then advances to the chunk's end, but never
    past `hi_block`: that block may still be filling, so it is read again (same ids) once the writer
-   commits more. A rewind moves the checkpoint back before reading. Killed at any point, the puller
-   redoes at most the chunk in flight, with the same ids.
+   commits more. A rewind moves the checkpoint back before reading. The requests of one pass go out in
+   parallel, but a table has at most one chunk per pass, each chunk's checkpoint waits for its own
+   request, and the next pass starts only when all have settled. Killed at any point, the puller
+   redoes at most the chunks of the pass in flight, with the same ids.
 
 Lag is logged every PIPELINE_REPORT_INTERVAL_S: rows written but not yet indexed, and how long the
 oldest unindexed batch has waited (as observed by this process, within one poll). Retention
@@ -41,6 +43,7 @@ import signal
 import sys
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -66,6 +69,10 @@ MIN_PASS_ROWS = 500
 # Bulk requests stay well under Elasticsearch's http.max_content_length (100 MB): a chunk of blocks
 # whose rows keep large contents out of line (TOAST) can hold far more text than its 8 KiB blocks.
 MAX_BULK_BYTES = 16 * 1024 * 1024
+# Chunks are gathered into bulk requests of at least this many rows (the last of a pass may be
+# smaller): large enough that a trickle over many tables is one request, small enough that a backlog
+# is shipped while the next chunks are read.
+MIN_BULK_ROWS = 2_000
 
 
 class PullerError(StreamviewsError):
@@ -134,6 +141,8 @@ class CtidPuller:
         # Per table, the writer's (seq, commit time) as seen at each pass, from the oldest unindexed on.
         self._seen: dict[str, deque[tuple[int, datetime]]] = {}
         self.totals = {"documents": 0, "bulks": 0, "retries": 0, "rewinds": 0, "stripped": 0}
+        # Bulk requests are sent from these threads (AUDIT_PULL_REQUESTS at once) while this one reads.
+        self._shipper = ThreadPoolExecutor(max_workers=settings.pull_requests, thread_name_prefix="bulk")
 
     @property
     def conn(self) -> psycopg.Connection:
@@ -174,35 +183,60 @@ class CtidPuller:
                 if rows < MIN_PASS_ROWS:
                     self._sleep(self.settings.pull_idle_s)  # caught up, or nearly: let rows gather
         finally:
+            self._shipper.shutdown()
             self._close_conn()
             log.info("puller stopped", **self.totals)
 
     def stop(self) -> None:
-        """Finish the chunk in flight (or give up a retry wait) and stop."""
+        """Finish the requests in flight (or give up a retry wait) and stop."""
         self.running = False
 
     def pull_once(self) -> int:
-        """One pass: one chunk of each table with unindexed rows, in one bulk request; returns the rows read.
+        """One pass: one chunk of each table with unindexed rows; returns the rows read.
 
         One chunk per table and pass, round robin: a table with a backlog does not hold back the rows
         that just arrived in another, and passes stay short, so lag reports and retention come on
-        time. One bulk request per pass: under a steady trickle, fewer and larger requests cost
-        Elasticsearch less than one per table.
+        time. Chunks go to Elasticsearch in bulk requests of at least MIN_BULK_ROWS rows (a trickle
+        makes one request per pass, not one per table), sent by AUDIT_PULL_REQUESTS threads at once
+        while the next chunks are read: Elasticsearch indexes requests in parallel and is not left
+        idle while PostgreSQL is read. A table has one chunk per pass, so requests in flight never
+        share a row. Each chunk's checkpoint moves only after its own request was acknowledged, and
+        the pass waits for every request before it ends, so retention never runs beside one.
         """
-        with retention.pass_lock(self.conn, self.settings.schema_name):
-            pending = self.tables(pending_only=True)
-            self._observe(pending)
-            chunks = []
-            for state in pending:
-                if not self.running:
-                    return 0
-                chunk = self.read_chunk(state.table)
-                if chunk is not None:
-                    chunks.append(chunk)
-            self.index(chunks)
+        shipped: list[tuple[list[Chunk], Future[None]]] = []
+        group: list[Chunk] = []
+        try:
+            with retention.pass_lock(self.conn, self.settings.schema_name):
+                pending = self.tables(pending_only=True)
+                self._observe(pending)
+                for state in pending:
+                    if not self.running:
+                        break
+                    chunk = self.read_chunk(state.table)
+                    if chunk is not None:
+                        group.append(chunk)
+                    if sum(len(c.rows) for c in group) >= MIN_BULK_ROWS:
+                        shipped.append((group, self._shipper.submit(self.index, group)))
+                        group = []
+                if group and self.running:
+                    shipped.append((group, self._shipper.submit(self.index, group)))
+                self._settle(shipped)
+        finally:
+            wait([future for _, future in shipped])  # a failed pass still leaves no request in flight
+        return sum(len(chunk.rows) for chunks, _ in shipped for chunk in chunks)
+
+    def _settle(self, shipped: list[tuple[list[Chunk], Future[None]]]) -> None:
+        """Advance the checkpoint of every acknowledged chunk, in order; then raise the first failure."""
+        failure: BaseException | None = None
+        for chunks, future in shipped:
+            error = future.exception()
+            if error is not None:
+                failure = failure or error
+                continue
             for chunk in chunks:
                 self.advance(chunk)
-        return sum(len(chunk.rows) for chunk in chunks)
+        if failure is not None:
+            raise failure
 
     def tables(self, *, pending_only: bool = False) -> list[TableState]:
         """The log's tables with their checkpoints (only those with unindexed rows, if asked)."""

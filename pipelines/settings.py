@@ -188,6 +188,9 @@ class AuditSettings(_Settings):
     retention_interval_s: float = Field(3600.0, ge=0)
     # Heap blocks the puller reads per Elasticsearch bulk request (8 KiB each, ~14 rows of 512 chars).
     pull_blocks: int = Field(256, gt=0)
+    # Bulk requests the puller keeps in flight at once: Elasticsearch indexes them in parallel, even
+    # into one shard, while the puller reads on. Each request holds chunks of different tables.
+    pull_requests: int = Field(2, gt=0)
     # Seconds the puller sleeps when every table is caught up.
     pull_idle_s: float = Field(0.2, gt=0)
     # Longest back-off while Elasticsearch or PostgreSQL is down.
