@@ -43,6 +43,7 @@ DRAIN_TIMEOUT_S = 900.0
 MARKER_INTERVAL_S = 0.2
 SEARCH_POLL_S = 0.1
 MARKER_TIMEOUT_S = 60.0
+MERGE_SETTLE_TIMEOUT_S = 120.0
 APPS = {"writer": "streamviews-bench-audit-writer", "puller": "streamviews-bench-audit-puller"}
 
 
@@ -186,6 +187,7 @@ class LagRun:
     pg_rows: int
     es_docs: int
     index_ops: int  # index operations on the puller's indices over the whole run (re-sent rows included)
+    merges_waited: float  # seconds spent before the phase until the drain's merges were done
 
 
 def measure_lag(
@@ -193,6 +195,7 @@ def measure_lag(
 ) -> LagRun:
     """Produce at `rate` for `seconds` with a marker every 200 ms; time each until searchable."""
     names, puller = services.names, services.procs["puller"]
+    merges_waited = wait_merges_settled(es, names.prefix)
     probe = SearchProbe(es, names.prefix)
     probe.start()
     log_mark = len(puller.records())
@@ -237,8 +240,33 @@ def measure_lag(
     stats = es.indices.stats(index=f"{names.prefix}-*", metric="indexing")["_all"]["primaries"]
     cpu = cpu_end.cores_since(cpu_start)
     return LagRun(
-        rate, reports[0].delivered, probe.latencies, progress, cpu, pg_rows, es_docs, stats["indexing"]["index_total"]
+        rate,
+        reports[0].delivered,
+        probe.latencies,
+        progress,
+        cpu,
+        pg_rows,
+        es_docs,
+        stats["indexing"]["index_total"],
+        merges_waited,
     )
+
+
+def wait_merges_settled(es: Elasticsearch, prefix: str, timeout: float = MERGE_SETTLE_TIMEOUT_S) -> float:
+    """Wait until no merge runs on `<prefix>-*`; returns the seconds waited.
+
+    The drain before the lag phase puts hundreds of thousands of documents into today's index within
+    a minute, and Elasticsearch merges their segments for a while after. The lag phase writes into
+    the same index: started at once, it would time that leftover merge, not a steady state (whose
+    own merges it still includes).
+    """
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        stats = es.indices.stats(index=f"{prefix}-*", metric="merge")["_all"]["total"]["merges"]
+        if stats["current"] == 0:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - started
 
 
 def count_when_settled(es: Elasticsearch, prefix: str, expected: int) -> int:

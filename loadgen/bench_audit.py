@@ -14,9 +14,10 @@ indices `audit-bench<id>-YYYY.MM.DD` (the `audit-*` template). Prints figures; a
 2. Search. A bare bulk indexer sends the puller's documents of those rows (same ids, fields, indices,
    256-block chunks) to `audit-bench<id>bare-*`; then `python -m pipelines.ctid_puller` (sv_indexer,
    retention off) is timed from its first checkpoint until `_count` finds every row. Both are
-   searchable through the template's 1 s refresh. Then lag: with writer and puller running, events
-   arrive at `--lag-share` (half) of the puller's rate for `--seconds`, and a marker every 200 ms is
-   timed from produce until a terms query on `content` finds it.
+   searchable through the template's 1 s refresh. Then lag: once Elasticsearch has finished merging
+   what the drain wrote, with writer and puller running, events arrive at `--lag-share` (half) of
+   the puller's rate for `--seconds`, and a marker every 200 ms is timed from produce until a terms
+   query on `content` finds it.
 3. Queries. A second log `bench_<id>_q` whose one day table holds `--query-rows` rows (1,000 uids,
    in ts order) is queried as sv_reader: `audit.user_events` first and second page over 2 hours,
    `user_events_estimate` vs `user_events_count`.
@@ -297,7 +298,8 @@ def notes(args: argparse.Namespace, out: dict[str, Any], machine: dict[str, str]
         seconds = [r.get("seconds_behind", 0) for r in lag.progress] or [0]
         rows_behind = max((r.get("rows_behind", 0) for r in lag.progress), default=0)
         lines.append(
-            f"lag: {lag.produced:,} events at {lag.rate:,.0f}/s for {args.seconds}s, {len(lag.latencies)} markers"
+            f"lag: started after the drain's merges settled ({lag.merges_waited:.1f}s);"
+            f" {lag.produced:,} events at {lag.rate:,.0f}/s for {args.seconds}s, {len(lag.latencies)} markers"
             f" (one per {MARKER_INTERVAL_S:g}s, terms query every {SEARCH_POLL_S:g}s); the puller's own progress"
             f" lines ({len(lag.progress)}, asked for one a second): seconds_behind median"
             f" {statistics.median(seconds):.2f} max {max(seconds):.2f}, rows_behind max {rows_behind:,};"
