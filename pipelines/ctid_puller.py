@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -141,6 +142,7 @@ class CtidPuller:
         # Per table, the writer's (seq, commit time) as seen at each pass, from the oldest unindexed on.
         self._seen: dict[str, deque[tuple[int, datetime]]] = {}
         self.totals = {"documents": 0, "bulks": 0, "retries": 0, "rewinds": 0, "stripped": 0}
+        self._totals_lock = threading.Lock()  # the shipper threads count too
         # Bulk requests are sent from these threads (AUDIT_PULL_REQUESTS at once) while this one reads.
         self._shipper = ThreadPoolExecutor(max_workers=settings.pull_requests, thread_name_prefix="bulk")
 
@@ -174,7 +176,7 @@ class CtidPuller:
                     failures = 0
                 except (psycopg.Error, TransportError, ApiError, StreamviewsError) as e:
                     failures += 1
-                    self.totals["retries"] += 1
+                    self._count(retries=1)
                     self._close_conn()
                     delay = min(0.5 * 2**failures, self.settings.max_backoff_s)
                     log.warning("pull failed; retrying", error=str(e), retry_in_s=delay)
@@ -186,6 +188,11 @@ class CtidPuller:
             self._shipper.shutdown()
             self._close_conn()
             log.info("puller stopped", **self.totals)
+
+    def _count(self, **deltas: int) -> None:
+        with self._totals_lock:
+            for key, delta in deltas.items():
+                self.totals[key] += delta
 
     def stop(self) -> None:
         """Finish the requests in flight (or give up a retry wait) and stop."""
@@ -266,7 +273,7 @@ class CtidPuller:
                 if rewind_block is not None and rewind_block < start:
                     start = rewind_block
                     rows_before = self._count_rows(conn, table, 0, start)
-                    self.totals["rewinds"] += 1
+                    self._count(rewinds=1)
                     log.info("rewind", table=table, from_block=state.next_block, to_block=start)
                 end = min(start + self.settings.pull_blocks, state.hi_block + 1)
                 rows = self._read_rows(conn, table, start, end)
@@ -290,13 +297,12 @@ class CtidPuller:
                 failed, reason = docs, f"{type(e).__name__}: {e}"
             else:
                 reason = "some documents were not acknowledged"
-            self.totals["documents"] += len(docs) - len(failed)
-            self.totals["bulks"] += 1
+            self._count(documents=len(docs) - len(failed), bulks=1)
             docs = failed
             if docs:
                 if not self.running:
                     raise PullerError(f"stopping with {len(docs)} documents unacknowledged")
-                self.totals["retries"] += 1
+                self._count(retries=1)
                 log.warning("bulk not acknowledged; retrying", pending=len(docs), error=reason, retry_in_s=delay)
                 self._sleep(delay)
                 delay = min(delay * 2, self.settings.max_backoff_s)
@@ -338,7 +344,7 @@ class CtidPuller:
                 raise PullerError(f"{doc_id}: Elasticsearch refused even the stripped document: {result.get('error')}")
             error = result.get("error", {})
             log.error("document refused; indexing its core fields only", id=doc_id, error=error)
-            self.totals["stripped"] += 1
+            self._count(stripped=1)
             stripped = {k: doc[k] for k in CORE_FIELDS} | {"index_error": str(error.get("reason", error))[:500]}
             again[doc_id] = (index, stripped)
         return again
