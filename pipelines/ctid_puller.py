@@ -212,8 +212,8 @@ class CtidPuller:
         """
         shipped: list[tuple[list[Chunk], Future[None]]] = []
         group: list[Chunk] = []
-        try:
-            with retention.pass_lock(self.conn, self.settings.schema_name):
+        with retention.pass_lock(self.conn, self.settings.schema_name):
+            try:
                 pending = self.tables(pending_only=True)
                 self._observe(pending)
                 for state in pending:
@@ -228,8 +228,9 @@ class CtidPuller:
                 if group and self.running:
                     shipped.append((group, self._shipper.submit(self.index, group)))
                 self._settle(shipped)
-        finally:
-            wait([future for _, future in shipped])  # a failed pass still leaves no request in flight
+            finally:
+                # Even a failed pass leaves no request in flight once it lets go of the lock.
+                wait([future for _, future in shipped])
         return sum(len(chunk.rows) for chunks, _ in shipped for chunk in chunks)
 
     def _settle(self, shipped: list[tuple[list[Chunk], Future[None]]]) -> None:

@@ -1,5 +1,6 @@
 -- The query functions of the social views: each is one primary-key read (friends_who_like: two, in
--- one statement), callable by the read-only role. Unknown ids give 0 or an empty array, never an error or NULL.
+-- one statement), callable by the read-only role. Unknown ids give 0 or an empty array, never an
+-- error or NULL.
 -- PL/pgSQL rather than SQL functions: a non-inlined SQL function is re-planned on every call, while
 -- PL/pgSQL keeps its plans for the session.
 
@@ -59,12 +60,12 @@ END
 $$;
 
 -- Which of the users `uid` follows like object `oid`: following(uid) ∩ likers(oid), as a set (order
--- unspecified). Both rows are read in one statement (each statement costs a PL/pgSQL function about
--- as much as a primary-key read). When either array is small, which is nearly always (most objects
--- have a few likers, most users follow fewer than 100), each element of the smaller one is looked
--- up in the larger: no rows are built from the larger array, which for a user who follows
--- thousands would cost more than both reads. Two large arrays go through a hashed INTERSECT,
--- linear in their sizes.
+-- unspecified). Both rows are read in one statement: each statement adds to a PL/pgSQL call a good
+-- part of what a primary-key read costs. When either array is small, which is nearly always (most
+-- objects have a few likers, most users follow fewer than 100), each element of the smaller one is
+-- looked up in the larger: no rows are built from the larger array, which for a user who follows
+-- thousands would cost more than both reads. Two large arrays go through a hashed INTERSECT, linear
+-- in their sizes.
 CREATE OR REPLACE FUNCTION social.friends_who_like(uid bigint, oid bigint) RETURNS bigint[]
 LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
 AS $$
