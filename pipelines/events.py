@@ -25,9 +25,8 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -105,9 +104,10 @@ class InvalidEvent(StreamviewsError):
         return f"{self.reason}: {self.detail}"
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(NamedTuple):
     """One decoded event as a change to a keyed stream: op INSERT (like/follow) or DELETE (unlike/unfollow).
+
+    A named tuple, like AuditEvent below, because it is built for every event.
 
     Attributes:
         op: `INSERT` or `DELETE`, so that aggregates can add `op` rather than branch on the action.
@@ -167,13 +167,14 @@ def decode_follow(key: bytes | None, value: bytes | None, timestamp_ms: int) -> 
     return Change(op, (uid, target, _timestamp(event, timestamp_ms)))
 
 
-@dataclass(frozen=True, slots=True)
-class AuditEvent:
+class AuditEvent(NamedTuple):
     """One audit event: who, when, what, and its optional string fields (None when it has none).
 
     The time is kept as integer microseconds since 1970-01-01 UTC: the writer groups by day and
     sends it to PostgreSQL as an integer, and building a datetime per event would cost as much as
-    parsing its JSON.
+    parsing its JSON. A named tuple rather than a frozen dataclass: as immutable, and built in a
+    quarter of the time (a frozen dataclass sets each field through `object.__setattr__`), which
+    was a quarter of the writer's decoding.
     """
 
     uid: int

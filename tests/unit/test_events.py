@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import UTC, datetime, timedelta, timezone
 
 import orjson
@@ -80,7 +79,7 @@ def test_the_decoders_are_found_by_contract_name():
 def test_a_change_is_immutable():
     change = decode_like(b"42", like(), KAFKA_TS_MS)
 
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(AttributeError):
         change.op = DELETE  # type: ignore[misc]
 
 
