@@ -118,8 +118,10 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
     of the batch's keys are locked in key order first.
     """
     names = [_ident(c.name) for c in stream.columns]
-    arrays = [sql.SQL("%s::{}[]").format(_raw(c.type)) for c in stream.columns]
-    batch = sql.SQL("SELECT * FROM unnest(%s::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
+    # Binary parameters (%b): a batch's arrays are most of what goes over the wire, and the binary
+    # form costs the client a quarter of the text form (timestamps: a tenth) and the server no parsing.
+    arrays = [sql.SQL("%b::{}[]").format(_raw(c.type)) for c in stream.columns]
+    batch = sql.SQL("SELECT * FROM unnest(%b::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
         _list(arrays), _list(names)
     )
     if stream.key is None:
