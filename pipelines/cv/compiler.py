@@ -113,9 +113,11 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
     ones: an insert of an absent key or a delete of a present one (a change is effective exactly when
     its op differs from the previous change of its key, or, for the first, from the stored presence).
     A delete takes away the values that the previous effective insert (or the stored row) put there.
-    So a repeated like changes nothing, unlike + like moves the row to its new values, any batching of
-    the same events gives the same views, and a replayed batch gives no deltas at all. The stored rows
-    of the batch's keys are locked in key order first.
+    So a repeated like changes nothing, unlike + like moves the row to its new values, and any batching
+    of the same events gives the same views. A replayed batch leaves the state and every exact
+    aggregate as they were, but its like + unlike of a pair does reach monotonic aggregates (hll) again:
+    replays are for the offsets to prevent. The stored rows of the batch's keys are locked in key
+    order first.
     """
     names = [_ident(c.name) for c in stream.columns]
     # Binary parameters (%b): a batch's arrays are most of what goes over the wire, and the binary

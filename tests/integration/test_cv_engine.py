@@ -159,19 +159,23 @@ def test_every_view_equals_its_aggregate_recomputed_from_the_raw_events(writer, 
     raw = [(op, base_oid + o, base_uid + u, day + timedelta(hours=h, minutes=k % 60), w) for op, o, u, h, w in events]
     maintainer = StreamMaintainer(streams["keyed"])
     bounds = sorted({0, len(raw), *(c for c in cuts if c <= len(raw))})
+    applied = []  # what the engine was given: a replayed batch twice
     for start, end in itertools.pairwise(bounds):
-        apply(writer, maintainer, raw[start:end])
-        if replay:  # the same batch again (a redelivery): nothing may change
+        for _ in range(2 if replay else 1):  # the same batch again: a redelivery
             apply(writer, maintainer, raw[start:end])
+            applied += raw[start:end]
 
-    oracle = Oracle(raw)
+    once, seen = Oracle(raw), Oracle(applied)
     oids = [base_oid + o for o in range(5)]
     uids = [base_uid + u for u in range(6)]
     per_object, per_hour, heavy = actual(writer, streams, oids, uids, day)
-    assert per_object == oracle.per_object()
-    assert per_hour == oracle.per_hour()
-    assert heavy == oracle.heavy_by_user()
-    hll_matches(writer, streams, oracle, day)
+    # A replay changes no exact aggregate: they all equal the events applied once ...
+    assert per_object == once.per_object()
+    assert heavy == once.heavy_by_user()
+    # ... but a pair a replayed batch liked and unliked again did enter its hour for a moment, and
+    # hll, which cannot forget, keeps that hour (with its exact counts back at their values).
+    assert per_hour == seen.per_hour()
+    hll_matches(writer, streams, seen, day)
 
 
 def test_a_replayed_batch_changes_no_view(writer, streams):
