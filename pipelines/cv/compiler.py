@@ -307,6 +307,9 @@ def drop_dead_refs(view: ViewDef) -> sql.Composed:
     )
 
 
+_DELTA_SIGN = sql.SQL("sign")  # a delta row's sign: +1 entering its group, -1 leaving
+
+
 @dataclass(frozen=True)
 class _Column:
     """How one stored column receives a batch: its aggregate over the batch, and its merge."""
@@ -318,15 +321,22 @@ class _Column:
     when_absent: str = "NULL"  # its value for a group without transitions
 
 
-def _columns(view: ViewDef, sign: sql.Composable, value: sql.Composable | None) -> list[_Column]:
-    """`sign`/`value`: where DISTINCT transitions come from (the deltas, or the transitions table)."""
+def _columns(
+    view: ViewDef, sign: sql.Composable, value: sql.Composable | None, rows_sign: sql.Composable = _DELTA_SIGN
+) -> list[_Column]:
+    """`sign`/`value`: where DISTINCT transitions come from (the deltas, or the transitions table).
+
+    `rows_sign` is what `count(*)` and the group's row count add up: the deltas' sign, or, for views
+    aggregated from transitions alone (`counts_from_transitions`), the transitions' sign.
+    """
     columns = []
+    rows = sql.SQL("sum({})").format(rows_sign)
     for aggregate in view.aggregates:
         col = _ident(aggregate.name)
         a = _raw(aggregate.arg_sql) if aggregate.arg_sql else None
         add = sql.SQL("v.{0} + excluded.{0}").format(col)
         if aggregate.kind == "count" and a is None:
-            columns.append(_Column(aggregate.name, sql.SQL("sum(sign)"), add))
+            columns.append(_Column(aggregate.name, rows, add))
         elif aggregate.kind == "count":
             columns.append(
                 _Column(
@@ -366,13 +376,30 @@ def _columns(view: ViewDef, sign: sql.Composable, value: sql.Composable | None) 
     if any(a.kind == "set" for a in view.aggregates):
         leaving = sql.SQL("array_agg({0}) FILTER (WHERE {1} < 0 AND ({0}) IS NOT NULL)").format(value, sign)
         columns.append(_Column(REMOVED, leaving, sql.SQL("NULL"), from_transitions=True))
-    columns.append(_Column(ROWS, sql.SQL("sum(sign)"), sql.SQL("v.{0} + excluded.{0}").format(_ident(ROWS))))
+    columns.append(_Column(ROWS, rows, sql.SQL("v.{0} + excluded.{0}").format(_ident(ROWS))))
     return columns
 
 
 def uses_refs(view: ViewDef, stream: StreamDef) -> bool:
     """True when the view's DISTINCT aggregates need the reference-count table."""
     return view.distinct_arg is not None and not distinct_is_covered(view, stream)
+
+
+def counts_from_transitions(view: ViewDef, stream: StreamDef) -> bool:
+    """True when a covered view's transitions alone give every aggregate, so the deltas need no second pass.
+
+    The DISTINCT argument must be a key column (never NULL), so each transition is exactly one stream
+    row entering or leaving its group, and `count(*)` is the transitions' sum; other aggregates
+    (sum, min/max, hll, count(x)) need the rows themselves.
+    """
+    return (
+        distinct_is_covered(view, stream)
+        and stream.key is not None
+        and view.distinct_arg in stream.key
+        and all(
+            a.kind in {"set", "count_distinct"} or (a.kind == "count" and a.arg_sql is None) for a in view.aggregates
+        )
+    )
 
 
 def _netted_transitions(view: ViewDef, source: sql.Composable) -> sql.Composed:
@@ -411,6 +438,16 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
             batch=_list([c.batch for c in columns]),
             source=source,
             where=_delta_filter(view),
+            pos=by_position,
+        )
+    elif counts_from_transitions(view, stream):
+        # One pass over the netted transitions instead of two over the deltas (see the function).
+        sign = sql.SQL("t.sign")
+        columns = _columns(view, sign, sql.SQL("t.value"), rows_sign=sign)
+        body = sql.SQL("SELECT {groups}, {batch} FROM {trans} AS t GROUP BY {pos} ORDER BY {pos}").format(
+            groups=_list([sql.SQL("t.{}").format(n) for n in group_names]),
+            batch=_list([c.batch for c in columns]),
+            trans=_netted_transitions(view, source),
             pos=by_position,
         )
     else:

@@ -42,6 +42,11 @@ def streams(stack, pg):
                 SELECT date_trunc('hour', ts) AS hour, count(*) AS n, array_agg(DISTINCT uid) AS users,
                        count(DISTINCT uid) AS users_n, hll_add_agg(hll_hash_bigint(uid)) AS users_hll
                 FROM {keyed} GROUP BY hour;
+            CREATE CONTINUOUS VIEW {name}.likers AS
+                SELECT oid, count(*) AS n, array_agg(DISTINCT uid) AS users FROM {keyed} GROUP BY oid;
+            CREATE CONTINUOUS VIEW {name}.liked AS
+                SELECT uid, array_agg(DISTINCT oid) AS objects, count(DISTINCT oid) AS objects_n
+                FROM {keyed} GROUP BY uid;
             CREATE CONTINUOUS VIEW {name}.heavy_by_user AS
                 SELECT uid, count(*) AS n FROM {keyed} WHERE weight > 5 GROUP BY uid;
             CREATE CONTINUOUS VIEW {name}.clicks AS
@@ -103,6 +108,18 @@ class Oracle:
             for hour in self.ever_in_hour  # hll keeps every hour that ever had a row
         }
 
+    def likers(self):
+        groups = defaultdict(list)
+        for oid, uid in self.state:
+            groups[oid].append(uid)
+        return {oid: (len(users), sorted(users)) for oid, users in groups.items()}
+
+    def liked(self):
+        groups = defaultdict(list)
+        for oid, uid in self.state:
+            groups[uid].append(oid)
+        return {uid: (sorted(objects), len(objects)) for uid, objects in groups.items()}
+
     def heavy_by_user(self):
         counts = defaultdict(int)
         for (_, uid), (_, weight) in self.state.items():
@@ -128,6 +145,22 @@ def actual(conn, streams, oids, uids, day):
     }
     heavy = dict(conn.execute(f"SELECT uid, n FROM {schema}.heavy_by_user WHERE uid = ANY(%s)", (uids,)).fetchall())
     return per_object, per_hour, heavy
+
+
+def actual_sets(conn, streams, oids, uids):
+    """The views of the social shape: count(*) and DISTINCT sets only (aggregated from transitions alone)."""
+    schema = streams["schema"]
+    likers = {
+        oid: (n, sorted(users))
+        for oid, n, users in conn.execute(f"SELECT oid, n, users FROM {schema}.likers WHERE oid = ANY(%s)", (oids,))
+    }
+    liked = {
+        uid: (sorted(objects), objects_n)
+        for uid, objects, objects_n in conn.execute(
+            f"SELECT uid, objects, objects_n FROM {schema}.liked WHERE uid = ANY(%s)", (uids,)
+        )
+    }
+    return likers, liked
 
 
 def hll_matches(conn, streams, oracle, day):
@@ -172,6 +205,7 @@ def test_every_view_equals_its_aggregate_recomputed_from_the_raw_events(writer, 
     # A replay changes no exact aggregate: they all equal the events applied once ...
     assert per_object == once.per_object()
     assert heavy == once.heavy_by_user()
+    assert actual_sets(writer, streams, oids, uids) == (once.likers(), once.liked())
     # ... but a pair a replayed batch liked and unliked again did enter its hour for a moment, and
     # hll, which cannot forget, keeps that hour (with its exact counts back at their values).
     assert per_hour == seen.per_hour()

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.cv import compiler
 from pipelines.cv.definitions import (
     Aggregate,
     Column,
@@ -296,3 +297,23 @@ def unsupported(query: str, match: str, id: str):
 def test_an_unsupported_view_shape_is_rejected_naming_it(view, query, match):
     with pytest.raises(DefinitionError, match=match):
         view(query)
+
+
+@pytest.mark.parametrize(
+    ("query", "from_transitions"),
+    [
+        ("SELECT oid, count(*) AS n, array_agg(DISTINCT uid) AS likers FROM likes GROUP BY oid", True),
+        ("SELECT uid, array_agg(DISTINCT oid) AS liked, count(DISTINCT oid) AS n FROM likes GROUP BY uid", True),
+        # sum needs the rows themselves, not just which values entered or left
+        ("SELECT oid, sum(uid) AS s, array_agg(DISTINCT uid) AS likers FROM likes GROUP BY oid", False),
+        # the distinct argument is not a key column: a transition is not one stream row
+        ("SELECT oid, uid, count(*) AS n, array_agg(DISTINCT ts) AS at FROM likes GROUP BY oid, uid", False),
+        # not covered: a user's objects per hour need reference counts
+        ("SELECT date_trunc('hour', ts) AS h, array_agg(DISTINCT uid) AS u FROM likes GROUP BY h", False),
+        # an append-only stream has no transitions to speak of
+        ("SELECT oid, count(*) AS n, array_agg(DISTINCT uid) AS u FROM clicks GROUP BY oid", False),
+    ],
+)
+def test_count_and_set_views_over_a_key_are_aggregated_from_transitions_alone(view, streams, query, from_transitions):
+    parsed = view(query)
+    assert compiler.counts_from_transitions(parsed, streams[parsed.stream]) is from_transitions
