@@ -238,9 +238,13 @@ class Pipeline:
         return True
 
     def _decode(self, messages: list[Message]) -> Batch:
+        # Runs for every message, so the batch's offsets are kept per partition number and keyed by
+        # (topic, partition) once at the end: the pipeline consumes its one topic.
         batch = Batch()
         records = batch.records
         decode = self.decode
+        positions = self.positions
+        last: dict[int, int] = {}  # partition -> offset of its last message in the batch
         for message in messages:
             error = message.error()
             if error is not None:
@@ -248,12 +252,11 @@ class Pipeline:
                     log.warning("consumer error", error=str(error))
                 continue
             partition = message.partition()
-            if partition not in self.positions:
+            if partition not in positions:
                 continue  # revoked while this poll was in flight
-            tp = (message.topic(), partition)
-            if tp not in batch.start:
-                batch.start[tp] = self.positions[partition]
-            batch.end[tp] = message.offset() + 1
+            if partition not in last:
+                batch.start[(self.topic, partition)] = positions[partition]
+            last[partition] = message.offset()
             try:
                 change = decode(message.key(), message.value(), message.timestamp()[1])
             except InvalidEvent as e:
@@ -265,8 +268,9 @@ class Pipeline:
                 continue
             if change is not None:
                 records.append((partition, change))
-        for (_, partition), offset in batch.end.items():
-            self.positions[partition] = offset  # where the next batch starts, once this one commits
+        for partition, offset in last.items():
+            batch.end[(self.topic, partition)] = offset + 1
+            positions[partition] = offset + 1  # where the next batch starts, once this one commits
         return batch
 
     def _reject(self, batch: Batch, message: Message, error: InvalidEvent) -> None:
