@@ -37,7 +37,7 @@ from psycopg import sql
 from loadgen import seed_baselines as seed
 from loadgen.workload import new_rng, now_ms
 from pipelines import elastic
-from pipelines.audit import COPY_HEADER, COPY_TRAILER, copy_body
+from pipelines.audit import COPY_COLUMNS, COPY_HEADER, COPY_TRAILER, copy_body, encode_row
 from pipelines.ctid_puller import document
 from pipelines.events import AuditEvent
 from pipelines.settings import ROLE_OWNER, ROLE_READER, PostgresSettings
@@ -87,10 +87,8 @@ class AuditWorkload:
     def copy_chunks(self, rows: Sequence[AuditRow]) -> list[bytes]:
         """The rows in the writer's own binary COPY format (shard 0, ts now), in chunks of 10k rows."""
         ts = datetime.now(UTC)
-        chunks = [
-            copy_body(0, [AuditEvent.at(r.uid, ts, self.content(r), {"action": r.action}) for r in part])
-            for part in (rows[i : i + COPY_CHUNK_ROWS] for i in range(0, len(rows), COPY_CHUNK_ROWS))
-        ]
+        encoded = [encode_row(AuditEvent.at(r.uid, ts, self.content(r), {"action": r.action}))[1] for r in rows]
+        chunks = [copy_body(0, encoded[i : i + COPY_CHUNK_ROWS]) for i in range(0, len(encoded), COPY_CHUNK_ROWS)]
         return [COPY_HEADER, *chunks, COPY_TRAILER]
 
 
@@ -205,8 +203,8 @@ def copy_rate(
     """
     with seed.bench_schema(schema, settings):
         _create(schema, _AUDIT_TABLE + (_AUDIT_INDEXES if indexed else ""), settings)
-        statement = sql.SQL("COPY {}.copied (shard, ts, uid, content, fields) FROM STDIN (FORMAT binary)").format(
-            sql.Identifier(schema)
+        statement = sql.SQL("COPY {}.copied ({}) FROM STDIN (FORMAT binary)").format(
+            sql.Identifier(schema), sql.SQL(", ").join(map(sql.Identifier, COPY_COLUMNS))
         )
         with psycopg.connect(seed.owner_conninfo(settings)) as conn:
             started = time.perf_counter()

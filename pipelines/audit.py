@@ -7,8 +7,11 @@ the partition's offset row serialises even a rebalance's old and new owners: eve
 single writer, its rows arrive in batches that fill the heap in order, and the ctid-block puller
 (pipelines/ctid_puller.py) can follow it block by block.
 
-Each batch, in the checkpoint's one transaction with its Kafka offsets:
-1. group the events by (partition, UTC day of ts);
+Each event is encoded as its binary COPY row as soon as it is decoded, in the consuming thread: the
+committing thread, which waits on PostgreSQL, then only joins bytes, so the work that holds the GIL
+is not split across two threads that wait for each other. Each batch, in the checkpoint's one
+transaction with its Kafka offsets:
+1. group the rows by (partition, UTC day of ts);
 2. per group, `audit.ensure_table` (created on first use, by a SQL function: no SQL is built from
    event content), `COPY` the rows, and `audit.record_batch`, which records where they landed.
 """
@@ -30,7 +33,13 @@ from pipelines.consumer import Decoder, PipelineSpec, main
 from pipelines.events import AuditDecoder, AuditEvent
 from pipelines.settings import AuditSettings
 
-COPY_COLUMNS = ("shard", "ts", "uid", "content", "fields")
+# The shard goes last: it is the table's, so it is appended to rows encoded before their shard is known.
+COPY_COLUMNS = ("ts", "uid", "content", "fields", "shard")
+
+
+# One event as (its UTC day in days since 1970-01-01, its binary COPY row without the trailing shard
+# field). A plain tuple: it is built for every event, and a named tuple's constructor is a Python call.
+CopyRow = tuple[int, bytes]
 
 
 class AuditSink:
@@ -41,20 +50,20 @@ class AuditSink:
         self._tables: dict[tuple[int, date], str] = {}  # created and committed, as far as we know
 
     def apply(self, conn: psycopg.Connection, records: list[Record]) -> int:
-        """Write the batch: one COPY per (shard, day) table, in key order; returns the rows written."""
-        groups: dict[tuple[int, int], list[AuditEvent]] = defaultdict(list)
-        for partition, event in records:
-            groups[(partition, event.day)].append(event)
+        """Write the batch of `CopyRow`s: one COPY per (shard, day) table, in key order; returns the rows written."""
+        groups: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+        for partition, (day, row) in records:
+            groups[(partition, day)].append(row)
         for key in sorted(groups):
             table = self._table(conn, key[0], _EPOCH_DAY + timedelta(days=key[1]))
-            events = groups[key]
+            rows = groups[key]
             schema, name = table.split(".")
             statement = sql.SQL("COPY {}.{} ({}) FROM STDIN (FORMAT binary)").format(
                 sql.Identifier(schema), sql.Identifier(name), sql.SQL(", ").join(map(sql.Identifier, COPY_COLUMNS))
             )
             with conn.cursor().copy(statement) as copy:
-                copy.write(copy_rows(key[0], events))
-            conn.execute("SELECT audit.record_batch(%s, %s)", (table, len(events)))
+                copy.write(copy_rows(key[0], rows))
+            conn.execute("SELECT audit.record_batch(%s, %s)", (table, len(rows)))
         return len(records)
 
     def _table(self, conn: psycopg.Connection, shard: int, day: date) -> str:
@@ -77,43 +86,57 @@ class AuditSink:
 
 # COPY's binary format: no escaping or date formatting on either side, which makes it the cheapest
 # way in for Python and for PostgreSQL. A row is a field count, then per field its length (-1: NULL)
-# and its bytes: smallint, timestamptz as microseconds since 2000-01-01 UTC, bigint, UTF-8 text,
-# jsonb as a version byte (1) followed by JSON text.
+# and its bytes: timestamptz as microseconds since 2000-01-01 UTC, bigint, UTF-8 text, jsonb as a
+# version byte (1) followed by JSON text, smallint.
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 COPY_TRAILER = struct.pack(">h", -1)
-_ROW_START = struct.Struct(">hihiqiqi")  # fields; shard; ts; uid; the content's length
+_ROW_START = struct.Struct(">hiqiqi")  # fields; ts; uid; the content's length
 _JSONB_START = struct.Struct(">ib")  # length, version
+_SHARD = struct.Struct(">ih")  # length, smallint
 _NULL = struct.pack(">i", -1)
 # PostgreSQL counts timestamps from 2000-01-01 UTC, 946,684,800 s after the Unix epoch.
 _PG_EPOCH_MICROS = 946_684_800_000_000
 _EPOCH_DAY = date(1970, 1, 1)
 
 
-def copy_rows(shard: int, events: list[AuditEvent]) -> bytes:
-    """One table's rows as a whole binary COPY stream (columns as in `COPY_COLUMNS`)."""
-    return COPY_HEADER + copy_body(shard, events) + COPY_TRAILER
+def encode_row(e: AuditEvent) -> CopyRow:
+    """The event's day and COPY row up to its shard (columns as in `COPY_COLUMNS`)."""
+    content = e.content.encode()
+    start = _ROW_START.pack(len(COPY_COLUMNS), 8, e.micros - _PG_EPOCH_MICROS, 8, e.uid, len(content))
+    if e.fields is None:
+        return e.day, b"".join((start, content, _NULL))
+    fields = orjson.dumps(e.fields)
+    return e.day, b"".join((start, content, _JSONB_START.pack(len(fields) + 1, 1), fields))
 
 
-def copy_body(shard: int, events: list[AuditEvent]) -> bytes:
-    """The rows alone, without the stream's header and trailer (to send one stream in parts)."""
-    parts = []
-    append = parts.append
-    for e in events:
-        content = e.content.encode()
-        append(_ROW_START.pack(5, 2, shard, 8, e.micros - _PG_EPOCH_MICROS, 8, e.uid, len(content)))
-        append(content)
-        if e.fields is None:
-            append(_NULL)
-        else:
-            fields = orjson.dumps(e.fields)
-            append(_JSONB_START.pack(len(fields) + 1, 1))
-            append(fields)
-    return b"".join(parts)
+def copy_rows(shard: int, rows: list[bytes]) -> bytes:
+    """One table's rows (the bytes of `CopyRow`s) as a whole binary COPY stream."""
+    return COPY_HEADER + copy_body(shard, rows) + COPY_TRAILER
+
+
+def copy_body(shard: int, rows: list[bytes]) -> bytes:
+    """The rows with their shard, without the stream's header and trailer (to send one stream in parts)."""
+    if not rows:
+        return b""
+    shard_field = _SHARD.pack(2, shard)
+    return shard_field.join(rows) + shard_field
+
+
+class CopyRowDecoder:
+    """The pipeline's decoder: `AuditDecoder`'s checks, then the event's COPY row (see the module)."""
+
+    def __init__(self, decode: AuditDecoder) -> None:
+        self._decode = decode
+
+    def __call__(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> CopyRow:
+        """Decode and check one record (`InvalidEvent` when it breaks the contract), then encode it."""
+        return encode_row(self._decode(key, value, timestamp_ms))
 
 
 def _build(args: argparse.Namespace) -> tuple[Decoder, AuditSink]:
     settings = AuditSettings()
-    return AuditDecoder(max_age=timedelta(days=settings.retention_days)), AuditSink(settings.schema_name)
+    decode = AuditDecoder(max_age=timedelta(days=settings.retention_days))
+    return CopyRowDecoder(decode), AuditSink(settings.schema_name)
 
 
 PIPELINE = PipelineSpec(

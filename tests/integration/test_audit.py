@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, Producer
 from elasticsearch import helpers
 
 from pipelines import retention
-from pipelines.audit import AuditSink
+from pipelines.audit import AuditSink, CopyRow, encode_row
 from pipelines.ctid_puller import CtidPuller
 from pipelines.events import AuditEvent
 from pipelines.settings import AuditSettings, PostgresSettings
@@ -133,7 +133,12 @@ def pg_settings(stack, secrets_dir) -> PostgresSettings:
 def write(pg, log: AuditSettings, events: list[tuple[int, AuditEvent]]) -> None:
     """One writer batch, committed, as the audit pipeline writes it (without Kafka)."""
     with pg("sv_writer") as conn, conn.transaction():
-        AuditSink(log.schema_name).apply(conn, events)
+        AuditSink(log.schema_name).apply(conn, encoded(events))
+
+
+def encoded(events: list[tuple[int, AuditEvent]]) -> list[tuple[int, CopyRow]]:
+    """(shard, event) pairs as the pipeline's decoder hands them to the sink."""
+    return [(shard, encode_row(event)) for shard, event in events]
 
 
 def events_at(day: date, n: int, uid: int = 7, shard: int = 0) -> list[tuple[int, AuditEvent]]:
@@ -255,7 +260,7 @@ def test_space_freed_by_an_aborted_batch_and_reused_later_is_pulled_again_withou
     write(pg, audit_log, events_at(today, 300))
     table = f"{audit_log.schema_name}.shard00_{today:%Y%m%d}"
     with pg("sv_writer") as conn, conn.transaction():  # a batch that aborts after writing its rows
-        AuditSink(audit_log.schema_name).apply(conn, events_at(today, 300))
+        AuditSink(audit_log.schema_name).apply(conn, encoded(events_at(today, 300)))
         raise psycopg.Rollback
     write(pg, audit_log, events_at(today, 30))
     pull_until_caught_up(puller)

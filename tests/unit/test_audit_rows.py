@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from datetime import UTC, date, datetime, timedelta, timezone
 
-from pipelines.audit import copy_rows
+from pipelines.audit import copy_rows, encode_row
 from pipelines.ctid_puller import document
 from pipelines.events import AuditEvent
 from pipelines.retention import cutoff
@@ -13,15 +13,21 @@ from pipelines.retention import cutoff
 TS = datetime(2026, 11, 22, 10, 0, 0, 123456, tzinfo=UTC)
 
 
-def test_copy_rows_are_postgres_binary_copy_with_microseconds_since_2000_and_jsonb_version_1():
-    data = copy_rows(3, [AuditEvent.at(42, TS, "é\t\\", {"a": "b"}), AuditEvent.at(7, TS, "x", None)])
+def test_copy_rows_are_postgres_binary_copy_with_microseconds_since_2000_jsonb_version_1_and_the_shard_last():
+    events = [AuditEvent.at(42, TS, "é\t\\", {"a": "b"}), AuditEvent.at(7, TS, "x", None)]
+    data = copy_rows(3, [encode_row(e)[1] for e in events])
 
     assert data.startswith(b"PGCOPY\n\xff\r\n\x00" + bytes(8))
     assert data.endswith(b"\xff\xff")
     micros = (TS - datetime(2000, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
-    first = struct.pack(">hihiqiqi", 5, 2, 3, 8, micros, 8, 42, 4) + "é\t\\".encode() + struct.pack(">ib", 10, 1)
-    assert data[19:].startswith(first + b'{"a":"b"}')
-    assert data[-6:-2] == struct.pack(">i", -1)  # the second row's fields are NULL
+    first = struct.pack(">hiqiqi", 5, 8, micros, 8, 42, 4) + "é\t\\".encode() + struct.pack(">ib", 10, 1)
+    assert data[19:].startswith(first + b'{"a":"b"}' + struct.pack(">ih", 2, 3))
+    assert data[-12:-2] == struct.pack(">i", -1) + struct.pack(">ih", 2, 3)  # the second row: NULL fields, shard 3
+
+
+def test_an_encoded_row_knows_its_utc_day():
+    day, _ = encode_row(AuditEvent.at(1, TS, "x"))
+    assert day == (TS.date() - date(1970, 1, 1)).days
 
 
 def test_a_document_holds_the_row_its_optional_fields_and_where_it_lives():
