@@ -108,6 +108,10 @@ class Pipeline:
                 # fuller fetches cost the broker far less CPU than one response per new record.
                 "fetch.min.bytes": 65_536,
                 "fetch.wait.max.ms": 50,
+                # When its local queue passes queued.min.messages or queued.max.messages.kbytes,
+                # librdkafka postpones the partition's next fetch by this long; at the default, 1 s, a
+                # consumer that empties the queue sooner sits idle for the rest. Re-checks are cheap.
+                "fetch.queue.backoff.ms": 10,
                 "logger": logging.getLogger("librdkafka"),
             }
         )
