@@ -71,6 +71,7 @@ class BenchSettings(BaseSettings):
     # (~40k changes/s on 2 cores), so the 41.5 M follows of 200k lists would take ~17 minutes.
     followers: int = Field(20_000, gt=0, description="users with a follow list in the intersection test")
     partitions: int = Field(6, gt=0, description="partitions of the bench topic")
+    workers: int = Field(1, gt=0, description="pipeline processes in one consumer group (at most `partitions`)")
 
 
 @dataclass(frozen=True)
@@ -116,16 +117,18 @@ def measure_pipeline(
     kafka: KafkaSettings,
     postgres: PostgresSettings,
     seconds: int,
+    workers: int = 1,
 ) -> PipelineFigures:
     """The likes pipeline end to end: likes/s from Kafka until visible in PostgreSQL, then freshness.
 
-    One `python -m pipelines.likes` process (its own consumer group, default batch settings) consumes
-    `topic`, which already holds `events`, into copies of the likes views in a throwaway schema
-    `bench_<id>`. Throughput is timed by polling `ops.kafka_offsets` every 50 ms until the group
-    reaches the topic's end; the headline excludes process start-up (it counts from the first
-    committed batch). Then, with the pipeline still running, the workload's next events are produced
-    at half that rate for `seconds`, with a marker like every 20 ms whose visibility in
-    `object_likes` a poller times every 5 ms. See `bench_streamviews.run_pipeline`; all is cleaned up.
+    `workers` `python -m pipelines.likes` processes (one consumer group of their own, default batch
+    settings) consume `topic`, which already holds `events`, into copies of the likes views in a
+    throwaway schema `bench_<id>`. Throughput is timed by polling `ops.kafka_offsets` every 50 ms
+    until the group reaches the topic's end; the headline excludes process start-up (it counts from
+    the first poll that finds a committed batch once every worker holds its partitions).
+    Then, with the pipeline still running, the workload's next events are produced at half that rate
+    for `seconds`, with a marker like every 20 ms whose visibility in `object_likes` a poller times
+    every 5 ms. See `bench_streamviews.run_pipeline`; all is cleaned up.
 
     Args:
         topic: bench topic holding `events`; deleted by the caller afterwards.
@@ -134,9 +137,10 @@ def measure_pipeline(
         kafka: where Kafka is.
         postgres: where Postgres is.
         seconds: length of the freshness phase.
+        workers: pipeline processes in the group (at most the topic's partitions).
     """
     run = bench_streamviews.run_pipeline(
-        topic, events, workload=workload, kafka=kafka, postgres=postgres, seconds=seconds
+        topic, events, workload=workload, kafka=kafka, postgres=postgres, seconds=seconds, workers=workers
     )
     log.info(
         "pipeline measured",
@@ -155,7 +159,7 @@ def measure_pipeline(
         steady_batches=run.steady_batches,
         cpu=run.cpu,
         warnings=run.warnings,
-        log=str(run.log_path),
+        logs=list(map(str, run.log_paths)),
     )
     return PipelineFigures(
         run.likes_per_second,
@@ -277,7 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=int, default=defaults.seconds, help="each pgbench run (BENCH_SECONDS)")
     parser.add_argument("--clients", type=int, default=defaults.clients, help="pgbench clients (BENCH_CLIENTS)")
     parser.add_argument("--followers", type=int, default=defaults.followers, help="follow lists (BENCH_FOLLOWERS)")
+    parser.add_argument(
+        "--workers", type=int, default=defaults.workers, help="pipeline processes in one group (BENCH_WORKERS)"
+    )
     args = parser.parse_args(argv)
+    if not 0 < args.workers <= defaults.partitions:
+        parser.error(f"--workers must be 1..{defaults.partitions} (the bench topic's partitions)")
 
     configure_logging()
     workload, kafka, postgres = WorkloadSettings(), KafkaSettings(), PostgresSettings()
@@ -367,7 +376,13 @@ def main(argv: list[str] | None = None) -> int:
         pipeline = results.measure(
             "pipeline",
             lambda: measure_pipeline(
-                topic, events, workload=workload, kafka=kafka, postgres=postgres, seconds=args.seconds
+                topic,
+                events,
+                workload=workload,
+                kafka=kafka,
+                postgres=postgres,
+                seconds=args.seconds,
+                workers=args.workers,
             ),
         )
         if pipeline is not None:
@@ -423,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
         ("seed per-event f_obj, pgbench (events/s)", "per_event"),
         ("  same, synchronous_commit=off (events/s)", "per_event_async"),
         ("raw binary COPY, unindexed (rows/s)", "copy"),
-        ("streamviews likes pipeline, end to end (likes/s)", "pipeline"),
+        (f"streamviews likes pipeline x{args.workers}, end to end (likes/s)", "pipeline"),
         ("  freshness p50 (ms)", "freshness_p50"),
         ("  freshness p99 (ms)", "freshness_p99"),
         ("pgbench plain PK read (tps)", "pk_read"),

@@ -8,9 +8,10 @@ the query functions of sql/functions/social.sql with `social.` replaced by the b
 PL/pgSQL, so the same plans). Everything is dropped afterwards, catalog entries first; the real
 `likes`/`follows` topics and the `social` schema are never read or written.
 
-- `run_pipeline`: one `python -m pipelines.likes` process on the bench topic, timed until its offsets
-  in `ops.kafka_offsets` reach the topic's end, then kept running under a steady load with marker
-  likes whose visibility in `object_likes` a poller thread times (freshness).
+- `run_pipeline`: one or more `python -m pipelines.likes` processes in one consumer group on the bench
+  topic, timed until their offsets in `ops.kafka_offsets` reach the topic's end, then kept running
+  under a steady load with marker likes whose visibility in `object_likes` a poller thread times
+  (freshness).
 - `run_social_queries`: the views filled through the engine (`StreamMaintainer.apply`, in batches,
   as `sv_writer`) with exactly the seed intersection baseline's likes and follow lists, then pgbench
   of the copied `like_count`, `likers` and `friends_who_like` functions as `sv_reader`.
@@ -410,6 +411,78 @@ class PipelineProcess(ServiceProcess):
         """The pipeline process and its PostgreSQL backend, by role."""
         return {"pipeline": self.process.pid, "postgres": self.backend}
 
+    def assignment(self) -> list[int] | None:
+        """The partitions its last rebalance event gave it, from its log (None before the first)."""
+        for record in reversed(self.records()):
+            if record.get("event") == "partitions assigned":
+                return [int(p) for p in record.get("offsets", {})]
+            if record.get("event") == "partitions revoked":
+                return []
+        return None
+
+
+class PipelineWorkers:
+    """`count` pipeline processes in one consumer group, measured as one pipeline.
+
+    Worker i (from 1) names its PostgreSQL sessions `PIPELINE_APPLICATION` with suffix i (none for
+    the first) and logs to its own file; CPU is sampled per worker (`pipeline`, `postgres`,
+    `pipeline2`, `postgres2`, ...).
+    """
+
+    def __init__(
+        self, count: int, *, topic: str, stream: str, group: str, postgres: PostgresSettings, kafka: KafkaSettings
+    ) -> None:
+        self.topic, self.stream, self.group = topic, stream, group
+        self.workers = [
+            PipelineProcess(
+                topic=topic,
+                stream=stream,
+                group=group,
+                env=pipeline_env(postgres, kafka, application_name=PIPELINE_APPLICATION + self._suffix(i)),
+                log_path=Path(tempfile.gettempdir()) / f"streamviews-{stream}-pipeline{self._suffix(i)}.log",
+            )
+            for i in range(count)
+        ]
+        self.started = self.workers[0].started
+        self.log_paths = [w.log_path for w in self.workers]
+
+    @staticmethod
+    def _suffix(i: int) -> str:
+        return str(i + 1) if i else ""
+
+    def find_backends(self, conn: psycopg.Connection) -> None:
+        """Look up each worker's PostgreSQL backend by its application name."""
+        for i, worker in enumerate(self.workers):
+            worker.backend = backend_pid(conn, PIPELINE_APPLICATION + self._suffix(i))
+
+    @property
+    def pids(self) -> dict[str, int | None]:
+        """Each worker and its PostgreSQL backend, by role."""
+        return {f"{role}{self._suffix(i)}": pid for i, w in enumerate(self.workers) for role, pid in w.pids.items()}
+
+    def settled(self, partitions: Collection[int]) -> bool:
+        """True when every worker owns partitions and together they own each of `partitions` once."""
+        owned = [w.assignment() for w in self.workers]
+        return all(owned) and sorted(p for parts in owned for p in parts or []) == sorted(partitions)
+
+    def check_alive(self) -> None:
+        """Raise when a worker has exited."""
+        for worker in self.workers:
+            worker.check_alive()
+
+    def stop(self) -> int:
+        """SIGTERM every worker; the first non-zero exit code, else 0."""
+        codes = [worker.stop() for worker in self.workers]
+        return next((code for code in codes if code), 0)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every worker's JSON log lines, worker after worker."""
+        return [record for worker in self.workers for record in worker.records()]
+
+    def tail(self) -> str:
+        """The last lines of each worker's log."""
+        return " || ".join(worker.tail() for worker in self.workers)
+
 
 def committed_offsets(conn: psycopg.Connection, group: str, topic: str) -> dict[int, int]:
     """Next offsets stored in PostgreSQL for the group: the pipeline's truth (see pipelines.checkpoint)."""
@@ -420,8 +493,14 @@ def committed_offsets(conn: psycopg.Connection, group: str, topic: str) -> dict[
     )
 
 
-def wait_drained(conn: psycopg.Connection, pipeline: PipelineProcess, ends: dict[int, int]) -> Drain:
-    """Poll `ops.kafka_offsets` every 50 ms until the group's offsets equal `ends`."""
+def wait_drained(conn: psycopg.Connection, pipeline: PipelineWorkers, ends: dict[int, int]) -> Drain:
+    """Poll `ops.kafka_offsets` every 50 ms until the group's offsets equal `ends`.
+
+    The clock starts at the first poll that finds a committed batch once every worker holds its
+    share of the partitions, so that start-up and the rebalances of workers joining one after the
+    other are not timed. (Not "once every partition has a batch": one consumer reads a backlog a
+    partition at a time, so that would leave only the last few batches on the clock.)
+    """
     first_commit: float | None = None
     first_committed = 0
     cpu_start: CpuSample | None = None
@@ -433,9 +512,9 @@ def wait_drained(conn: psycopg.Connection, pipeline: PipelineProcess, ends: dict
         now = time.monotonic()
         if offsets:
             seen.add(sum(offsets.values()))
-        if offsets and first_commit is None:
+        if first_commit is None and offsets and pipeline.settled(ends):
             first_commit, first_committed = now, sum(offsets.values())
-            pipeline.backend = backend_pid(conn, PIPELINE_APPLICATION)
+            pipeline.find_backends(conn)
             cpu_start = CpuSample.take(pipeline.pids)
         if offsets == ends:
             assert first_commit is not None
@@ -630,7 +709,7 @@ class PipelineRun:
     drain: Drain
     load: SteadyLoad
     latencies_ms: list[float]
-    log_path: Path
+    log_paths: list[Path]  # one per worker
     totals: dict[str, Any] = field(default_factory=dict)
     warnings: int = 0
     cpu_steady: CpuSample | None = None  # at the end of the steady production
@@ -684,12 +763,14 @@ def run_pipeline(
     kafka: KafkaSettings,
     postgres: PostgresSettings,
     seconds: int,
+    workers: int = 1,
 ) -> PipelineRun:
     """Run the likes pipeline on `topic` (holding `events`) into bench views; time the drain, then freshness.
 
     1. Views: schema and stream `bench_<id>` with copies of the likes views of social.sql.
-    2. Throughput: spawn the pipeline (group `bench-pipeline-<id>`, default batch settings) and poll
-       `ops.kafka_offsets` every 50 ms until the group's offsets reach the topic's end.
+    2. Throughput: spawn `workers` pipeline processes (group `bench-pipeline-<id>`, default batch
+       settings) and poll `ops.kafka_offsets` every 50 ms until the group's offsets reach the
+       topic's end (see `wait_drained`).
     3. Freshness: keep it running, produce the workload's next events at `FRESHNESS_SHARE` of the
        headline throughput for `seconds`, plus a marker like every 20 ms; a poller thread times
        each marker until it is visible in `object_likes`.
@@ -698,7 +779,6 @@ def run_pipeline(
     """
     name = seed.unique_name("bench")
     group = seed.unique_name("bench-pipeline", "-")
-    log_path = Path(tempfile.gettempdir()) / f"streamviews-{name}-pipeline.log"
     # The events that follow `events` in the same workload (same seed and parameters), drawn lazily
     # during the freshness phase; drawn past the backlog now, before any clock starts.
     continuation = like_events(
@@ -715,12 +795,12 @@ def run_pipeline(
     owner = seed.owner_conninfo(postgres)
     try:
         with bench_views(name, [StreamCopy("likes", name, topic)], postgres) as views:
-            log.info("pipeline bench views", views=views, topic=topic, group=group, log=str(log_path))
             ends = high_watermarks(topic, kafka)
             if sum(ends.values()) != len(events):
                 raise BenchmarkError(f"{topic} holds {sum(ends.values())} records, expected {len(events)}")
-            pipeline = PipelineProcess(
-                topic=topic, stream=name, group=group, env=pipeline_env(postgres, kafka), log_path=log_path
+            pipeline = PipelineWorkers(workers, topic=topic, stream=name, group=group, postgres=postgres, kafka=kafka)
+            log.info(
+                "pipeline bench views", views=views, topic=topic, group=group, logs=list(map(str, pipeline.log_paths))
             )
             try:  # the pipeline stops before its views are dropped, whatever happens
                 return _measure(pipeline, topic, events, continuation, workload, kafka, postgres, ends, seconds)
@@ -731,7 +811,7 @@ def run_pipeline(
 
 
 def _measure(
-    pipeline: PipelineProcess,
+    pipeline: PipelineWorkers,
     topic: str,
     events: Sequence[Like],
     continuation: Iterator[Like],
@@ -783,11 +863,14 @@ def _measure(
     if code != 0:
         raise BenchmarkError(f"pipeline exited {code} on SIGTERM: {pipeline.tail()}")
     records = pipeline.records()
-    stopped = next((r for r in reversed(records) if r.get("event") == "pipeline stopped"), {})
-    totals = {k: stopped[k] for k in ("batches", "records", "deltas", "retries") if k in stopped}
+    totals: dict[str, Any] = {}
+    for stopped in (r for r in records if r.get("event") == "pipeline stopped"):  # one per worker
+        for k in ("batches", "records", "deltas", "retries"):
+            if k in stopped:
+                totals[k] = totals.get(k, 0) + stopped[k]
     warnings = sum(1 for r in records if r.get("level") in {"warning", "error", "critical"})
     latencies_ms = [s * 1000 for s in probe.latencies]
-    return PipelineRun(len(events), drain, load, latencies_ms, pipeline.log_path, totals, warnings, cpu_steady)
+    return PipelineRun(len(events), drain, load, latencies_ms, pipeline.log_paths, totals, warnings, cpu_steady)
 
 
 def forget_group(owner: str, group: str, topic: str, kafka: KafkaSettings) -> None:
