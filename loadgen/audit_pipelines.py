@@ -1,7 +1,7 @@
 """The audit pipelines of `loadgen.bench_audit` as production runs them, and what is timed around them.
 
 - `Names`: every throwaway name of one run (audit logs, topic, group, index prefixes);
-- `Services`: `python -m pipelines.audit` (as sv_writer) and `python -m pipelines.ctid_puller` (as
+- `Services`: `python -m pipelines.audit.writer` (as sv_writer) and `python -m pipelines.audit.puller` (as
   sv_indexer, retention off) on the bench log, with a monitoring session and the PIDs whose CPU is
   sampled (the services, their PostgreSQL backends, the Elasticsearch and Kafka JVMs);
 - `wait_for_count`: a count over the ledger polled every 50 ms until it reaches the backlog;
@@ -95,9 +95,9 @@ class Services:
         env = pipeline_env(self.postgres, self.kafka, role=user, application_name=_app(role))
         env = {k: v for k, v in env.items() if not k.startswith("AUDIT_")} | {"AUDIT_SCHEMA": self.names.schema}
         if role.startswith("writer"):
-            module, args = "pipelines.audit", ["--topic", self.names.topic, "--group", self.names.group]
+            module, args = "pipelines.audit.writer", ["--topic", self.names.topic, "--group", self.names.group]
         else:
-            module, args = "pipelines.ctid_puller", []
+            module, args = "pipelines.audit.puller", []
             env |= {
                 "AUDIT_INDEX_PREFIX": self.names.prefix,
                 "AUDIT_RETENTION_INTERVAL_S": "0",

@@ -5,14 +5,14 @@ log `bench_<id>` (`audit.create_log`), a 6-partition topic `bench-audit-<id>` an
 indices `audit-bench<id>-YYYY.MM.DD` (the `audit-*` template). Prints figures; a miss never fails it.
 
 1. Ingest. `--rows` events (`{"uid", "ts", "content": 512 characters, "action"}`, key = uid) are
-   produced beforehand, untimed. `python -m pipelines.audit` runs as production runs it (sv_writer,
+   produced beforehand, untimed. `python -m pipelines.audit.writer` runs as production runs it (sv_writer,
    AUDIT_SCHEMA) and is timed from its first committed batch until `audit.tables` counts every row
    (process start-up excluded; polled every 50 ms). Beside it: the seed's per-row `ins_schemaless`
    from `--clients` Python threads (the target's baseline) and from pgbench, both durable and with
    `synchronous_commit=off`; a bare consumer of the same topic; one COPY of the same rows into one
    table without and with the audit indexes (`loadgen.audit_baselines`).
 2. Search. A bare bulk indexer sends the puller's documents of those rows (same ids, fields, indices,
-   256-block chunks) to `audit-bench<id>bare-*`; then `python -m pipelines.ctid_puller` (sv_indexer,
+   256-block chunks) to `audit-bench<id>bare-*`; then `python -m pipelines.audit.puller` (sv_indexer,
    retention off) is timed from its first checkpoint until `_count` finds every row. Both are
    searchable through the template's 1 s refresh. Then lag: once Elasticsearch has finished merging
    what the drain wrote, with writer and puller running, events arrive at `--lag-share` (half) of
@@ -57,7 +57,7 @@ from loadgen.audit_pipelines import (
 from loadgen.bench_social import CONSUMER_PASSES, Results, create_topic
 from loadgen.bench_streamviews import percentile
 from loadgen.workload import EventSource
-from pipelines import elastic
+from pipelines.audit import elastic
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import AuditSettings, ElasticsearchSettings, KafkaSettings, PostgresSettings
 

@@ -2,19 +2,22 @@
 
 Both measurements run on throwaway objects only. A schema `bench_<id>` (owned by `sv_owner`, usable by
 `sv_writer` and `sv_reader`) receives copies of the social views of sql/views/social.sql, defined
-through the catalog on a bench stream of the same columns and key (`copy_definitions` checks that
-each copy parses to the same groups, aggregates, filter and retention as its original), and copies of
-the query functions of sql/functions/social.sql with `social.` replaced by the bench schema (same
-PL/pgSQL, so the same plans). Everything is dropped afterwards, catalog entries first; the real
+through the catalog on a bench stream with the same columns, key and options but its own topic
+(`copy_definitions` checks that each copy parses to the same stream and views as its original), and
+copies of the query functions of sql/functions/social.sql with `social.` replaced by the bench
+schema (same PL/pgSQL, so the same plans). Everything is dropped afterwards, catalog entries first; the real
 `likes`/`follows` topics and the `social` schema are never read or written.
 
-- `run_pipeline`: one or more `python -m pipelines.likes` processes in one consumer group on the bench
-  topic, timed until their offsets in `ops.kafka_offsets` reach the topic's end, then kept running
-  under a steady load with marker likes whose visibility in `object_likes` a poller thread times
-  (freshness).
+- `run_pipeline`: one or more stream runners (`python -m pipelines.cv.runner --streams <bench stream>`)
+  in one consumer group on the bench topic, timed until their offsets in `ops.kafka_offsets` reach
+  the topic's end, then kept running under a steady load with marker likes whose visibility in
+  `object_likes` a poller thread times (freshness).
 - `run_social_queries`: the views filled through the engine (`StreamMaintainer.apply`, in batches,
   as `sv_writer`) with exactly the seed intersection baseline's likes and follow lists, then pgbench
   of the copied `like_count`, `likers` and `friends_who_like` functions as `sv_reader`.
+
+`throwaway_definitions`, `PipelineWorkers`, `wait_drained` and `CpuSample` serve the other stream
+benchmarks too (`loadgen.bench_pageviews`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import threading
 import time
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
@@ -48,8 +51,8 @@ from loadgen.workload import PRODUCER_CONFIG, Like, WorkloadSettings, encode_lik
 from pipelines.cv import catalog
 from pipelines.cv.definitions import StreamDef, ViewDef, parse, split_statements
 from pipelines.cv.engine import StreamMaintainer
-from pipelines.deadletter import dead_letter_topic
 from pipelines.logs import get_logger
+from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.settings import ROLE_READER, ROLE_WRITER, KafkaSettings, PostgresSettings
 
 log = get_logger("loadgen.bench_streamviews")
@@ -92,9 +95,11 @@ def copy_definitions(
 ) -> list[str]:
     """CREATE statements copying social stream `source` and its views (all, or those named) into `schema`.
 
-    The stream keeps its columns and key under the name `stream` on `topic`; each view keeps its
-    name, query and options, only its schema and stream change. Each copy is parsed back and compared
-    with its original, so a copy that would maintain something else raises instead.
+    The stream's statement is copied as written (columns, constraints, key and every WITH option:
+    kafka_key, action_field, timestamp_column, ...) with only its name changed to `stream` and its
+    `topic` option to `topic`; each view keeps its name, query and options, only its schema and
+    stream change. Each copy is parsed back and compared with its original, so a copy that would
+    decode or maintain something else raises instead.
 
     Raises:
         BenchmarkError: no such stream or view, or a copy differs from its original.
@@ -103,12 +108,13 @@ def copy_definitions(
     if source not in streams:
         raise BenchmarkError(f"{VIEWS_SQL.name}: no stream {source!r}")
     original = streams[source]
-    columns = ", ".join(f"{c.name} {c.type}" for c in original.columns)
-    key = f", key = '{', '.join(original.key)}'" if original.key else ""
-    statements = [f"CREATE STREAM {stream} ({columns}) WITH (topic = '{topic}'{key})"]
-    copied_stream = parse(statements[0], {})
+    text, named = re.subn(rf"^(CREATE\s+STREAM\s+){source}\b", rf"\g<1>{stream}", original.definition, flags=re.I)
+    text, topics = re.subn(r"\btopic\s*=\s*'[^']*'", f"topic = '{topic}'", text)
+    statements = [text]
+    copied_stream = parse(text, {})
     assert isinstance(copied_stream, StreamDef)
-    if (copied_stream.columns, copied_stream.key) != (original.columns, original.key):
+    renamed = replace(original, name=stream, topic=topic, definition=text)
+    if (named, topics) != (1, 1) or copied_stream != renamed:
         raise BenchmarkError(f"bench stream {stream} differs from {source}")
     wanted = [v for v in originals if v.stream == source and (views is None or v.name in views)]
     missing = set(views or ()) - {v.name for v in wanted}
@@ -153,8 +159,26 @@ class StreamCopy:
 def bench_views(schema: str, copies: Sequence[StreamCopy], settings: PostgresSettings) -> Iterator[list[str]]:
     """Create `schema` with copies of social streams and views; yield the views' names; drop it all after.
 
-    Definitions go through `catalog.define_file` on an autocommit owner connection, as
-    `python -m pipelines.cv define` does. Cleanup drops every view of the schema and each stream
+    See `throwaway_definitions`; the statements are `copy_definitions`' for each copy.
+    """
+    statements = [
+        statement
+        for c in copies
+        for statement in copy_definitions(c.source, schema=schema, stream=c.stream, topic=c.topic, views=c.views)
+    ]
+    with throwaway_definitions(schema, statements, [c.stream for c in copies], settings) as views:
+        yield views
+
+
+@contextmanager
+def throwaway_definitions(
+    schema: str, statements: Iterable[str], streams: Sequence[str], settings: PostgresSettings
+) -> Iterator[list[str]]:
+    """Create `schema`, define `statements` (streams and views) in it; yield the views' names; drop it all after.
+
+    The schema is owned by `sv_owner` and usable by `sv_writer` and `sv_reader`. Definitions go
+    through `catalog.define_file` on an autocommit owner connection, as `python -m pipelines.cv
+    define` does. Cleanup drops every view of the schema or of `streams` and each of `streams`
     through the catalog (so `cv.views`/`cv.streams` keep no trace), then the schema with CASCADE; a
     failed step is logged and the rest still runs.
     """
@@ -169,16 +193,12 @@ def bench_views(schema: str, copies: Sequence[StreamCopy], settings: PostgresSet
                     ident, sql.Identifier(ROLE_WRITER), sql.Identifier(ROLE_READER)
                 )
             )
-            for copy in copies:
-                statements = copy_definitions(
-                    copy.source, schema=schema, stream=copy.stream, topic=copy.topic, views=copy.views
-                )
-                for outcome in catalog.define_file(conn, ";\n".join(statements)):
-                    log.info("bench definition", outcome=outcome)
+            for outcome in catalog.define_file(conn, ";\n".join(statements)):
+                log.info("bench definition", outcome=outcome)
             views = [
                 name
                 for (name,) in conn.execute(
-                    "SELECT name FROM cv.views WHERE stream = ANY(%s) ORDER BY name", ([c.stream for c in copies],)
+                    "SELECT name FROM cv.views WHERE stream = ANY(%s) ORDER BY name", (list(streams),)
                 )
             ]
         yield views
@@ -186,18 +206,18 @@ def bench_views(schema: str, copies: Sequence[StreamCopy], settings: PostgresSet
         with psycopg.connect(conninfo, autocommit=True) as conn:
             for (name,) in conn.execute(
                 "SELECT name FROM cv.views WHERE name LIKE %s OR stream = ANY(%s) ORDER BY name",
-                (f"{schema}.%", [c.stream for c in copies]),
+                (f"{schema}.%", list(streams)),
             ).fetchall():
                 try:
                     catalog.drop_view(conn, name)
                 except Exception:
                     log.exception("could not drop bench view", view=name)
-            for copy in copies:
-                if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (copy.stream,)).fetchone():
+            for stream in streams:
+                if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (stream,)).fetchone():
                     try:
-                        catalog.drop_stream(conn, copy.stream)
+                        catalog.drop_stream(conn, stream)
                     except Exception:
-                        log.exception("could not drop bench stream", stream=copy.stream)
+                        log.exception("could not drop bench stream", stream=stream)
             conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
 
 
@@ -225,7 +245,7 @@ def pipeline_env(
 
     `PIPELINE_*` variables are left out so the pipeline runs with its default batch settings, and the
     Kafka and PostgreSQL endpoints are the ones this benchmark uses. `application_name` names its
-    PostgreSQL sessions (see `backend_pid`).
+    PostgreSQL sessions (see `backend_pids`).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_") and k not in {"PGPASSWORD", "PGUSER"}}
     env_file = stack_env_file()
@@ -291,19 +311,25 @@ def machine_cpu_seconds() -> float | None:
     return (sum(ticks) - ticks[3] - ticks[4]) / _CLOCK_TICKS
 
 
+def processes_cpu_seconds(pids: int | Sequence[int] | None) -> float | None:
+    """CPU seconds of one process or the sum over several (None when there are none or one is unreadable)."""
+    if not pids:
+        return None
+    seconds = [process_cpu_seconds(pid) for pid in ([pids] if isinstance(pids, int) else pids)]
+    return None if None in seconds else sum(s for s in seconds if s is not None)
+
+
 @dataclass(frozen=True)
 class CpuSample:
-    """CPU seconds used so far by the pipeline, its PostgreSQL backend, this process and the machine."""
+    """CPU seconds used so far by the pipeline, its PostgreSQL backends, this process and the machine."""
 
     at: float
     values: dict[str, float | None]
 
     @staticmethod
-    def take(pids: dict[str, int | None]) -> CpuSample:
-        """Sample the processes in `pids` (by role), this process and the machine, now."""
-        values: dict[str, float | None] = {
-            role: process_cpu_seconds(pid) if pid else None for role, pid in pids.items()
-        }
+    def take(pids: dict[str, int | Sequence[int] | None]) -> CpuSample:
+        """Sample the processes in `pids` (by role; a role's pids are summed), this process and the machine, now."""
+        values = {role: processes_cpu_seconds(pid) for role, pid in pids.items()}
         values["bench"] = time.process_time()
         values["machine"] = machine_cpu_seconds()
         return CpuSample(time.monotonic(), values)
@@ -320,8 +346,14 @@ class CpuSample:
 
 def backend_pid(conn: psycopg.Connection, application_name: str) -> int | None:
     """The PostgreSQL backend of the session with this application name, if there is exactly one."""
-    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,)).fetchall()
-    return rows[0][0] if len(rows) == 1 else None
+    pids = backend_pids(conn, application_name)
+    return pids[0] if len(pids) == 1 else None
+
+
+def backend_pids(conn: psycopg.Connection, application_name: str) -> tuple[int, ...]:
+    """The PostgreSQL backends of the sessions with this application name (a runner has two: batches, catalog)."""
+    rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,))
+    return tuple(pid for (pid,) in rows)
 
 
 @dataclass(frozen=True)
@@ -351,13 +383,21 @@ class Drain:
         """Process start to the last committed batch."""
         return self.done - self.started
 
+    def rate(self, events: int) -> float:
+        """Records/s of a backlog of `events`: those after the first committed batch, over the time to the last."""
+        return (events - self.first_committed) / self.drain_seconds
+
+    def rate_with_startup(self, events: int) -> float:
+        """Records/s of a backlog of `events` from process start to the last committed batch."""
+        return events / self.total_seconds
+
 
 class ServiceProcess:
     """One `python -m <module> [args]` service process (a pipeline, the puller), its log in a file."""
 
     def __init__(self, name: str, module: str, args: Sequence[str], *, env: dict[str, str], log_path: Path) -> None:
         self.name, self.log_path = name, log_path
-        self.backend: int | None = None  # its PostgreSQL backend, once known
+        self.backend: tuple[int, ...] = ()  # its PostgreSQL backends, once known
         self._log = log_path.open("w")
         self.started = time.monotonic()
         self.process = subprocess.Popen(
@@ -398,24 +438,31 @@ class ServiceProcess:
         return " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])[-400:]
 
 
+_PARTITION = re.compile(r"^(?P<topic>.+)\[(?P<partition>\d+)\]$")  # "likes[3]", as the pipelines log them
+
+
 class PipelineProcess(ServiceProcess):
-    """One `python -m pipelines.likes` process on a bench topic and stream."""
+    """One stream runner (`python -m pipelines.cv.runner --streams <stream> --group <group>`) on a bench stream.
+
+    The runner consumes the topic the bench stream declares (`topic`) and nothing else.
+    """
 
     def __init__(self, *, topic: str, stream: str, group: str, env: dict[str, str], log_path: Path) -> None:
         self.topic, self.stream, self.group = topic, stream, group
-        args = ["--topic", topic, "--stream", stream, "--group", group]
-        super().__init__("pipeline", "pipelines.likes", args, env=env, log_path=log_path)
+        args = ["--streams", stream, "--group", group]
+        super().__init__("pipeline", "pipelines.cv.runner", args, env=env, log_path=log_path)
 
     @property
-    def pids(self) -> dict[str, int | None]:
-        """The pipeline process and its PostgreSQL backend, by role."""
+    def pids(self) -> dict[str, int | Sequence[int] | None]:
+        """The pipeline process and its PostgreSQL backends, by role."""
         return {"pipeline": self.process.pid, "postgres": self.backend}
 
     def assignment(self) -> list[int] | None:
-        """The partitions its last rebalance event gave it, from its log (None before the first)."""
+        """The partitions of its topic its last rebalance event gave it, from its log (None before the first)."""
         for record in reversed(self.records()):
             if record.get("event") == "partitions assigned":
-                return [int(p) for p in record.get("offsets", {})]
+                found = (_PARTITION.match(str(tp)) for tp in record.get("offsets", {}))
+                return [int(m["partition"]) for m in found if m and m["topic"] == self.topic]
             if record.get("event") == "partitions revoked":
                 return []
         return None
@@ -426,11 +473,20 @@ class PipelineWorkers:
 
     Worker i (from 1) names its PostgreSQL sessions `PIPELINE_APPLICATION` with suffix i (none for
     the first) and logs to its own file; CPU is sampled per worker (`pipeline`, `postgres`,
-    `pipeline2`, `postgres2`, ...).
+    `pipeline2`, `postgres2`, ...). `settings` (e.g. `{"PIPELINE_BATCH_MAX": "50000"}`) are added to
+    each worker's environment; without them the workers run with their default batch settings.
     """
 
     def __init__(
-        self, count: int, *, topic: str, stream: str, group: str, postgres: PostgresSettings, kafka: KafkaSettings
+        self,
+        count: int,
+        *,
+        topic: str,
+        stream: str,
+        group: str,
+        postgres: PostgresSettings,
+        kafka: KafkaSettings,
+        settings: dict[str, str] | None = None,
     ) -> None:
         self.topic, self.stream, self.group = topic, stream, group
         self.workers = [
@@ -438,27 +494,30 @@ class PipelineWorkers:
                 topic=topic,
                 stream=stream,
                 group=group,
-                env=pipeline_env(postgres, kafka, application_name=PIPELINE_APPLICATION + self._suffix(i)),
+                env=pipeline_env(postgres, kafka, application_name=PIPELINE_APPLICATION + self._suffix(i))
+                | (settings or {}),
                 log_path=Path(tempfile.gettempdir()) / f"streamviews-{stream}-pipeline{self._suffix(i)}.log",
             )
             for i in range(count)
         ]
         self.started = self.workers[0].started
         self.log_paths = [w.log_path for w in self.workers]
+        self.also_sampled: dict[str, int | None] = {}  # other processes whose CPU to sample, by role (e.g. kafka)
 
     @staticmethod
     def _suffix(i: int) -> str:
         return str(i + 1) if i else ""
 
     def find_backends(self, conn: psycopg.Connection) -> None:
-        """Look up each worker's PostgreSQL backend by its application name."""
+        """Look up each worker's PostgreSQL backends by their application name."""
         for i, worker in enumerate(self.workers):
-            worker.backend = backend_pid(conn, PIPELINE_APPLICATION + self._suffix(i))
+            worker.backend = backend_pids(conn, PIPELINE_APPLICATION + self._suffix(i))
 
     @property
-    def pids(self) -> dict[str, int | None]:
-        """Each worker and its PostgreSQL backend, by role."""
-        return {f"{role}{self._suffix(i)}": pid for i, w in enumerate(self.workers) for role, pid in w.pids.items()}
+    def pids(self) -> dict[str, int | Sequence[int] | None]:
+        """Each worker and its PostgreSQL backends, by role, then `also_sampled`."""
+        pids = {f"{role}{self._suffix(i)}": pid for i, w in enumerate(self.workers) for role, pid in w.pids.items()}
+        return {**pids, **self.also_sampled}
 
     def settled(self, partitions: Collection[int]) -> bool:
         """True when every worker owns partitions and together they own each of `partitions` once."""
@@ -479,13 +538,23 @@ class PipelineWorkers:
         """Every worker's JSON log lines, worker after worker."""
         return [record for worker in self.workers for record in worker.records()]
 
+    def totals(self) -> tuple[dict[str, int], int]:
+        """Summed totals of the workers' "pipeline stopped" lines (batches, records, ...), and the warnings logged."""
+        records = self.records()
+        totals: dict[str, int] = {}
+        for stopped in (r for r in records if r.get("event") == "pipeline stopped"):  # one per worker
+            for k in ("batches", "records", "changes", "retries"):
+                if k in stopped:
+                    totals[k] = totals.get(k, 0) + stopped[k]
+        return totals, sum(1 for r in records if r.get("level") in {"warning", "error", "critical"})
+
     def tail(self) -> str:
         """The last lines of each worker's log."""
         return " || ".join(worker.tail() for worker in self.workers)
 
 
 def committed_offsets(conn: psycopg.Connection, group: str, topic: str) -> dict[int, int]:
-    """Next offsets stored in PostgreSQL for the group: the pipeline's truth (see pipelines.checkpoint)."""
+    """Next offsets stored in PostgreSQL for the group: the pipeline's truth (see pipelines.runtime.checkpoint)."""
     return dict(
         conn.execute(
             "SELECT partition, next_offset FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s", (group, topic)
@@ -737,12 +806,12 @@ class PipelineRun:
     @property
     def likes_per_second(self) -> float:
         """Headline: the backlog after the first committed batch over the time from it to the last."""
-        return (self.events - self.drain.first_committed) / self.drain.drain_seconds
+        return self.drain.rate(self.events)
 
     @property
     def likes_per_second_with_startup(self) -> float:
         """All events over the time from process start to the last committed batch."""
-        return self.events / self.drain.total_seconds
+        return self.drain.rate_with_startup(self.events)
 
     @property
     def freshness_p50_ms(self) -> float:
@@ -862,13 +931,7 @@ def _measure(
     code = pipeline.stop()
     if code != 0:
         raise BenchmarkError(f"pipeline exited {code} on SIGTERM: {pipeline.tail()}")
-    records = pipeline.records()
-    totals: dict[str, Any] = {}
-    for stopped in (r for r in records if r.get("event") == "pipeline stopped"):  # one per worker
-        for k in ("batches", "records", "deltas", "retries"):
-            if k in stopped:
-                totals[k] = totals.get(k, 0) + stopped[k]
-    warnings = sum(1 for r in records if r.get("level") in {"warning", "error", "critical"})
+    totals, warnings = pipeline.totals()
     latencies_ms = [s * 1000 for s in probe.latencies]
     return PipelineRun(len(events), drain, load, latencies_ms, pipeline.log_paths, totals, warnings, cpu_steady)
 
@@ -884,11 +947,15 @@ def forget_group(owner: str, group: str, topic: str, kafka: KafkaSettings) -> No
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     dlq = dead_letter_topic(topic)
     if dlq in admin.list_topics(timeout=10).topics:
-        for future in admin.delete_topics([dlq]).values():
-            try:
-                future.result(30)
-            except Exception:
-                log.exception("could not delete the bench dead-letter topic", topic=dlq)
+        delete_topic(admin, dlq)
+
+
+def delete_topic(admin: AdminClient, topic: str) -> None:
+    """Delete a bench topic and wait for it; a failure is logged, never raised (it must not mask the run's own)."""
+    try:
+        admin.delete_topics([topic])[topic].result(30)
+    except Exception:
+        log.exception("could not delete a bench topic", topic=topic)
 
 
 # --- the social queries ---------------------------------------------------------------------------

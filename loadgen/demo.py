@@ -1,11 +1,14 @@
-"""The main job, for a newcomer: stream likes, follows and audit events through Kafka and read the answers.
+"""The main job, for a newcomer: declare a stream, then stream likes, follows and audit events and read answers.
 
-`make demo` brings the stack up and runs this. It produces the seed's workload at a small scale to the
+`make demo` brings the stack up and runs this. First it does what a PipelineDB user does on day one:
+declares a stream on a new topic and a continuous view over it with the `streamviews` command, produces
+page views to the topic, and prints the view filling (no code, no restart: the supervised stream
+runner picks the declaration up). Then it produces the seed's workload at a small scale to the
 real `likes` and `follows` topics (a hot spot of objects, a long tail of follows), waits until the
 supervised pipelines have applied it, and prints what users ask: how many likes, who likes it, and
 which of my friends like it, each a primary-key read through the `social.*` functions, plus how long a
 single like took to become visible and what happened to a malformed event. Then it produces audit
-events to `audit` and searches them, in Elasticsearch (as `python -m pipelines.search` does) and in
+events to `audit` and searches them, in Elasticsearch (as `python -m pipelines.audit.search` does) and in
 PostgreSQL (`audit.user_events`), each hit naming the table and ctid it lives at.
 """
 
@@ -13,15 +16,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import random
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psycopg
 from confluent_kafka import Consumer, Producer
 
 from loadgen.workload import encode_follow, encode_like, follow_events, like_events
-from pipelines import elastic, search
+from pipelines.audit import elastic, search
 from pipelines.settings import ROLE_READER, AuditSettings, ElasticsearchSettings, KafkaSettings, PostgresSettings
 
 USERS, OBJECTS, FOLLOWERS = 10_000, 2_000, 500
@@ -38,6 +44,47 @@ def produce(producer: Producer, topic: str, records) -> int:
             producer.poll(0)
     producer.flush(60)
     return count
+
+
+PAGE_VIEWS = "page_views"
+PAGE_VIEW_DEFINITIONS = (
+    "CREATE STREAM page_views (url text NOT NULL, uid bigint NOT NULL, ts timestamptz)"
+    " WITH (topic = 'page_views', timestamp_column = 'ts')",
+    "CREATE CONTINUOUS VIEW public.page_view_counts AS"
+    " SELECT url, count(*) AS views, count(DISTINCT uid) AS visitors FROM page_views GROUP BY url",
+)
+
+
+def declare_a_stream_and_watch_its_view(producer: Producer, conn: psycopg.Connection) -> None:
+    """Define a stream and a view with `streamviews define`, produce to the topic, print the view filling."""
+    env = {key: value for key, value in os.environ.items() if key != "PGUSER"}  # definitions: the owner role
+    streamviews = str(Path(sys.executable).with_name("streamviews"))
+    print("Declaring a stream on a new topic and a continuous view over it:")
+    for statement in PAGE_VIEW_DEFINITIONS:
+        print(f'  $ streamviews define "{statement}"')
+        done = subprocess.run([streamviews, "define", statement], env=env, capture_output=True, text=True, check=False)
+        print("    " + (done.stdout.strip() or done.stderr.strip()))
+        if done.returncode != 0:
+            raise SystemExit(done.returncode)
+    rng = random.Random()  # noqa: S311 - demo data
+    urls = ["/", "/pricing", "/docs", "/blog", "/signup"]
+    before = dict(conn.execute("SELECT url, views FROM page_view_counts").fetchall())
+    total = 3_000
+    print(f"\nProducing {total:,} page views to topic page_views; the view as it fills:")
+    for second in range(3):
+        for _ in range(total // 3):
+            event = {"url": rng.choices(urls, weights=(5, 2, 3, 1, 1))[0], "uid": rng.randint(1, 500)}
+            producer.produce(PAGE_VIEWS, value=json.dumps(event))
+        producer.flush(30)
+        expected = sum(before.values()) + (second + 1) * (total // 3)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rows = conn.execute("SELECT url, views, visitors FROM page_view_counts ORDER BY views DESC").fetchall()
+            if sum(views for _, views, _ in rows) >= expected:
+                break
+            time.sleep(0.1)
+        print("  " + ", ".join(f"{url} {views:,} views/{visitors} visitors" for url, views, visitors in rows))
+    print("  (SELECT url, views, visitors FROM page_view_counts: a primary-key read per url)\n")
 
 
 def show_a_dead_letter(kafka: KafkaSettings, producer: Producer) -> None:
@@ -73,6 +120,8 @@ def main() -> int:
     kafka, postgres = KafkaSettings(), PostgresSettings(user=ROLE_READER)
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 20, "compression.type": "lz4"})
     seed = int(time.time())
+    with psycopg.connect(postgres.conninfo(), autocommit=True) as conn:
+        declare_a_stream_and_watch_its_view(producer, conn)
     print(f"Producing {LIKES:,} likes over {OBJECTS:,} objects (Gaussian hot spot) and {FOLLOWS:,} follows ...")
     started = time.monotonic()
     likes = itertools.islice(like_events(seed, users=USERS, objects=OBJECTS), LIKES)
@@ -158,7 +207,7 @@ def search_the_audit_log(producer: Producer, postgres: PostgresSettings) -> None
         total, hits = search.search(es, index, body)
     print(
         f"Searchable in Elasticsearch {time.monotonic() - sent:.1f} s after the first was produced. "
-        f'python -m pipelines.search "failed login {token}" --uid {uid} finds {total}:'
+        f'python -m pipelines.audit.search "failed login {token}" --uid {uid} finds {total}:'
     )
     for hit in hits:
         print("  " + search.format_hit(hit)[:150])

@@ -23,7 +23,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -244,22 +244,28 @@ def raw_copy_rows_per_second(
 
 
 def bare_consumer_rate(
-    topic: str, count: int, *, kafka: KafkaSettings | None = None, timeout: float = 120.0, decode: bool = False
+    topic: str,
+    count: int,
+    *,
+    kafka: KafkaSettings | None = None,
+    timeout: float = 120.0,
+    decode: bool | Callable[[bytes], object] = False,
 ) -> float:
     """Messages/s of a consumer reading `count` messages of `topic` from the beginning, doing nothing else.
 
     Partitions are assigned, not subscribed, so no group rebalance is timed, and the connection and
     metadata are set up before the clock starts at `assign()`. Every message is counted from there:
     starting at the first batch instead would miss what librdkafka prefetches meanwhile (most of a
-    small topic). With `decode`, each value also goes through `orjson.loads` (what any pipeline does
-    first).
+    small topic). Each message's `.value()` is read; with `decode`, each value also goes through
+    `orjson.loads` (what any pipeline does first), or through `decode` itself when it is a function
+    (e.g. a msgspec decoder).
 
     Args:
         topic: topic to read, from offset 0 of every partition.
         count: messages to read.
         kafka: where Kafka is.
         timeout: give up after this many seconds.
-        decode: parse each value as JSON.
+        decode: parse each value as JSON (True: `orjson.loads`; or the function to call on each value).
 
     Raises:
         BenchmarkError: fewer than `count` messages arrived within `timeout`, or a message carried an error.
@@ -281,6 +287,7 @@ def bare_consumer_rate(
         partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
         deadline = time.monotonic() + timeout
         received = 0
+        parse = orjson.loads if decode is True else decode or None
         started = time.perf_counter()
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         while received < count and time.monotonic() < deadline:
@@ -288,8 +295,9 @@ def bare_consumer_rate(
             for message in batch:
                 if message.error() is not None:
                     raise BenchmarkError(f"bare consumer: {topic}: {message.error()}")
-                if decode:
-                    orjson.loads(message.value())
+                value = message.value()
+                if parse is not None:
+                    parse(value)
             received += len(batch)
         elapsed = time.perf_counter() - started
     finally:

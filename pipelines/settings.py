@@ -163,8 +163,12 @@ class PipelineSettings(_Settings):
     batch_max: int = Field(20_000, gt=0)
     # How long one poll waits for records before the batch is applied anyway: bounds freshness at low rates.
     batch_wait_ms: int = Field(100, gt=0)
-    # Partitions of the topics a pipeline creates when they are missing (its input and dead-letter topics).
+    # Partitions of the topics a pipeline creates when they are missing (its input and dead-letter
+    # topics), unless a stream's declaration says otherwise (WITH (partitions = N)).
     topic_partitions: int = Field(6, gt=0)
+    # Seconds between checks of the stream catalog's version (the stream runner): how soon a stream
+    # defined or dropped on a running system starts or stops flowing.
+    catalog_poll_s: float = Field(1.0, gt=0)
     # Seconds between retention sweeps of views with a TTL.
     expire_interval_s: float = Field(60.0, gt=0)
     # Seconds between progress log lines.
@@ -182,7 +186,7 @@ class AuditSettings(_Settings):
     schema_name: str = Field("audit", validation_alias="AUDIT_SCHEMA", pattern=r"^[a-z_][a-z0-9_]{0,62}$")
     # Elasticsearch indices are `<prefix>-YYYY.MM.DD`; the index template matches `audit-*`.
     index_prefix: str = Field("audit", pattern=r"^audit(-[a-z0-9_]+)*$")
-    # Days of audit rows kept by `python -m pipelines.retention` (tables and their documents).
+    # Days of audit rows kept by `python -m pipelines.audit.retention` (tables and their documents).
     retention_days: int = Field(30, gt=0)
     # Seconds between retention runs inside the puller service (0: only when run by hand).
     retention_interval_s: float = Field(3600.0, ge=0)

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import time
 
-from pipelines import connectors, elastic
+from pipelines.audit import elastic
+from pipelines.cdc import connectors
 from pipelines.dbsetup import setup_database
 from pipelines.errors import StackError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger

@@ -62,7 +62,10 @@ def prepare(settings: StackSettings, user: ServiceUser, dist: Distributions) -> 
 def render_supervisord(context: dict[str, object]) -> str:
     """The process manager's configuration, with one program block per pipeline."""
     programs = "\n".join(
-        render("pipeline.program", {**context, "pipeline": name, "pipeline_env": pipeline_env(context, name)})
+        render(
+            "pipeline.program",
+            {**context, "pipeline": name, "module": service(name).module, "pipeline_env": pipeline_env(context, name)},
+        )
         for name in PIPELINES
     )
     return render("supervisord.conf", {**context, "pipeline_programs": programs})

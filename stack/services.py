@@ -35,6 +35,7 @@ class Service:
     port_setting: str | None
     logs: tuple[str, ...]
     pg_role: str = ROLE_WRITER  # the database role a pipeline connects as
+    module: str = ""  # a pipeline's `python -m` module
 
     @property
     def is_pipeline(self) -> bool:
@@ -56,8 +57,10 @@ SERVICES = (
     Service("kafka", "kafka_port", ("kafka.log", "kafka.out")),
     Service("elasticsearch", "es_port", ("elasticsearch/streamviews.log", "elasticsearch.out")),
     Service("connect", "connect_port", ("connect.log", "connect.out")),
-    *(Service(name, None, (f"{name}.log",)) for name in ("likes", "follows", "cdc_likes", "cdc_follows", "audit")),
-    Service("ctid_puller", None, ("ctid_puller.log",), pg_role=ROLE_INDEXER),
+    # Every declared stream (sql/views/ and whatever users define) runs in `streams`.
+    Service("streams", None, ("streams.log",), module="pipelines.cv.runner"),
+    Service("audit", None, ("audit.log",), module="pipelines.audit.writer"),
+    Service("ctid_puller", None, ("ctid_puller.log",), pg_role=ROLE_INDEXER, module="pipelines.audit.puller"),
 )
 PIPELINES = tuple(s.name for s in SERVICES if s.is_pipeline)
 SERVICE_NAMES = tuple(s.name for s in SERVICES)

@@ -113,7 +113,7 @@ def define(conn: psycopg.Connection, statement: str) -> str:
     definition = parse(statement, streams)
     with conn.transaction():
         if isinstance(definition, StreamDef):
-            return _define_stream(conn, definition)
+            return _define_stream(conn, definition, streams)
         return _define_view(conn, definition, streams[definition.stream])
 
 
@@ -137,9 +137,53 @@ def _same_or_conflict(conn: psycopg.Connection, table: str, name: str, definitio
     return True
 
 
-def _define_stream(conn: psycopg.Connection, stream: StreamDef) -> str:
-    if _same_or_conflict(conn, "streams", stream.name, stream.definition):
-        return f"stream {stream.name} unchanged"
+def _shape(stream: StreamDef) -> tuple[object, ...]:
+    """What a stream's state and views depend on: its columns, key and target. Decoding options may change."""
+    return (tuple((c.name, c.type) for c in stream.columns), stream.key, stream.into)
+
+
+def _check_stream(conn: psycopg.Connection, stream: StreamDef, streams: dict[str, StreamDef]) -> None:
+    """What a stream needs from the others: its topic to itself, and a target that can take its rows."""
+    other = conn.execute("SELECT name FROM cv.streams WHERE topic = %s AND name <> %s", (stream.topic, stream.name))
+    row = other.fetchone()
+    if row is not None:
+        raise DefinitionError(f"CREATE STREAM {stream.name}: topic {stream.topic!r} is already read by stream {row[0]}")
+    if stream.into is None:
+        return
+    target = streams.get(stream.into)
+    if target is None:
+        raise DefinitionError(f"CREATE STREAM {stream.name}: into names no stream: {stream.into!r}")
+    if target.into is not None:
+        raise DefinitionError(
+            f"CREATE STREAM {stream.name}: {target.name} itself feeds {target.into}; name that stream instead"
+        )
+    theirs = [(c.name, c.kind) for c in target.columns]
+    ours = [(c.name, c.kind) for c in stream.columns]
+    if [kind for _, kind in ours] != [kind for _, kind in theirs]:
+        raise DefinitionError(
+            f"CREATE STREAM {stream.name}: its columns go into {target.name}'s by position, so their types must "
+            f"match: ({', '.join(f'{n} {k}' for n, k in ours)}) vs ({', '.join(f'{n} {k}' for n, k in theirs)})"
+        )
+
+
+def _define_stream(conn: psycopg.Connection, stream: StreamDef, streams: dict[str, StreamDef]) -> str:
+    _check_stream(conn, stream, streams)
+    stored = streams.get(stream.name)
+    if stored is not None:
+        if " ".join(stored.definition.split()) == " ".join(stream.definition.split()):
+            return f"stream {stream.name} unchanged"
+        if _shape(stored) != _shape(stream):
+            raise DefinitionError(
+                f"stream {stream.name} already exists with other columns, key or target; drop it (and its views) first"
+            )
+        # Only how events are read changed (topic, format, checks, ...): the state and views stay.
+        conn.execute(
+            "UPDATE cv.streams SET topic = %s, definition = %s WHERE name = %s",
+            (stream.topic, stream.definition, stream.name),
+        )
+        _bump(conn)
+        log.info("stream redefined", stream=stream.name, topic=stream.topic)
+        return f"stream {stream.name} updated (how its events are read)"
     conn.execute(
         "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)",
         (stream.name, stream.topic, stream.definition),
@@ -152,11 +196,16 @@ def _define_stream(conn: psycopg.Connection, stream: StreamDef) -> str:
             )
         )
     _bump(conn)
-    log.info("stream defined", stream=stream.name, topic=stream.topic, key=stream.key)
-    return f"stream {stream.name} created"
+    log.info("stream defined", stream=stream.name, topic=stream.topic, key=stream.key, into=stream.into)
+    return f"stream {stream.name} created" + (f" (into {stream.into})" if stream.into else "")
 
 
 def _define_view(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> str:
+    if stream.into is not None:
+        raise DefinitionError(
+            f"continuous view {view.qualified_name}: stream {stream.name} feeds {stream.into} and keeps nothing of "
+            f"its own; define the view on {stream.into}"
+        )
     lock_stream(conn, stream.name, shared=False)
     if _same_or_conflict(conn, "views", view.qualified_name, view.definition):
         return f"view {view.qualified_name} unchanged"
@@ -177,8 +226,8 @@ def _define_view(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> 
         source = compiler.backfill_source(stream)
         if compiler.uses_refs(view, stream):
             conn.execute(compiler.create_transitions_table(view, types))
-            conn.execute(compiler.update_refs(view, source))
-        conn.execute(compiler.apply_deltas(view, stream, source))
+            conn.execute(compiler.update_refs(view, source), ())
+        conn.execute(compiler.apply_deltas(view, stream, source), ())
         rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()[0]
         backfilled = f"backfilled {rows} groups from the current state of {stream.name}"
     conn.execute(
@@ -215,6 +264,9 @@ def drop_stream(conn: psycopg.Connection, name: str) -> str:
     with conn.transaction():
         if conn.execute("SELECT 1 FROM cv.views WHERE stream = %s", (name,)).fetchone():
             raise DefinitionError(f"stream {name} still has views; drop them first")
+        feeders = [s.name for s in load_streams(conn).values() if s.into == name]
+        if feeders:
+            raise DefinitionError(f"stream {name} is fed by {', '.join(feeders)}; drop those streams first")
         lock_stream(conn, name, shared=False)
         conn.execute(
             sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(compiler.CV_SCHEMA, state_table_name(name)))

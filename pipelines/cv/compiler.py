@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pglast
+from pglast import ast
 from psycopg import sql
 
 from pipelines.cv.definitions import StreamDef, ViewDef
@@ -51,7 +53,10 @@ def _ident(*parts: str) -> sql.Identifier:
 def _raw(text: str) -> sql.SQL:
     # Expressions come from the view definition, parsed and deparsed by pglast and checked to
     # reference stream columns only; they are SQL text written by the view's author, never event data.
-    return sql.SQL(text)
+    # A `%` (modulo, LIKE patterns) is doubled: maintenance statements run with parameters, where
+    # psycopg reads `%` as a placeholder, so every statement holding an expression is executed with a
+    # parameter list (empty if need be).
+    return sql.SQL(text.replace("%", "%%"))
 
 
 def _list(items: list[sql.Composable]) -> sql.Composed:
@@ -187,6 +192,52 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
         st_fin=match("st", "fin"),
         delta=delta_table(stream),
     )
+
+
+def batch_source(stream: StreamDef, shipped: tuple[str, ...]) -> sql.Composed:
+    """An append-only stream's batch read straight from its parameters, as deltas of sign +1.
+
+    Only `shipped` columns (those some view reads) travel, one binary array parameter each; the others
+    are typed NULLs, so the source has the same columns as the delta table it stands in for. No
+    temporary table is written: each view aggregates the parameters in its own upsert.
+    """
+    names = [_ident(c) for c in shipped]
+    columns = [
+        _ident(c.name) if c.name in shipped else sql.SQL("NULL::{} AS {}").format(_raw(c.type), _ident(c.name))
+        for c in stream.columns
+    ]
+    types = {c.name: c.type for c in stream.columns}
+    arrays = [sql.SQL("%b::{}[]").format(_raw(types[c])) for c in shipped]
+    return sql.SQL("(SELECT 1::int2 AS sign, {} FROM unnest({}) AS b({}))").format(
+        _list(columns), _list(arrays), _list(names)
+    )
+
+
+def referenced_columns(view: ViewDef) -> set[str]:
+    """The stream columns a view's groups, aggregates and filter read."""
+    expressions = [g.sql for g in view.groups] + [a.arg_sql for a in view.aggregates if a.arg_sql]
+    if view.where_sql:
+        expressions.append(view.where_sql)
+    names: set[str] = set()
+    for expression in expressions:
+        for node in pglast.parse_sql(f"SELECT {expression}")[0].stmt.targetList:
+            names.update(_column_refs(node))
+    return names
+
+
+def _column_refs(node: object) -> set[str]:
+    found: set[str] = set()
+    if isinstance(node, ast.ColumnRef):
+        last = node.fields[-1]
+        if isinstance(last, ast.String):
+            found.add(last.sval)
+    elif isinstance(node, ast.Node):
+        for name in node:
+            found |= _column_refs(getattr(node, name))
+    elif isinstance(node, tuple):
+        for item in node:
+            found |= _column_refs(item)
+    return found
 
 
 def backfill_source(stream: StreamDef) -> sql.Composed:

@@ -1,7 +1,9 @@
 """Applying a batch of stream changes to the stream's state and every view of it.
 
-It runs inside the caller's transaction: one statement turns the batch into deltas, then one upsert
-per view.
+It runs inside the caller's transaction. For a keyed stream, one statement turns the batch into
+deltas against the stream's state (in a temporary table), then one upsert per view reads them. An
+append-only stream has no state to check against: each view's upsert aggregates the batch straight
+from its array parameters, and only the columns some view reads are sent.
 
 The caller (the Checkpoint) owns the transaction, so the view updates commit together with the Kafka
 offsets they came from, or not at all.
@@ -23,6 +25,10 @@ from pipelines.logs import get_logger
 log = get_logger("cv.engine")
 
 
+class StreamDropped(StreamviewsError):
+    """The stream is no longer in the catalog: a batch read before its DROP has nowhere to go."""
+
+
 @dataclass(frozen=True)
 class _ViewStatements:
     """One view's maintenance: reference counts first, then the upsert, then cleanup."""
@@ -41,9 +47,10 @@ class _Plan:
     version: int
     stream: StreamDef
     views: tuple[catalog.CompiledView, ...]
-    to_deltas: sql.Composed
+    to_deltas: sql.Composed | None  # keyed streams; None: the views read the batch itself
     per_view: tuple[_ViewStatements, ...]
     temp_tables: tuple[sql.Composed, ...]
+    shipped: tuple[int, ...] = ()  # append-only streams: the columns the views read, by position
 
 
 @dataclass
@@ -67,18 +74,22 @@ class StreamMaintainer:
             for statement in plan.temp_tables:
                 conn.execute(statement)
             self._sessions_ready.add(session)
-        deltas = conn.execute(plan.to_deltas, [list(ops), *[list(c) for c in columns]]).rowcount
+        if plan.to_deltas is not None:
+            deltas = conn.execute(plan.to_deltas, [list(ops), *[list(c) for c in columns]]).rowcount
+            params: list[object] = []  # the views read the deltas' temporary table
+        else:
+            params, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
         if deltas:
             for statements in plan.per_view:
                 for statement in statements.before:
-                    conn.execute(statement)
-                cursor = conn.execute(statements.apply)
+                    conn.execute(statement, params)
+                cursor = conn.execute(statements.apply, params)
                 if not statements.view.is_monotonic:
                     emptied = cursor.fetchone()[0]
                     if emptied:
                         conn.execute(statements.delete_rows, (emptied,))
                 for statement in statements.after:
-                    conn.execute(statement)
+                    conn.execute(statement, ())
         return deltas
 
     def forget_sessions(self) -> None:
@@ -107,11 +118,18 @@ class StreamMaintainer:
         streams = catalog.load_streams(conn)
         stream = streams.get(self.stream_name)
         if stream is None:
-            raise StreamviewsError(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
+            raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
         views = tuple(catalog.load_views(conn, streams, stream.name))
-        source = compiler.delta_table(stream)
+        shipped: tuple[int, ...] = ()
+        if stream.key is None:
+            read = set().union(*(compiler.referenced_columns(c.view) for c in views))
+            shipped = tuple(i for i, c in enumerate(stream.columns) if c.name in read) or (0,)
+            source = compiler.batch_source(stream, tuple(stream.columns[i].name for i in shipped))
+            temp_tables = []
+        else:
+            source = compiler.delta_table(stream)
+            temp_tables = [compiler.create_delta_table(stream)]
         per_view = []
-        temp_tables = [compiler.create_delta_table(stream)]
         for compiled in views:
             view = compiled.view
             refs = compiler.uses_refs(view, stream)
@@ -132,4 +150,13 @@ class StreamMaintainer:
             catalog_version=version,
             views=[c.view.qualified_name for c in views],
         )
-        return _Plan(version, stream, views, compiler.batch_to_deltas(stream), tuple(per_view), tuple(temp_tables))
+        to_deltas = compiler.batch_to_deltas(stream) if stream.key is not None else None
+        return _Plan(version, stream, views, to_deltas, tuple(per_view), tuple(temp_tables), shipped)
+
+
+def _inserts_only(ops: Sequence[int], columns: list[Sequence[object]]) -> tuple[list[object], int]:
+    """An append-only stream's batch as parameters: a delete has no row to take away, so it is dropped."""
+    if -1 not in ops:  # a scan in C; deletes are rare on append-only streams
+        return [list(c) if not isinstance(c, list) else c for c in columns], len(ops)
+    keep = [i for i, op in enumerate(ops) if op == 1]
+    return [[c[i] for i in keep] for c in columns], len(keep)

@@ -1,39 +1,80 @@
-"""The views sink: a pipeline's changes into the continuous views of one stream."""
+"""The views sink: a batch's changes, grouped by stream, into each stream's state and continuous views."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import psycopg
 
-from pipelines.checkpoint import Record
-from pipelines.cv.engine import StreamMaintainer
+from pipelines.cv.engine import StreamDropped, StreamMaintainer
 from pipelines.logs import get_logger
 
 log = get_logger("cv.sink")
 
 
+@dataclass
+class StreamChanges:
+    """One stream's part of a batch, as parallel columns: an op (+1 insert, -1 delete) per change."""
+
+    ops: list[int] = field(default_factory=list)
+    columns: list[list[Any]] = field(default_factory=list)
+
+    def extend(self, ops: list[int], columns: list[list[Any]]) -> None:
+        """Append changes read after the ones already here (another topic feeding the same stream)."""
+        if not self.ops:
+            self.ops, self.columns = ops, columns  # the common case, one topic per stream: no copy
+            return
+        self.ops.extend(ops)
+        for mine, theirs in zip(self.columns, columns, strict=True):
+            mine.extend(theirs)
+
+
 class ViewSink:
-    """Applies each batch of `Change`s (see pipelines.events) to a stream's views, set-based."""
+    """Applies each batch to the streams it touches, in stream name order, then views in name order.
 
-    def __init__(self, stream: str) -> None:
-        self.stream = stream
-        self.maintainer = StreamMaintainer(stream)
+    That order, and groups sorted within a view, is the one every writer locks rows in, so several
+    runner processes never deadlock. A stream dropped since its records were read is skipped: its
+    definition, state and views are gone.
+    """
 
-    def apply(self, conn: psycopg.Connection, records: list[Record]) -> int:
-        """Hand the changes to the maintainer as parallel columns, in batch order; returns deltas."""
-        changes = [change for _, change in records]
-        ops = [change.op for change in changes]
-        columns = [list(column) for column in zip(*(change.values for change in changes), strict=True)]
-        return self.maintainer.apply(conn, ops, columns)
+    def __init__(self) -> None:
+        self.maintainers: dict[str, StreamMaintainer] = {}
+        self.streams: tuple[str, ...] = ()  # the streams whose retention housekeeping runs
+
+    def apply(self, conn: psycopg.Connection, payload: dict[str, StreamChanges]) -> int:
+        """Apply every stream's changes in this transaction; returns the deltas (real changes)."""
+        changed = 0
+        for name in sorted(payload):
+            changes = payload[name]
+            if not changes.ops:
+                continue
+            try:
+                changed += self._maintainer(name).apply(conn, changes.ops, changes.columns)
+            except StreamDropped:
+                log.warning("stream dropped; skipping its records", stream=name, records=len(changes.ops))
+        return changed
 
     def reset(self) -> None:
         """Temporary tables created in a rolled-back transaction are gone with it."""
-        self.maintainer.forget_sessions()
+        for maintainer in self.maintainers.values():
+            maintainer.forget_sessions()
 
     def housekeeping(self, conn: psycopg.Connection) -> None:
         """Delete time buckets past each view's retention."""
-        deleted = self.maintainer.expire(conn)
-        if deleted:
-            log.info("expired time buckets", stream=self.stream, rows=deleted)
+        for name in self.streams:
+            try:
+                deleted = self._maintainer(name).expire(conn)
+            except StreamDropped:
+                continue
+            if deleted:
+                log.info("expired time buckets", stream=name, rows=deleted)
+
+    def _maintainer(self, name: str) -> StreamMaintainer:
+        maintainer = self.maintainers.get(name)
+        if maintainer is None:
+            maintainer = self.maintainers[name] = StreamMaintainer(name)
+        return maintainer
 
     def __str__(self) -> str:
-        return f"views of stream {self.stream}"
+        return "views of the declared streams"

@@ -21,10 +21,10 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from elasticsearch import helpers
 
-from pipelines import retention
-from pipelines.audit import AuditSink, CopyRow, encode_row
-from pipelines.ctid_puller import CtidPuller
-from pipelines.events import AuditEvent
+from pipelines.audit import retention
+from pipelines.audit.writer import AuditSink, CopyRow, encode_row
+from pipelines.audit.puller import CtidPuller
+from pipelines.audit.events import AuditEvent
 from pipelines.settings import AuditSettings, PostgresSettings
 from stack.supervisor import Supervisor
 from tests.integration.conftest import pipeline_env, unique, wait_for
@@ -75,7 +75,7 @@ def audit_env(stack, log: AuditSettings, role: str, **overrides: str) -> dict[st
 def start_writer(stack, log: AuditSettings, topic: str, group: str) -> subprocess.Popen:
     env = audit_env(stack, log, "sv_writer", PIPELINE_BATCH_MAX="500", PIPELINE_BATCH_WAIT_MS="20")
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.audit", "--topic", topic, "--group", group],
+        [sys.executable, "-m", "pipelines.audit.writer", "--topic", topic, "--group", group],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -85,7 +85,7 @@ def start_writer(stack, log: AuditSettings, topic: str, group: str) -> subproces
 def start_puller(stack, log: AuditSettings) -> subprocess.Popen:
     env = audit_env(stack, log, "sv_indexer", AUDIT_PULL_BLOCKS="8")  # small chunks: many checkpoints
     return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.ctid_puller"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [sys.executable, "-m", "pipelines.audit.puller"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
 
 
@@ -476,7 +476,7 @@ def test_the_puller_reports_rows_and_seconds_behind_until_it_has_caught_up(pg, e
 def test_bulk_requests_are_split_so_large_contents_never_exceed_elasticsearchs_request_limit(
     pg, es, pg_settings, audit_log, monkeypatch
 ):
-    from pipelines import ctid_puller
+    from pipelines.audit import puller as ctid_puller
 
     monkeypatch.setattr(ctid_puller, "MAX_BULK_BYTES", 8_000)  # about a dozen 600-byte documents
     write(pg, audit_log, events_at(datetime.now(UTC).date(), 100))

@@ -1,15 +1,14 @@
 """Change data capture: rows written to app.likes and app.follows reach the same social views.
 
 Debezium (registered by `make up` from connectors/app-social.json) streams the tables' changes; the
-supervised CDC pipelines apply them. Each test uses its own ids.
+supervised stream runner applies them through the declared streams app_likes and app_follows
+(sql/views/social.sql), which feed `likes` and `follows`. Each test uses its own ids.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import subprocess
-import sys
 import threading
 import time
 
@@ -18,12 +17,14 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer
 
-from pipelines.connectors import CONNECTORS_DIR, load
+from pipelines.cdc.connectors import CONNECTORS_DIR, load
+from pipelines.cv import catalog
+from pipelines.cv.runner import DEFAULT_GROUP
 from pipelines.settings import PostgresSettings
 from stack.configure import read_secret
 from stack.services import readiness_check
 from stack.supervisor import Supervisor
-from tests.integration.conftest import pipeline_env, wait_for
+from tests.integration.conftest import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +132,9 @@ def test_the_replication_slot_keeps_up_while_the_captured_tables_are_idle(connec
 def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect, stack, pg, kafka, admin, ids):
     """A fresh slot snapshots every row again; rows already delivered change nothing.
 
-    A second connector with its own slot reads all existing rows of app.likes; applied to the same
-    stream by a second pipeline, the rows the first connector already delivered change nothing.
+    A second connector with its own slot reads all existing rows of app.likes into its own topic. A
+    stream declared on that topic, on the running system, feeds them into `likes` through the
+    supervised runner: the rows the first connector already delivered change nothing.
     """
     post = ids(1)
     with pg("sv_writer", autocommit=True) as app:
@@ -154,13 +156,12 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
     config.pop("heartbeat.action.query")
     httpx.put(f"{connect.url}/connectors/{name}/config", json=config, timeout=60).raise_for_status()
     topic, group = f"{prefix}.app.likes", f"it-{name}"
-    env = pipeline_env(stack)
-    pipeline = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cdc_likes", "--topic", topic, "--group", group],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with pg("sv_owner", autocommit=True) as owner:
+        catalog.define(
+            owner,
+            f"CREATE STREAM {prefix} (oid bigint NOT NULL, uid bigint NOT NULL, created_at timestamptz NOT NULL)"
+            f" WITH (topic = '{topic}', format = 'debezium', into = 'likes', timestamp_column = 'created_at')",
+        )
     try:
         # Find this object's 20 rows in the snapshot, then wait until the pipeline committed past them.
         needed: dict[int, int] = {}
@@ -194,17 +195,18 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
             with pg("sv_owner") as owner:
                 committed = dict(
                     owner.execute(
-                        "SELECT partition, next_offset FROM ops.kafka_offsets WHERE group_id = %s", (group,)
+                        "SELECT partition, next_offset FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s",
+                        (DEFAULT_GROUP, topic),
                     ).fetchall()
                 )
             return all(committed.get(p, 0) >= offset for p, offset in needed.items())
 
-        wait_for(snapshot_applied, timeout=180, interval=0.5, what="the snapshot applied by the second pipeline")
+        wait_for(snapshot_applied, timeout=180, interval=0.5, what="the snapshot applied through the new stream")
         with pg("sv_reader") as reader:
             assert read(reader, "SELECT social.like_count(%s)", post) == 20
     finally:
-        pipeline.terminate()
-        pipeline.wait(60)
+        with pg("sv_owner", autocommit=True) as owner:
+            catalog.drop_stream(owner, prefix)
         httpx.delete(f"{connect.url}/connectors/{name}", timeout=30)
         with pg("postgres", autocommit=True) as conn:
             wait_for(

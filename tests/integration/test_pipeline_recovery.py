@@ -1,9 +1,9 @@
 """Exactly once across crashes and workers: the views end as the raw events dictate.
 
-A pipeline killed with SIGKILL mid-stream and restarted, or several pipelines sharing a consumer
+A stream runner killed with SIGKILL mid-stream and restarted, or several runners sharing a consumer
 group, end with exactly the views the raw events dictate.
 
-These tests run their own pipeline processes (`python -m pipelines.likes --topic ... --stream ...`)
+These tests run their own runner processes (`python -m pipelines.cv.runner --streams S --group G`)
 on a throwaway topic, stream and views, with small batches so a kill lands between many commits.
 """
 
@@ -30,7 +30,9 @@ def scenario(pg, kafka, topic_factory, stack):
     topic = topic_factory("it-likes", partitions=PARTITIONS)
     name = topic.replace("-", "_")
     definitions = f"""
-        CREATE STREAM {name} (oid bigint, uid bigint, ts timestamptz) WITH (topic = '{topic}', key = 'oid, uid');
+        CREATE STREAM {name} (oid bigint, uid bigint, ts timestamptz) WITH (
+            topic = '{topic}', key = 'oid, uid', kafka_key = 'oid', timestamp_column = 'ts',
+            action_field = 'action', insert_actions = 'like', delete_actions = 'unlike');
         CREATE CONTINUOUS VIEW {name}.objects AS
             SELECT oid, count(*) AS n, array_agg(DISTINCT uid) AS likers FROM {name} GROUP BY oid;
         CREATE CONTINUOUS VIEW {name}.users AS
@@ -79,17 +81,7 @@ def actual_views(conn, stream):
 def start_pipeline(stack, scenario, batch_max: int = 200) -> subprocess.Popen:
     env = pipeline_env(stack, PIPELINE_BATCH_MAX=str(batch_max), PIPELINE_BATCH_WAIT_MS="20")
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pipelines.likes",
-            "--topic",
-            scenario["topic"],
-            "--stream",
-            scenario["stream"],
-            "--group",
-            scenario["group"],
-        ],
+        [sys.executable, "-m", "pipelines.cv.runner", "--streams", scenario["stream"], "--group", scenario["group"]],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

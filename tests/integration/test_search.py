@@ -1,7 +1,7 @@
-"""The audit template on the real Elasticsearch, and `python -m pipelines.search` against it.
+"""The audit template on the real Elasticsearch, and `python -m pipelines.audit.search` against it.
 
 Each test module run indexes a few audit documents into its own day index, `audit-t<unique>-2026.11.22`:
-the `audit` template (applied as `python -m pipelines.elastic templates` would) maps it, and the search
+the `audit` template (applied as `python -m pipelines.audit.elastic templates` would) maps it, and the search
 command finds the documents by words, user, extra fields and time.
 """
 
@@ -13,7 +13,7 @@ import json
 import pytest
 from elasticsearch import Elasticsearch, helpers
 
-from pipelines import elastic, search
+from pipelines.audit import elastic, search
 from tests.integration.conftest import unique
 
 DAY = datetime.date(2026, 11, 22)

@@ -7,15 +7,15 @@ from datetime import UTC, datetime, timedelta
 import orjson
 import pytest
 
-from pipelines.events import (
+from pipelines.audit.events import (
     MAX_AUDIT_BYTES,
     MAX_AUDIT_EXTRAS,
     MAX_EXTRA_CHARS,
     AuditDecoder,
     AuditEvent,
-    InvalidEvent,
     decode_audit,
 )
+from pipelines.runtime.events import InvalidEvent
 
 KAFKA_TS_MS = 1_795_341_600_123  # 2026-11-22T10:00:00.123Z
 

@@ -368,9 +368,8 @@ def test_each_python_service_holds_only_the_password_of_its_own_role(
         roles[name] = role
         passwords = {secret for secret in service.get("secrets", []) if secret.startswith(("pg_", "postgres"))}
         assert passwords == ({secret_file_name(role)} if role else set()), f"{name} runs as {role}"
-    assert {name: roles[name] for name in ("likes", "cdc-likes", "audit", "ctid-puller")} == {
-        "likes": "sv_writer",
-        "cdc-likes": "sv_writer",
+    assert {name: roles[name] for name in ("streams", "audit", "ctid-puller")} == {
+        "streams": "sv_writer",
         "audit": "sv_writer",
         "ctid-puller": "sv_indexer",
     }
@@ -386,7 +385,7 @@ def test_only_the_services_that_talk_to_elasticsearch_hold_its_password(
 
 def test_every_heartbeat_file_is_the_one_its_healthcheck_reads(python_services: dict[str, dict[str, Any]]) -> None:
     beating = {name: svc for name, svc in python_services.items() if svc.get("restart") != "no"}
-    assert {"likes", "audit", "ctid-puller"} <= beating.keys()
+    assert {"streams", "audit", "ctid-puller"} <= beating.keys()
     for name, service in beating.items():
         heartbeat = environment(service).get("PIPELINE_HEARTBEAT_FILE")
         assert heartbeat, f"{name} is long-running: its loop must touch a heartbeat file"
@@ -398,7 +397,7 @@ def test_the_search_puller_starts_once_the_database_kafka_and_elasticsearch_are_
 ) -> None:
     puller = services["ctid-puller"]
 
-    assert puller["command"] == ["python", "-m", "pipelines.ctid_puller"]
+    assert puller["command"] == ["python", "-m", "pipelines.audit.puller"]
     assert environment(puller)["ES_URL"] == "http://elasticsearch:9200"
     assert puller["depends_on"] == {
         "dbsetup": {"condition": "service_completed_successfully"},
@@ -410,7 +409,7 @@ def test_the_search_puller_starts_once_the_database_kafka_and_elasticsearch_are_
 def test_kibana_objects_are_imported_once_kibana_is_healthy(services: dict[str, dict[str, Any]]) -> None:
     job = services["kibana-objects"]
 
-    assert job["command"] == ["python", "-m", "pipelines.kibana", "import"]
+    assert job["command"] == ["python", "-m", "pipelines.audit.kibana", "import"]
     assert job["restart"] == "no"
     assert environment(job)["KIBANA_URL"] == "http://kibana:5601"
     assert job["depends_on"] == {"kibana": {"condition": "service_healthy"}}

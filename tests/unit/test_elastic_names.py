@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import elastic
+from pipelines.audit import elastic
 
 DAY = datetime.date(2026, 11, 22)
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from pipelines import kibana
-from pipelines.elastic import ES_DIR, index_name
+from pipelines.audit import kibana
+from pipelines.audit.elastic import ES_DIR, index_name
 from pipelines.settings import AuditSettings
 
 TEMPLATE = json.loads((ES_DIR / "templates" / "audit.json").read_text())

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import httpx
 import pytest
 
-from pipelines import kibana
+from pipelines.audit import kibana
 
 Handler = Callable[[httpx.Request], httpx.Response]
 

@@ -7,7 +7,7 @@ from datetime import date
 
 import pytest
 
-from pipelines.ctid_puller import Chunk, CtidPuller, PullerError, TableState
+from pipelines.audit.puller import Chunk, CtidPuller, PullerError, TableState
 from pipelines.settings import AuditSettings
 
 

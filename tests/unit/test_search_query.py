@@ -1,4 +1,4 @@
-"""`python -m pipelines.search` without Elasticsearch: reading times and fields, the query, the output."""
+"""`python -m pipelines.audit.search` without Elasticsearch: reading times and fields, the query, the output."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from pipelines import search
+from pipelines.audit import search
 
 NOW = datetime.datetime(2026, 11, 22, 12, 0, tzinfo=datetime.UTC)
 

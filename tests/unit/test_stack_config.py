@@ -29,7 +29,12 @@ def context(tmp_path) -> dict[str, object]:
 
 @pytest.mark.parametrize("template", sorted(p.name for p in TEMPLATES.iterdir()))
 def test_every_template_renders_without_leftover_placeholders(template, context):
-    extra = {"service": "kafka", "pipeline": "likes", "pipeline_env": 'PGUSER="sv_writer"'}
+    extra = {
+        "service": "kafka",
+        "pipeline": "streams",
+        "module": "pipelines.cv.runner",
+        "pipeline_env": 'PGUSER="sv_writer"',
+    }
     text = render_supervisord(context) if template == "supervisord.conf" else render(template, {**context, **extra})
     assert not re.search(r"@\{\w+\}", text)
 
@@ -72,21 +77,19 @@ def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivile
     programs = [s for s in parser.sections() if s.startswith("program:")]
     assert sorted(programs) == [
         "program:audit",
-        "program:cdc_follows",
-        "program:cdc_likes",
         "program:connect",
         "program:ctid_puller",
         "program:elasticsearch",
-        "program:follows",
         "program:kafka",
-        "program:likes",
         "program:postgres",
+        "program:streams",
     ]
     for section in programs:
         assert parser[section]["autorestart"] == "true"
     for service in ("postgres", "kafka", "connect", "elasticsearch"):
         assert parser[f"program:{service}"]["user"] == "nobody"
     assert "-Xmx256m" in parser["program:kafka"]["command"]
+    assert parser["program:streams"]["command"].endswith("-m pipelines.cv.runner")
 
 
 def test_each_pipeline_connects_as_its_own_least_privileged_role(context):
@@ -96,7 +99,7 @@ def test_each_pipeline_connects_as_its_own_least_privileged_role(context):
     def role(program: str) -> str:
         return re.search(r'PGUSER="(\w+)"', parser[f"program:{program}"]["environment"]).group(1)
 
-    assert role("likes") == role("audit") == "sv_writer"
+    assert role("streams") == role("audit") == "sv_writer"
     assert role("ctid_puller") == "sv_indexer"
 
 

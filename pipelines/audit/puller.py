@@ -1,6 +1,6 @@
 """The ctid-block puller: audit tables into Elasticsearch, block by block, without holes or duplicates.
 
-Run: `python -m pipelines.ctid_puller` (supervised by `make up`, as the sv_indexer role). It follows
+Run: `python -m pipelines.audit.puller` (supervised by `make up`, as the sv_indexer role). It follows
 every table of one audit log (AUDIT_SCHEMA) and indexes each row as the document
 `<schema>.<table>:<block>:<offset>` (its "line number") into `<AUDIT_INDEX_PREFIX>-YYYY.MM.DD`.
 
@@ -10,7 +10,7 @@ Why no row is ever missed and none is ever indexed twice:
    tables), so a ctid is never reused for another row while the table exists. Indexing a row again
    writes the same document id: re-reading is always safe, and the only danger is skipping.
 2. **The writer says where rows can appear.** Each table has one writer (its shard's partition owner,
-   serialised by the offset-row lock, pipelines/audit.py). In every batch's own transaction,
+   serialised by the offset-row lock, pipelines/audit/writer.py). In every batch's own transaction,
    `audit.record_batch` scans the batch's rows from the table's `hi_block` up with a TID range scan and
    raises `hi_block` to the highest block holding one. Heap inserts go to the last block or new ones, so
    a later batch lands at or above `hi_block`, except when the free-space map hands it space below
@@ -33,7 +33,7 @@ Why no row is ever missed and none is ever indexed twice:
 
 Lag is logged every PIPELINE_REPORT_INTERVAL_S: rows written but not yet indexed, and how long the
 oldest unindexed batch has waited (as observed by this process, within one poll). Retention
-(pipelines/retention.py) runs in this loop every AUDIT_RETENTION_INTERVAL_S, so it never races a bulk
+(pipelines/audit/retention.py) runs in this loop every AUDIT_RETENTION_INTERVAL_S, so it never races a bulk
 request for the day it deletes.
 """
 
@@ -54,7 +54,7 @@ import psycopg
 from elasticsearch import ApiError, Elasticsearch, TransportError
 from psycopg import sql
 
-from pipelines import elastic, retention
+from pipelines.audit import elastic, retention
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import AuditSettings, ElasticsearchSettings, PipelineSettings, PostgresSettings
@@ -472,9 +472,9 @@ def _identifier(table: str) -> sql.Composable:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: `python -m pipelines.ctid_puller`."""
+    """Entry point: `python -m pipelines.audit.puller`."""
     if argv:
-        print("usage: python -m pipelines.ctid_puller (settings come from the environment)", file=sys.stderr)
+        print("usage: python -m pipelines.audit.puller (settings come from the environment)", file=sys.stderr)
         return 2
     configure_logging()
     audit, es_settings, postgres = AuditSettings(), ElasticsearchSettings(), PostgresSettings()

@@ -13,8 +13,8 @@ from collections import Counter
 import confluent_kafka
 
 from pipelines.errors import StreamviewsError
-from pipelines.events import InvalidEvent
 from pipelines.logs import get_logger
+from pipelines.runtime.events import InvalidEvent
 
 log = get_logger("deadletter")
 

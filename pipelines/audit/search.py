@@ -1,8 +1,8 @@
-"""`python -m pipelines.search`: full-text search of the audit log from a terminal, for people without Kibana.
+"""`python -m pipelines.audit.search`: full-text search of the audit log from a terminal, for people without Kibana.
 
-    python -m pipelines.search "failed login" --uid 42 --since 2h
-    python -m pipelines.search --field action=login --since 2026-11-22T08:00:00Z --until 2026-11-22T09:00:00Z
-    python -m pipelines.search "password reset" --limit 100 --json | jq .uid
+    python -m pipelines.audit.search "failed login" --uid 42 --since 2h
+    python -m pipelines.audit.search --field action=login --since 2026-11-22T08:00:00Z --until 2026-11-22T09:00:00Z
+    python -m pipelines.audit.search "password reset" --limit 100 --json | jq .uid
 
 Words must all occur in `content` (a `match` with operator `and`, analysed like the index: lower-cased,
 split on word boundaries); `--uid` and `--field name=value` are exact filters (`term`) on the document's
@@ -25,7 +25,7 @@ from typing import Any
 
 from elasticsearch import ApiError, AuthenticationException, Elasticsearch, TransportError
 
-from pipelines import elastic
+from pipelines.audit import elastic
 from pipelines.logs import configure_logging
 from pipelines.settings import AuditSettings, ElasticsearchSettings
 
@@ -167,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.datetime.now(datetime.UTC)
     when = _argument(lambda text: parse_time(text, now))
     parser = argparse.ArgumentParser(
-        prog="python -m pipelines.search", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m pipelines.audit.search",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("text", nargs="?", help="words that must all occur in content")
     parser.add_argument("--uid", type=int, help="only this user's events")

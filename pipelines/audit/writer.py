@@ -1,11 +1,11 @@
 """The audit pipeline: topic `audit` into one PostgreSQL table per shard and UTC day, with COPY.
 
-Run: `python -m pipelines.audit` (supervised by `make up`). A shard is a Kafka partition of `audit`
+Run: `python -m pipelines.audit.writer` (supervised by `make up`). A shard is a Kafka partition of `audit`
 (events are keyed by user id, so a user's events share one), and a table is `<schema>.shardNN_YYYYMMDD`.
 Only the consumer that owns partition NN writes the tables of shard NN, and the checkpoint's lock on
 the partition's offset row serialises even a rebalance's old and new owners: every table has a
 single writer, its rows arrive in batches that fill the heap in order, and the ctid-block puller
-(pipelines/ctid_puller.py) can follow it block by block.
+(pipelines/audit/puller.py) can follow it block by block.
 
 Each event is encoded as its binary COPY row as soon as it is decoded, in the consuming thread: the
 committing thread, which waits on PostgreSQL, then only joins bytes, so the work that holds the GIL
@@ -28,9 +28,9 @@ import orjson
 import psycopg
 from psycopg import sql
 
-from pipelines.checkpoint import Record
-from pipelines.consumer import Decoder, PipelineSpec, main
-from pipelines.events import AuditDecoder, AuditEvent
+from pipelines.audit.events import AuditDecoder, AuditEvent
+from pipelines.runtime.checkpoint import Record
+from pipelines.runtime.consumer import BatchDecoder, PipelineSpec, main, per_record
 from pipelines.settings import AuditSettings
 
 # The shard goes last: it is the table's, so it is appended to rows encoded before their shard is known.
@@ -133,16 +133,17 @@ class CopyRowDecoder:
         return encode_row(self._decode(key, value, timestamp_ms))
 
 
-def _build(args: argparse.Namespace) -> tuple[Decoder, AuditSink]:
+def _build(args: argparse.Namespace) -> tuple[BatchDecoder, AuditSink]:
     settings = AuditSettings()
     decode = AuditDecoder(max_age=timedelta(days=settings.retention_days))
-    return CopyRowDecoder(decode), AuditSink(settings.schema_name)
+    return per_record(CopyRowDecoder(decode)), AuditSink(settings.schema_name)
 
 
 PIPELINE = PipelineSpec(
     "audit",
     "audit",
     "Consume audit events into per-shard, per-day PostgreSQL tables (AUDIT_SCHEMA), with COPY.",
+    module="pipelines.audit.writer",
     build=_build,
 )
 

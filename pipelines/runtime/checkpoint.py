@@ -24,7 +24,7 @@ from pipelines.logs import get_logger
 log = get_logger("checkpoint")
 
 TopicPartition = tuple[str, int]
-# One decoded record and the Kafka partition it came from, in batch order.
+# One decoded record and the Kafka partition it came from, in batch order (per-record decoders).
 Record = tuple[int, Any]
 
 
@@ -35,8 +35,8 @@ class Fenced(StreamviewsError):
 class Sink(Protocol):
     """Where a pipeline's decoded records go: written inside the checkpoint's transaction."""
 
-    def apply(self, conn: psycopg.Connection, records: list[Record]) -> int:
-        """Write one batch's records (in batch order); returns how many changes it made."""
+    def apply(self, conn: psycopg.Connection, payload: Any) -> int:
+        """Write one batch's decoded payload (what the pipeline's decoder made); returns the changes made."""
         ...
 
     def reset(self) -> None:
@@ -50,9 +50,10 @@ class Sink(Protocol):
 
 @dataclass
 class Batch:
-    """What one poll produced: decoded records, dead-letter counts, and the offsets it spans."""
+    """What one poll produced: the decoded payload, dead-letter counts, and the offsets it spans."""
 
-    records: list[Record] = field(default_factory=list)
+    payload: Any = None  # what the sink's apply() takes, made by the pipeline's decoder
+    size: int = 0  # records in the payload
     dead_letters: Counter[tuple[str, str]] = field(default_factory=Counter)  # (topic, reason) -> n
     start: dict[TopicPartition, int | None] = field(default_factory=dict)  # stored position expected
     end: dict[TopicPartition, int] = field(default_factory=dict)  # next offset after the batch
@@ -60,7 +61,7 @@ class Batch:
     @property
     def consumed(self) -> int:
         """Records consumed that carried something: valid or dead-lettered (tombstones are not counted)."""
-        return len(self.records) + sum(self.dead_letters.values())
+        return self.size + sum(self.dead_letters.values())
 
 
 class Checkpoint:
@@ -80,15 +81,15 @@ class Checkpoint:
             self.sink.reset()
         return self._conn
 
-    def stored_offsets(self, topic: str, partitions: list[int]) -> dict[int, int]:
+    def stored_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Next offsets stored for this group; partitions never committed are absent."""
         with self.conn.transaction():
             rows = self.conn.execute(
-                "SELECT partition, next_offset FROM ops.kafka_offsets"
-                " WHERE group_id = %s AND topic = %s AND partition = ANY(%s)",
-                (self.group_id, topic, partitions),
+                "SELECT topic, partition, next_offset FROM ops.kafka_offsets"
+                " WHERE group_id = %s AND (topic, partition) IN (SELECT * FROM unnest(%s::text[], %s::int[]))",
+                (self.group_id, [t for t, _ in partitions], [p for _, p in partitions]),
             ).fetchall()
-        return dict(rows)
+        return {(topic, partition): offset for topic, partition, offset in rows}
 
     def commit(self, batch: Batch) -> int:
         """Apply the batch and store its offsets atomically; returns the changes the sink made.
@@ -105,7 +106,7 @@ class Checkpoint:
         try:
             with conn.transaction():
                 self._verify_positions(conn, batch)
-                changed = self.sink.apply(conn, batch.records) if batch.records else 0
+                changed = self.sink.apply(conn, batch.payload) if batch.size else 0
                 self._store_offsets(conn, batch)
                 self._count_dead_letters(conn, batch)
         except BaseException:

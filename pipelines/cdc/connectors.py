@@ -1,4 +1,4 @@
-"""`python -m pipelines.connectors apply|status|delete`: the Kafka Connect connectors in connectors/.
+"""`python -m pipelines.cdc.connectors apply|status|delete`: the Kafka Connect connectors in connectors/.
 
 Each `connectors/<name>.json` holds `{"name": ..., "config": {...}}`. `apply` renders the
 environment's values into it (`@{PGHOST}`, `@{PGPORT}`, `@{PGDATABASE}`, `@{SECRETS_DIR}`) and PUTs
@@ -28,7 +28,7 @@ from pipelines.settings import ROLE_CDC, ConnectSettings, PostgresSettings
 
 log = get_logger("connectors")
 
-CONNECTORS_DIR = Path(os.environ.get("CONNECTORS_DIR", Path(__file__).resolve().parents[1] / "connectors"))
+CONNECTORS_DIR = Path(os.environ.get("CONNECTORS_DIR", Path(__file__).resolve().parents[2] / "connectors"))
 
 
 class ConnectorError(StreamviewsError):
@@ -89,7 +89,7 @@ def slot_lag(postgres: PostgresSettings, slot: str) -> tuple[bool, int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
-    parser = argparse.ArgumentParser(prog="python -m pipelines.connectors", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.cdc.connectors", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("apply", help="create or update every connector in connectors/")
     commands.add_parser("status", help="connector and task states, replication slot lag")

@@ -5,7 +5,7 @@ default), so retention drops whole indices instead of deleting documents, and ev
 `audit-*` template in `es/templates/audit.json`. The puller, retention and search build names with
 `index_name` and read them back with `index_day`, never by hand.
 
-`python -m pipelines.elastic templates` PUTs every `es/templates/*.json` as a composable index template
+`python -m pipelines.audit.elastic templates` PUTs every `es/templates/*.json` as a composable index template
 named after the file (`audit.json` -> `_index_template/audit`); PUT replaces, so running it twice changes
 nothing. A template applies to indices created after it, which is why it must be in place before the puller
 writes its first document.
@@ -30,7 +30,7 @@ from pipelines.settings import ElasticsearchSettings
 
 log = get_logger("elastic")
 
-ES_DIR = Path(os.environ.get("ES_DIR", Path(__file__).resolve().parents[1] / "es"))
+ES_DIR = Path(os.environ.get("ES_DIR", Path(__file__).resolve().parents[2] / "es"))
 
 _DAY = re.compile(r"\d{4}\.\d{2}\.\d{2}")
 
@@ -90,7 +90,7 @@ def apply_index_templates(es: Elasticsearch, folder: Path = ES_DIR / "templates"
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
-    parser = argparse.ArgumentParser(prog="python -m pipelines.elastic", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.audit.elastic", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("templates", help="create or update every index template in es/templates/")
     parser.parse_args(argv)

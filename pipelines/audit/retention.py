@@ -1,6 +1,6 @@
 """Audit retention: drop the tables of days past retention, then delete their Elasticsearch indices.
 
-Run: `python -m pipelines.retention [--days N]` (as sv_indexer, like the puller), or let the puller
+Run: `python -m pipelines.audit.retention [--days N]` (as sv_indexer, like the puller), or let the puller
 service do it every AUDIT_RETENTION_INTERVAL_S. Rows younger than N days are kept: tables of days
 before (today - N) in UTC are dropped, which matches the writer refusing events older than N days.
 
@@ -21,7 +21,7 @@ from datetime import UTC, date, datetime, timedelta
 import psycopg
 from elasticsearch import Elasticsearch
 
-from pipelines import elastic
+from pipelines.audit import elastic
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import AuditSettings, ElasticsearchSettings, PostgresSettings
 
@@ -65,9 +65,9 @@ def run(conn: psycopg.Connection, es: Elasticsearch, settings: AuditSettings, da
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: `python -m pipelines.retention [--days N]`."""
+    """Entry point: `python -m pipelines.audit.retention [--days N]`."""
     settings = AuditSettings()
-    parser = argparse.ArgumentParser(prog="python -m pipelines.retention", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.audit.retention", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--days",
         type=int,

@@ -1,4 +1,4 @@
-"""`python -m pipelines.kibana import|check`: the audit log's Kibana objects, from es/kibana/*.ndjson.
+"""`python -m pipelines.audit.kibana import|check`: the audit log's Kibana objects, from es/kibana/*.ndjson.
 
 `es/kibana/audit.ndjson` is in Kibana's export format (one saved object a line): the data view `audit-*`,
 a saved search, visualizations and a dashboard, each with a fixed id and its links to the others in
@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from pipelines.elastic import ES_DIR
+from pipelines.audit.elastic import ES_DIR
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import ElasticsearchSettings, KibanaSettings
@@ -179,7 +179,7 @@ def import_objects(http: httpx.Client, path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point."""
-    parser = argparse.ArgumentParser(prog="python -m pipelines.kibana", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.audit.kibana", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (("import", "wait for Kibana, then import the objects"), ("check", "validate only")):
         command = commands.add_parser(name, help=help_text)

@@ -1,0 +1,1 @@
+"""Change data capture: the Debezium connectors that feed application tables into streams."""

@@ -1,0 +1,678 @@
+"""`streamviews`: define, list and drop streams and continuous views, see how far behind they are.
+
+    streamviews define "CREATE STREAM clicks (oid bigint, ts timestamptz) WITH (topic = 'clicks')"
+    streamviews define -f views.sql            # many statements: all of them or none
+    streamviews define - < views.sql           # the same from standard input (also: -f -)
+    streamviews list                           # streams and views as tables
+    streamviews list --sql                     # their definitions
+    streamviews drop object_likes              # a view (unqualified: public.object_likes) ...
+    streamviews drop clicks                    # ... or a stream that has no views left
+    streamviews status                         # per stream: lag, last commit, dead letters
+    streamviews status --json --group my-group
+    streamviews run [--group G] [--streams a,b]  # the stream runner (see `streamviews run --help`)
+
+Settings come from the environment (PG*, KAFKA_*, PIPELINE_*, LOG_*; see .env.sample). `define` and
+`drop` connect as sv_owner (definitions create and drop tables) unless PGUSER is set; `list` and
+`status` connect as the configured user. After `define` commits, each stream's topic and dead-letter
+topic are created when missing.
+
+Every error is one line on stderr: exit status 2 when the input is wrong (arguments, a file, a
+definition PostgreSQL rejects), 1 when something failed at run time (a service unreachable, a topic
+not created). `-v` logs at DEBUG, including the traceback of an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TextIO
+
+import pglast
+import psycopg
+import pydantic
+import structlog
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from pipelines.cv import catalog
+from pipelines.cv.definitions import DefinitionError, StreamDef, parse, split_statements
+from pipelines.errors import StreamviewsError
+from pipelines.logs import configure_logging, get_logger
+from pipelines.runtime.deadletter import dead_letter_topic
+from pipelines.runtime.topics import ensure_topics
+from pipelines.settings import ROLE_OWNER, KafkaSettings, LogSettings, PipelineSettings, PostgresSettings
+
+log = get_logger("cli")
+# librdkafka's own log lines (a broker down, say) would be more lines on stderr: logged here, shown with -v.
+kafka_log = logging.getLogger("cli.librdkafka")
+
+PROG = "streamviews"
+# The stream runner's consumer group when PIPELINE_GROUP_ID is empty (pipelines.cv.runner.DEFAULT_GROUP).
+DEFAULT_GROUP = "streamviews-streams"
+# Kafka metadata and offset requests: a status or a define must not hang on a broker that is down.
+KAFKA_TIMEOUT_S = 5.0
+USAGE, FAILURE = 2, 1
+# Scanner tokens that are not part of a statement's text: comments and the semicolons between statements.
+_NOT_STATEMENT = frozenset({"SQL_COMMENT", "C_COMMENT", "ASCII_59"})
+_HEAD = re.compile(r"\s*CREATE\s+(STREAM|CONTINUOUS\s+VIEW)\s+([^\s(]+)", re.IGNORECASE)
+
+
+class CommandError(StreamviewsError):
+    """A command failed; `status` is the exit status (2: the input is wrong, 1: a run-time failure)."""
+
+    def __init__(self, message: str, status: int = FAILURE) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+# --- statements ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One statement of the input, with where it starts (for error messages)."""
+
+    number: int
+    line: int
+    text: str
+
+    @property
+    def label(self) -> str:
+        """`CREATE STREAM clicks` / `CREATE CONTINUOUS VIEW social.x`: what it defines ("" when unknown)."""
+        head = _HEAD.match(self.text)
+        if head is None:
+            return ""
+        return f"CREATE {' '.join(head.group(1).upper().split())} {head.group(2)}"
+
+    def prefix(self, count: int) -> str:
+        """How an error names the statement: `statement 2 (line 7): CREATE STREAM x: ` (position only if many)."""
+        where = f"statement {self.number} (line {self.line}): " if count > 1 else ""
+        return where + (f"{self.label}: " if self.label else "")
+
+
+def _significant(tokens: Sequence[Any]) -> list[Any]:
+    return [t for t in tokens if t.name not in _NOT_STATEMENT]
+
+
+def split_input(text: str, source: str = "the input") -> list[Statement]:
+    """Split definitions text into statements, failing on any text that belongs to no statement.
+
+    `split_statements` silently drops a statement whose parentheses do not balance (and everything
+    after it), so the input's tokens are counted against the statements' tokens: what is left over
+    is reported with PostgreSQL's own syntax error.
+
+    Raises:
+        DefinitionError: Nothing to define, an unterminated quote or comment, or an incomplete statement.
+    """
+    try:
+        texts = split_statements(text)
+        tokens = _significant(pglast.parser.scan(text))
+    except pglast.parser.ParseError as e:
+        raise DefinitionError(f"syntax error: {e}") from e
+    statements: list[Statement] = []
+    covered = 0
+    for statement in texts:
+        own = _significant(pglast.parser.scan(statement))
+        if not own:  # only a /* comment */
+            continue
+        line = text.count("\n", 0, tokens[covered].start) + 1
+        # From its first token: a leading /* comment */ would hide the CREATE that `parse` looks for.
+        statements.append(Statement(len(statements) + 1, line, statement[own[0].start :]))
+        covered += len(own)
+    if covered < len(tokens):
+        start = tokens[covered].start
+        rest = Statement(len(statements) + 1, text.count("\n", 0, start) + 1, text[start:].strip())
+        try:
+            parse(rest.text, {})
+        except DefinitionError as e:
+            raise DefinitionError(f"{rest.prefix(len(statements) + 1)}{e}") from e
+        raise DefinitionError(f"{rest.prefix(len(statements) + 1)}incomplete statement")
+    if not statements:
+        raise DefinitionError(f"no statements in {source}")
+    return statements
+
+
+def read_input(statement: str | None, file: str | None, stdin: TextIO) -> tuple[str, str]:
+    """The definitions text and where it came from: the statement, a file, or `-` (standard input).
+
+    Raises:
+        CommandError: The file cannot be read (exit status 2).
+    """
+    if statement is not None and statement != "-":
+        return "the command line", statement
+    if statement == "-" or file == "-":
+        return "standard input", stdin.read()
+    assert file is not None
+    try:
+        return file, Path(file).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise CommandError(f"cannot read {file}: {reason}", USAGE) from e
+
+
+# --- connections and error messages -------------------------------------------------------------------
+
+
+def one_line(text: object) -> str:
+    """Any message as one line: whitespace (newlines, tabs) collapsed."""
+    return " ".join(str(text).split())
+
+
+def pg_message(error: psycopg.Error) -> str:
+    """PostgreSQL's primary message for an error, or the driver's own when the server sent none."""
+    return one_line(error.diag.message_primary or error)
+
+
+def pg_status(error: psycopg.Error) -> int:
+    """Exit status for a database error: 2 when the statement is at fault (SQLSTATE classes 22, 23, 3F, 42)."""
+    return USAGE if isinstance(error, (psycopg.ProgrammingError, psycopg.DataError, psycopg.IntegrityError)) else 1
+
+
+def connection_reason(error: psycopg.OperationalError) -> str:
+    """The reason libpq gives for a failed connection, without the host and port (the caller names them)."""
+    text = re.sub(r'^(connection failed: )?(connection to server at "[^"]*", port \d+ failed: )?', "", str(error))
+    first = next((line for line in text.splitlines() if line.strip()), text)
+    return one_line(first.removeprefix("FATAL:"))
+
+
+def kafka_message(error: KafkaException) -> str:
+    """The broker or client's reason, without the KafkaError{...} wrapping."""
+    cause = error.args[0] if error.args else None
+    return one_line(cause.str() if isinstance(cause, KafkaError) else error)
+
+
+def definer(settings: PostgresSettings) -> str:
+    """The role that defines and drops: sv_owner (it creates tables) unless PGUSER says otherwise."""
+    return settings.user if "user" in settings.model_fields_set else ROLE_OWNER
+
+
+@contextmanager
+def database(settings: PostgresSettings, user: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection, so `conn.transaction()` is the outer transaction and the catalog's are savepoints.
+
+    Raises:
+        CommandError: PostgreSQL cannot be reached or refuses the role, naming host, port and role.
+    """
+    conninfo = settings.conninfo() if user == settings.user else settings.conninfo(user=user)
+    try:
+        conn = psycopg.connect(conninfo, autocommit=True)
+    except psycopg.OperationalError as e:
+        where = f"{settings.host}:{settings.port}/{settings.database}"
+        raise CommandError(f"cannot connect to PostgreSQL at {where} as {user}: {connection_reason(e)}") from e
+    with conn:
+        yield conn
+
+
+def kafka_admin(kafka: KafkaSettings) -> AdminClient:
+    """An admin client whose librdkafka logs go to logging (DEBUG with -v), not straight to stderr."""
+    return AdminClient(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "client.id": f"{kafka.client_id}-cli",
+            "logger": kafka_log,
+        }
+    )
+
+
+def kafka_topics(admin: AdminClient, kafka: KafkaSettings) -> dict[str, Any]:
+    """The cluster's topics (name -> metadata).
+
+    Raises:
+        CommandError: The brokers did not answer within KAFKA_TIMEOUT_S.
+    """
+    try:
+        return admin.list_topics(timeout=KAFKA_TIMEOUT_S).topics
+    except KafkaException as e:
+        raise CommandError(f"cannot reach Kafka at {kafka.bootstrap_servers}: {kafka_message(e)}") from e
+
+
+# --- define ---------------------------------------------------------------------------------------------
+
+
+def apply_definitions(conn: psycopg.Connection, statements: list[Statement]) -> list[str]:
+    """Define every statement in one transaction: all of them or none; the catalog's outcome lines.
+
+    Raises:
+        CommandError: A statement failed (naming it); nothing was committed.
+    """
+    outcomes = []
+    with conn.transaction():
+        for statement in statements:
+            try:
+                outcomes.append(catalog.define(conn, statement.text))
+            except DefinitionError as e:
+                where = f"statement {statement.number} (line {statement.line}): " if len(statements) > 1 else ""
+                raise CommandError(f"{where}{one_line(e)}", USAGE) from e
+            except psycopg.Error as e:
+                raise CommandError(f"{statement.prefix(len(statements))}{pg_message(e)}", pg_status(e)) from e
+    return outcomes
+
+
+def defined_streams(conn: psycopg.Connection, statements: list[Statement]) -> list[StreamDef]:
+    """The streams among the statements, as the catalog now holds them."""
+    streams = catalog.load_streams(conn)
+    defined = []
+    for statement in statements:
+        definition = parse(statement.text, streams)
+        if isinstance(definition, StreamDef):
+            defined.append(streams.get(definition.name, definition))
+    return defined
+
+
+def ensure_stream_topics(streams: list[StreamDef], kafka: KafkaSettings, default_partitions: int) -> list[str]:
+    """Create each stream's topic and dead-letter topic when missing; a line per topic created.
+
+    Raises:
+        CommandError: Kafka is unreachable or refused to create a topic.
+    """
+    wanted: dict[str, int] = {}
+    for stream in streams:
+        partitions = stream.partitions or default_partitions
+        wanted.setdefault(stream.topic, partitions)
+        wanted.setdefault(dead_letter_topic(stream.topic), partitions)
+    if not wanted:
+        return []
+    existing = kafka_topics(kafka_admin(kafka), kafka)
+    missing = {topic: n for topic, n in wanted.items() if topic not in existing}
+    if missing:
+        try:
+            ensure_topics(kafka.bootstrap_servers, missing, timeout=KAFKA_TIMEOUT_S)
+        except (StreamviewsError, KafkaException) as e:
+            message = kafka_message(e) if isinstance(e, KafkaException) else one_line(e)
+            raise CommandError(f"definitions committed, but topics not created: {message}") from e
+    return [f"topic {topic} created ({n} partitions)" for topic, n in missing.items()]
+
+
+def cmd_define(args: argparse.Namespace) -> int:
+    """Apply the statements all or nothing, then create the defined streams' missing topics."""
+    source, text = read_input(args.statement, args.file, sys.stdin)
+    statements = split_input(text, source)
+    settings = PostgresSettings()
+    with database(settings, definer(settings)) as conn:
+        outcomes = apply_definitions(conn, statements)
+        streams = defined_streams(conn, statements)
+    for outcome in outcomes:
+        print(outcome, flush=True)
+    for line in ensure_stream_topics(streams, KafkaSettings(), PipelineSettings().topic_partitions):
+        print(line)
+    return 0
+
+
+# --- list and drop --------------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Rows under their headers in left-aligned columns, two spaces apart."""
+    cells = [[str(h) for h in headers], *([str(c) for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """Print streams and views as tables, or their definitions with --sql."""
+    settings = PostgresSettings()
+    with database(settings, settings.user) as conn:
+        if args.sql:
+            rows = conn.execute(
+                "SELECT 'stream', name, definition FROM cv.streams"
+                " UNION ALL SELECT 'view', name, definition FROM cv.views ORDER BY 1, 2"
+            ).fetchall()
+            print(
+                "\n\n".join(f"-- {kind} {name}\n{definition.rstrip().rstrip(';')};" for kind, name, definition in rows)
+            )
+            return 0
+        streams = catalog.load_streams(conn)
+        views = conn.execute("SELECT name, stream FROM cv.views ORDER BY name").fetchall()
+    stream_rows = [
+        (s.name, s.topic, s.format, ", ".join(s.key) if s.key else "- (append-only)", s.into or "-")
+        for s in streams.values()
+    ]
+    print(table(("STREAM", "TOPIC", "FORMAT", "KEY", "INTO"), stream_rows) if stream_rows else "no streams")
+    print()
+    print(table(("VIEW", "STREAM"), views) if views else "no continuous views")
+    return 0
+
+
+def view_name(name: str) -> str:
+    """A view's catalog name: `x` means `public.x`, as in CREATE CONTINUOUS VIEW x."""
+    return name if "." in name else f"public.{name}"
+
+
+def resolve_drop(conn: psycopg.Connection, name: str, kind: str | None) -> tuple[str, str]:
+    """What `drop NAME` drops: ("view", "schema.name") or ("stream", "name").
+
+    Raises:
+        DefinitionError: No such stream or view, or the name is both (then --stream/--view decides).
+    """
+    view = view_name(name)
+    is_view = kind != "stream" and conn.execute("SELECT 1 FROM cv.views WHERE name = %s", (view,)).fetchone()
+    is_stream = (
+        kind != "view"
+        and "." not in name
+        and conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (name,)).fetchone()
+    )
+    if is_view and is_stream:
+        raise DefinitionError(f"{name} is both a stream and the continuous view {view}; add --stream or --view")
+    if is_view:
+        return "view", view
+    if is_stream:
+        return "stream", name
+    what = {"view": "continuous view", "stream": "stream"}.get(kind or "", "stream or continuous view")
+    raise DefinitionError(f"no {what} named {view if kind == 'view' else name}")
+
+
+def cmd_drop(args: argparse.Namespace) -> int:
+    """Drop the named views and streams, in the order given, all or nothing."""
+    settings = PostgresSettings()
+    outcomes = []
+    with database(settings, definer(settings)) as conn:
+        try:
+            with conn.transaction():
+                for name in args.names:
+                    kind, qualified = resolve_drop(conn, name, args.kind)
+                    drop = catalog.drop_view if kind == "view" else catalog.drop_stream
+                    outcomes.append(drop(conn, qualified))
+        except psycopg.Error as e:
+            raise CommandError(pg_message(e), pg_status(e)) from e
+    for outcome in outcomes:
+        print(outcome)
+    return 0
+
+
+# --- status ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamStatus:
+    """How far the runner's consumer group is behind on one stream's topic."""
+
+    stream: str
+    topic: str
+    partitions: int | None = None  # None: the topic does not exist
+    lag: int | None = None
+    lag_by_partition: dict[int, int] = field(default_factory=dict)
+    last_commit: datetime | None = None
+    dead_letters: dict[str, int] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (times in ISO 8601)."""
+        return {
+            "stream": self.stream,
+            "topic": self.topic,
+            "partitions": self.partitions,
+            "lag": self.lag,
+            "lag_by_partition": {str(p): n for p, n in sorted(self.lag_by_partition.items())},
+            "last_commit": self.last_commit.isoformat() if self.last_commit else None,
+            "dead_letters": self.dead_letters,
+        }
+
+
+def partition_lag(low: int, high: int, next_offset: int | None) -> int:
+    """Records a group has still to read in a partition: from its next offset (or the low watermark) to the high one.
+
+    Records below the low watermark are gone (retention), so they never count.
+    """
+    start = low if next_offset is None else max(next_offset, low)
+    return max(0, high - start)
+
+
+def watermarks(admin: AdminClient, kafka: KafkaSettings, topics: set[str]) -> dict[str, dict[int, tuple[int, int]]]:
+    """(low, high) watermark per partition of each existing topic among `topics`.
+
+    Raises:
+        CommandError: The brokers did not answer within KAFKA_TIMEOUT_S.
+    """
+    metadata = kafka_topics(admin, kafka)
+    parts = [
+        TopicPartition(topic, partition)
+        for topic in sorted(topics)
+        if topic in metadata and metadata[topic].error is None
+        for partition in sorted(metadata[topic].partitions)
+    ]
+    result: dict[str, dict[int, tuple[int, int]]] = {t: {} for t in topics if t in metadata}
+    if not parts:
+        return result
+    try:
+        low = admin.list_offsets({tp: OffsetSpec.earliest() for tp in parts}, request_timeout=KAFKA_TIMEOUT_S)
+        high = admin.list_offsets({tp: OffsetSpec.latest() for tp in parts}, request_timeout=KAFKA_TIMEOUT_S)
+        lows = {(tp.topic, tp.partition): f.result(KAFKA_TIMEOUT_S).offset for tp, f in low.items()}
+        highs = {(tp.topic, tp.partition): f.result(KAFKA_TIMEOUT_S).offset for tp, f in high.items()}
+    except KafkaException as e:
+        raise CommandError(f"cannot read offsets from Kafka at {kafka.bootstrap_servers}: {kafka_message(e)}") from e
+    for (topic, partition), low_offset in lows.items():
+        result[topic][partition] = (low_offset, highs[(topic, partition)])
+    return result
+
+
+def stream_statuses(
+    streams: list[tuple[str, str]],
+    marks: dict[str, dict[int, tuple[int, int]]],
+    offsets: list[tuple[str, int, int, datetime]],
+    dead: list[tuple[str, str, int]],
+) -> list[StreamStatus]:
+    """Combine the catalog's streams, Kafka's watermarks and the group's stored offsets and dead letters."""
+    committed: dict[str, dict[int, int]] = {}
+    last: dict[str, datetime] = {}
+    for topic, partition, next_offset, updated_at in offsets:
+        committed.setdefault(topic, {})[partition] = next_offset
+        last[topic] = max(last.get(topic, updated_at), updated_at)
+    dead_by_topic: dict[str, dict[str, int]] = {}
+    for topic, reason, count in dead:
+        dead_by_topic.setdefault(topic, {})[reason] = count
+    statuses = []
+    for name, topic in streams:
+        status = StreamStatus(name, topic, last_commit=last.get(topic), dead_letters=dead_by_topic.get(topic, {}))
+        if topic in marks:
+            status.partitions = len(marks[topic])
+            status.lag_by_partition = {
+                p: partition_lag(low, high, committed.get(topic, {}).get(p)) for p, (low, high) in marks[topic].items()
+            }
+            status.lag = sum(status.lag_by_partition.values())
+        statuses.append(status)
+    return statuses
+
+
+def status_table(group: str, statuses: list[StreamStatus]) -> str:
+    """The statuses for people: one row per stream."""
+    rows = []
+    for s in statuses:
+        commit = s.last_commit.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if s.last_commit else "never"
+        dead = ", ".join(f"{reason}={n}" for reason, n in sorted(s.dead_letters.items())) or "0"
+        partitions = "-" if s.partitions is None else s.partitions
+        lag = "topic missing" if s.lag is None else s.lag
+        rows.append((s.stream, s.topic, partitions, lag, commit, dead))
+    header = f"consumer group {group}"
+    if not rows:
+        return f"{header}\nno streams"
+    return header + "\n" + table(("STREAM", "TOPIC", "PARTITIONS", "LAG", "LAST COMMIT", "DEAD LETTERS"), rows)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print each stream's consumer lag, last commit and dead letters for the runner's group."""
+    group = args.group or PipelineSettings().group_id or DEFAULT_GROUP
+    settings = PostgresSettings()
+    with database(settings, settings.user) as conn:
+        streams = conn.execute("SELECT name, topic FROM cv.streams ORDER BY name").fetchall()
+        if args.streams:
+            unknown = sorted(set(args.streams) - {name for name, _ in streams})
+            if unknown:
+                raise DefinitionError(f"no stream named {', '.join(unknown)}")
+            streams = [(name, topic) for name, topic in streams if name in args.streams]
+        topics = [topic for _, topic in streams]
+        offsets = conn.execute(
+            "SELECT topic, partition, next_offset, updated_at FROM ops.kafka_offsets"
+            " WHERE group_id = %s AND topic = ANY(%s)",
+            (group, topics),
+        ).fetchall()
+        dead = conn.execute(
+            "SELECT topic, reason, count FROM ops.dead_letters WHERE group_id = %s AND topic = ANY(%s)",
+            (group, topics),
+        ).fetchall()
+    kafka = KafkaSettings()
+    statuses = stream_statuses(streams, watermarks(kafka_admin(kafka), kafka, set(topics)), offsets, dead)
+    if args.json:
+        print(json.dumps({"group": group, "streams": [s.as_json() for s in statuses]}, indent=2))
+    else:
+        print(status_table(group, statuses))
+    return 0
+
+
+# --- run ------------------------------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Hand the remaining arguments to the stream runner (imported only now: it is a service)."""
+    try:
+        runner = importlib.import_module("pipelines.cv.runner")
+    except ModuleNotFoundError as e:
+        if e.name != "pipelines.cv.runner":
+            raise
+        raise CommandError("the stream runner (pipelines.cv.runner) is not part of this installation") from e
+    return runner.main(args.runner_args) or 0
+
+
+# --- the command line -----------------------------------------------------------------------------------
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The argument parser: one subcommand per thing a user does."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Define, list and drop streams and continuous views; see their lag; run the stream runner.",
+        epilog="Examples:\n" + __doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG, with tracebacks of errors")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    define = commands.add_parser(
+        "define", help="create streams and views from a statement, a file or stdin (all or nothing)"
+    )
+    define.add_argument(
+        "statement", nargs="?", help="CREATE STREAM ... or CREATE CONTINUOUS VIEW ...; - reads standard input"
+    )
+    define.add_argument("-f", "--file", help="a file of statements separated by ';'; - reads standard input")
+    define.set_defaults(handler=cmd_define, parser=define)
+
+    listing = commands.add_parser("list", help="streams (topic, format, key, into) and views (stream)")
+    listing.add_argument("--sql", action="store_true", help="print the definitions instead of tables")
+    listing.set_defaults(handler=cmd_list)
+
+    def add_drop(name: str, kind: str | None, summary: str) -> None:
+        drop = commands.add_parser(name, help=summary)
+        drop.add_argument("names", nargs="+", metavar="NAME", help="a view (x means public.x) or a stream")
+        if kind is None:
+            only = drop.add_mutually_exclusive_group()
+            only.add_argument("--view", dest="kind", action="store_const", const="view", help="NAME is a view")
+            only.add_argument("--stream", dest="kind", action="store_const", const="stream", help="NAME is a stream")
+        drop.set_defaults(handler=cmd_drop, kind=kind)
+
+    add_drop("drop", None, "drop views (and their tables) or streams without views (and their state)")
+    add_drop("drop-view", "view", "the same as drop --view")
+    add_drop("drop-stream", "stream", "the same as drop --stream")
+
+    status = commands.add_parser("status", help="per stream: partitions, consumer lag, last commit, dead letters")
+    status.add_argument("streams", nargs="*", metavar="STREAM", help="only these streams (default: all)")
+    status.add_argument("--group", help=f"consumer group (default: PIPELINE_GROUP_ID or {DEFAULT_GROUP})")
+    status.add_argument("--json", action="store_true", help="print JSON for machines")
+    status.set_defaults(handler=cmd_status)
+
+    # The runner parses its own arguments (`streamviews run --help` is the runner's help).
+    run = commands.add_parser("run", help="run the stream runner: streams' topics into their views", add_help=False)
+    run.set_defaults(handler=cmd_run)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None, prog: str = PROG) -> argparse.Namespace:
+    """Parse the command line; usage errors exit with status 2 (argparse's own message)."""
+    parser = build_parser(prog)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "run":
+        args.runner_args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "define" and (args.statement is None) == (args.file is None):
+        args.parser.error("give one statement, -f FILE, or - (standard input)")
+    return args
+
+
+def _configure_logging(verbose: bool) -> None:
+    """LOG_LEVEL when set, else WARNING: a command's output is its result, not the catalog's INFO lines."""
+    settings = LogSettings()
+    if verbose:
+        settings = settings.model_copy(update={"level": "DEBUG"})
+    elif "level" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"level": "WARNING"})
+    configure_logging(settings)
+    kafka_log.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+
+
+def _settings_message(error: pydantic.ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"invalid setting {error.title}.{where}: {first['msg']}"
+
+
+def describe_error(error: Exception) -> tuple[int, str]:
+    """The exit status and one-line message of a failed command; unexpected errors name their type."""
+    if isinstance(error, CommandError):
+        status, message = error.status, str(error)
+    elif isinstance(error, DefinitionError):
+        status, message = USAGE, str(error)
+    elif isinstance(error, psycopg.Error):
+        status, message = pg_status(error), pg_message(error)
+    elif isinstance(error, KafkaException):
+        status, message = FAILURE, f"Kafka: {kafka_message(error)}"
+    elif isinstance(error, pydantic.ValidationError):
+        status, message = USAGE, _settings_message(error)
+    elif isinstance(error, StreamviewsError):
+        status, message = FAILURE, str(error)
+    else:
+        status, message = FAILURE, f"unexpected {type(error).__name__}" + (f": {error}" if str(error) else "")
+    return status, one_line(message)
+
+
+def run_command(args: argparse.Namespace) -> tuple[int, str | None]:
+    """Run the parsed command: (exit status, None) or (exit status, the one-line error)."""
+    try:
+        if args.command != "run":  # the runner configures logging itself
+            _configure_logging(args.verbose)
+        return args.handler(args), None
+    except KeyboardInterrupt:
+        return 130, "interrupted"
+    except BrokenPipeError:
+        raise
+    except Exception as e:  # the one place that turns any failure into one line
+        if structlog.is_configured():
+            log.debug("command failed", command=args.command, exc_info=e)
+        return describe_error(e)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """Entry point of the `streamviews` console script: the exit status."""
+    args = parse_args(argv, prog)
+    try:
+        status, message = run_command(args)
+        if message is not None:
+            print(f"{prog}: error: {message}", file=sys.stderr)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader (e.g. `| head`) went away: stop quietly; the Python docs' recipe for it.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return FAILURE
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

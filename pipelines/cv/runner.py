@@ -1,0 +1,212 @@
+"""The stream runner: every declared stream's topic into its state and continuous views, with no code.
+
+Run: `streamviews run` or `python -m pipelines.cv.runner` (supervised by `make up` as `streams`, a
+service in docker-compose.yml). One process consumes the topics of all the streams in the catalog
+(`cv.streams`) in one consumer group; more processes in the same group share the partitions, and
+the offsets stored in PostgreSQL fence them, so N processes give exactly the result of one.
+
+The catalog is watched while the runner works: every `PIPELINE_CATALOG_POLL_S` it compares the
+catalog's version (bumped by every definition and drop). When it moved, the runner reloads the
+streams, creates missing topics, builds each stream's decoder from its declaration
+(pipelines.cv.decoding) and re-subscribes, so a stream defined on a running system starts flowing
+within about a second, and a dropped one stops.
+
+A batch is one poll over all the topics: each topic's messages are decoded by its stream's decoder,
+the rows of a stream declared `into` another join that stream's changes, and the sink applies every
+stream's changes in one transaction with the offsets of every partition the poll read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psycopg
+from confluent_kafka import KafkaException, Message
+
+from pipelines.cv import catalog
+from pipelines.cv.decoding import StreamDecoder
+from pipelines.cv.definitions import DefinitionError, StreamDef
+from pipelines.cv.sink import StreamChanges, ViewSink
+from pipelines.errors import StreamviewsError
+from pipelines.logs import configure_logging, get_logger
+from pipelines.runtime.consumer import Decoded, Pipeline
+from pipelines.runtime.deadletter import dead_letter_topic
+from pipelines.runtime.events import InvalidEvent
+from pipelines.runtime.topics import ensure_topics
+from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
+
+log = get_logger("cv.runner")
+
+NAME = "streams"
+DEFAULT_GROUP = f"streamviews-{NAME}"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A topic the runner reads: the stream declaring it, where its rows go, and its decoder."""
+
+    stream: StreamDef
+    target: str  # the stream whose state and views take the rows: itself, or the one it feeds `into`
+    decoder: StreamDecoder
+
+
+class StreamRunner:
+    """Keeps the pipeline's subscription and decoders in step with the catalog.
+
+    Args:
+        only: Run just these streams (benchmarks, tests); None runs every stream in the catalog.
+    """
+
+    def __init__(
+        self,
+        *,
+        group_id: str,
+        kafka: KafkaSettings,
+        postgres: PostgresSettings,
+        settings: PipelineSettings,
+        only: frozenset[str] | None = None,
+    ) -> None:
+        self.kafka, self.postgres, self.settings, self.only = kafka, postgres, settings, only
+        self.sink = ViewSink()
+        self.pipeline = Pipeline(
+            NAME,
+            decode=self.decode,
+            sink=self.sink,
+            group_id=group_id,
+            kafka=kafka,
+            postgres=postgres,
+            settings=settings,
+        )
+        self.sources: dict[str, Source] = {}  # by topic
+        self.version: int | None = None
+        self._conn: psycopg.Connection | None = None
+        self._next_check = 0.0
+
+    def run(self) -> None:
+        """Load the catalog, then consume until SIGTERM/SIGINT, reloading whenever the catalog changes."""
+        self.pipeline.run(tick=self.watch_catalog)
+
+    def watch_catalog(self) -> None:
+        """Reload the streams when the catalog's version moved (checked at most every poll interval)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + self.settings.catalog_poll_s
+        try:
+            conn = self._catalog_connection()
+            version = catalog.catalog_version(conn)
+            if version == self.version:
+                return
+            streams = catalog.load_streams(conn)
+        except psycopg.Error as e:
+            log.warning("cannot read the catalog; will retry", error=str(e).strip())
+            self._close()
+            return
+        self.load(streams, version)
+
+    def load(self, streams: dict[str, StreamDef], version: int) -> None:
+        """Decoders and topics for these streams; subscribe to exactly their topics."""
+        sources = {}
+        for stream in streams.values():
+            if self.only is not None and stream.name not in self.only and stream.into not in self.only:
+                continue
+            try:
+                decoder = StreamDecoder(stream)
+            except DefinitionError as e:  # defined by an older release, say: skip it, run the others
+                log.error("stream cannot be decoded; not consumed", stream=stream.name, error=str(e))
+                continue
+            sources[stream.topic] = Source(stream, stream.into or stream.name, decoder)
+        self._ensure_topics(sources.values())
+        self.sources = sources
+        self.sink.streams = tuple(sorted({source.target for source in sources.values()}))
+        self.version = version
+        log.info(
+            "catalog loaded",
+            catalog_version=version,
+            streams={source.stream.name: source.stream.topic for source in sources.values()},
+        )
+        self.pipeline.subscribe(sources)
+
+    def decode(self, messages: list[Message]) -> Decoded:
+        """A poll's messages, topic by topic through each stream's decoder, into changes per target stream."""
+        by_topic: dict[str, list[Message]] = {}
+        for message in messages:
+            topic = message.topic()
+            group = by_topic.get(topic)
+            if group is None:
+                group = by_topic[topic] = []
+            group.append(message)
+        payload: dict[str, StreamChanges] = {}
+        rejected: list[tuple[Message, InvalidEvent]] = []
+        size = 0
+        for topic, group in by_topic.items():
+            source = self.sources.get(topic)
+            if source is None:
+                continue  # the stream was dropped: its records are consumed and applied nowhere
+            decoded = source.decoder.decode_batch(group)
+            rejected.extend((group[index], error) for index, error in decoded.rejected)
+            if decoded.ops:
+                changes = payload.get(source.target)
+                if changes is None:
+                    changes = payload[source.target] = StreamChanges()
+                changes.extend(decoded.ops, decoded.columns)
+                size += len(decoded.ops)
+        return Decoded(payload, size, rejected)
+
+    def _ensure_topics(self, sources: Iterable[Source]) -> None:
+        partitions: dict[str, int] = {}
+        for source in sources:
+            count = source.stream.partitions or self.settings.topic_partitions
+            partitions[source.stream.topic] = count
+            partitions[dead_letter_topic(source.stream.topic)] = count
+        if not partitions:
+            return
+        try:
+            ensure_topics(self.kafka.bootstrap_servers, partitions)
+        except (StreamviewsError, KafkaException) as e:
+            # Subscribing still works: a topic that appears later is picked up by the consumer.
+            log.warning("cannot create topics; consuming those that exist", error=str(e))
+
+    def _catalog_connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.postgres.conninfo(), autocommit=True)
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipelines.cv.runner [--group G] [--streams a,b]`: run the declared streams."""
+    parser = argparse.ArgumentParser(
+        prog="streamviews run", description="Consume every declared stream's topic into its continuous views."
+    )
+    parser.add_argument("--group", default="", help=f"consumer group (default PIPELINE_GROUP_ID or {DEFAULT_GROUP})")
+    parser.add_argument(
+        "--streams", default="", help="comma-separated streams to run, and those feeding them (default: all)"
+    )
+    args = parser.parse_args(argv)
+    configure_logging()
+    settings, kafka, postgres = PipelineSettings(), KafkaSettings(), PostgresSettings()
+    group_id = args.group or settings.group_id or DEFAULT_GROUP
+    only = frozenset(name.strip() for name in args.streams.split(",") if name.strip()) or None
+    log.info(
+        "settings",
+        pipeline=NAME,
+        **{**settings.describe(), "group_id": group_id},
+        streams=sorted(only) if only else "all",
+        kafka=kafka.describe(),
+        postgres=postgres.describe(),
+    )
+    StreamRunner(group_id=group_id, kafka=kafka, postgres=postgres, settings=settings, only=only).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

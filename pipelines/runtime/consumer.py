@@ -1,0 +1,400 @@
+"""The pipeline runner: consume topics in batches, decode, and commit each batch through a Checkpoint.
+
+One poll is one batch: `consume()` returns up to `PIPELINE_BATCH_MAX` records within
+`PIPELINE_BATCH_WAIT_MS`, so batches grow with load and stay small (fresh) when it is light. Bad
+records go to the dead-letter topic and never stop the pipeline. Any failure to commit (database
+down, a deadlock, a fence) rolls the batch back and re-seeks every partition to the offsets stored in
+PostgreSQL, so the same records are consumed again.
+
+A pipeline reads one topic (the audit writer) or many (the stream runner, which re-subscribes when
+streams are defined or dropped). Decoding is the pipeline's `BatchDecoder`: it gets a poll's valid
+messages at once, so a stream's decoder can decode them in one call, and returns the payload its sink
+applies and the messages it rejected.
+
+Decoding and committing overlap: a committer thread commits batch N (the database works, this
+process waits on its socket) while the main thread consumes and decodes batch N+1, whose start is
+N's end. N+1 is handed over only once N has committed; if N fails, N+1 is dropped with it and both
+are consumed again after the re-seek. At most one batch is in flight, so commits stay in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import psycopg
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+
+from pipelines.errors import StreamviewsError
+from pipelines.logs import configure_logging, get_logger
+from pipelines.runtime.checkpoint import Batch, Checkpoint, Fenced, Record, Sink
+from pipelines.runtime.deadletter import DeadLetters, dead_letter_topic
+from pipelines.runtime.events import InvalidEvent
+from pipelines.runtime.topics import ensure_topics
+from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
+
+log = get_logger("consumer")
+
+# A record decoder turns (key, value, Kafka timestamp in ms) into one record for the sink, None for a
+# record that carries nothing to apply (a tombstone), or raises InvalidEvent.
+RecordDecoder = Callable[[bytes | None, bytes | None, int], Any]
+# The dead-letter reason for a record whose decoder failed unexpectedly (a bug, not bad input).
+UNDECODABLE = "undecodable"
+
+
+@dataclass
+class Decoded:
+    """What a batch decoder made of a poll's messages."""
+
+    payload: Any  # what the sink's apply() takes
+    size: int  # records in the payload
+    rejected: list[tuple[Message, InvalidEvent]] = field(default_factory=list)
+
+
+class BatchDecoder(Protocol):
+    """Decodes a poll's valid messages (in poll order) for the sink."""
+
+    def __call__(self, messages: list[Message]) -> Decoded:
+        """Decode; a message that breaks its contract is returned in `rejected`, never raised."""
+        ...
+
+
+def per_record(decode: RecordDecoder) -> BatchDecoder:
+    """A batch decoder calling `decode` for each message; the payload is a list of `Record`s."""
+
+    def decode_batch(messages: list[Message]) -> Decoded:
+        records: list[Record] = []
+        rejected: list[tuple[Message, InvalidEvent]] = []
+        for message in messages:
+            try:
+                record = decode(message.key(), message.value(), message.timestamp()[1])
+            except InvalidEvent as e:
+                rejected.append((message, e))
+                continue
+            except Exception as e:  # a decoder bug must not crash-loop on one record
+                log.exception("decoder failed", topic=message.topic(), offset=message.offset())
+                rejected.append((message, InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}")))
+                continue
+            if record is not None:
+                records.append((message.partition(), record))
+        return Decoded(records, len(records), rejected)
+
+    return decode_batch
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """What a single-topic pipeline module declares: its name, default topic, decoder and sink.
+
+    `add_arguments` adds the pipeline's own command-line options; `build` makes its decoder and sink
+    from the parsed arguments (at start, so that settings are read in `main`, never at import).
+    """
+
+    name: str
+    topic: str
+    summary: str  # one line for --help
+    module: str  # how it is run: python -m <module>
+    build: Callable[[argparse.Namespace], tuple[BatchDecoder, Sink]]
+    add_arguments: Callable[[argparse.ArgumentParser], None] = lambda _parser: None
+
+
+def consumer_config(kafka: KafkaSettings, name: str, group_id: str) -> dict[str, Any]:
+    """The pipelines' consumer: offsets from PostgreSQL only, fuller fetches, no idle backoff."""
+    return {
+        "bootstrap.servers": kafka.bootstrap_servers,
+        "client.id": f"{kafka.client_id}-{name}",
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "range",
+        # Fetch in batches of at least 64 KiB (or after 50 ms): under a steady trickle, fewer,
+        # fuller fetches cost the broker far less CPU than one response per new record.
+        "fetch.min.bytes": 65_536,
+        "fetch.wait.max.ms": 50,
+        # When its local queue passes queued.min.messages or queued.max.messages.kbytes,
+        # librdkafka postpones the partition's next fetch by this long; at the default, 1 s, a
+        # consumer that empties the queue sooner sits idle for the rest. Re-checks are cheap.
+        "fetch.queue.backoff.ms": 10,
+        "logger": logging.getLogger("librdkafka"),
+    }
+
+
+class Pipeline:
+    """Consumes topics into one sink, exactly once."""
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        decode: BatchDecoder,
+        sink: Sink,
+        group_id: str,
+        kafka: KafkaSettings,
+        postgres: PostgresSettings,
+        settings: PipelineSettings,
+    ) -> None:
+        self.name, self.group_id = name, group_id
+        self.decode, self.sink = decode, sink
+        self.kafka, self.settings = kafka, settings
+        self.checkpoint = Checkpoint(postgres.conninfo(), group_id, sink)
+        self.consumer = Consumer(consumer_config(kafka, name, group_id))
+        self.dead_letters = DeadLetters(
+            Producer(
+                {
+                    "bootstrap.servers": kafka.bootstrap_servers,
+                    "enable.idempotence": True,
+                    "linger.ms": 5,
+                    "logger": logging.getLogger("librdkafka"),
+                }
+            ),
+            name,
+        )
+        self.topics: tuple[str, ...] = ()
+        # Where each assigned (topic, partition) will stand in PostgreSQL once the batches decoded so
+        # far have committed (None: never committed); reset from PostgreSQL by a rewind.
+        self.positions: dict[tuple[str, int], int | None] = {}
+        self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-commit")
+        self._inflight: tuple[Batch, Future[int]] | None = None
+        self.running = True
+        self.totals = {"batches": 0, "records": 0, "changes": 0, "retries": 0}
+        self._failures = 0  # consecutive failed commits
+
+    def subscribe(self, topics: Iterable[str]) -> None:
+        """Consume these topics from now on (a rebalance hands the group's partitions out again)."""
+        topics = tuple(sorted(set(topics)))
+        if topics == self.topics:
+            return
+        self._settle()
+        self.topics = topics
+        if topics:
+            self.consumer.subscribe(
+                list(topics), on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke
+            )
+        else:
+            self.consumer.unsubscribe()
+            self.positions.clear()
+        log.info("subscribed", pipeline=self.name, topics=list(topics))
+
+    def run(self, tick: Callable[[], None] | None = None) -> None:
+        """Consume until SIGTERM/SIGINT, then finish the current batch and leave the group.
+
+        `tick` runs between polls (at least every `PIPELINE_BATCH_WAIT_MS`): the stream runner
+        watches the catalog there and re-subscribes.
+        """
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+        # The committer thread gives up the GIL at every round trip to PostgreSQL and must win it back
+        # from the decoding thread: with the default 5 ms switch interval each round trip could wait
+        # that long, which adds up over a batch's dozen statements.
+        sys.setswitchinterval(0.0005)
+        log.info("pipeline started", pipeline=self.name, sink=str(self.sink), group_id=self.group_id)
+        next_housekeeping = time.monotonic()
+        next_report = time.monotonic() + self.settings.report_interval_s
+        next_beat = 0.0
+        try:
+            while self.running:
+                if tick is not None:
+                    tick()
+                if self.topics:
+                    messages = self.consumer.consume(self.settings.batch_max, self.settings.batch_wait_ms / 1000)
+                else:
+                    messages = []
+                    time.sleep(self.settings.batch_wait_ms / 1000)
+                if messages:
+                    self._process(messages)
+                elif self._inflight is not None:
+                    self._settle()
+                now = time.monotonic()
+                if now >= next_housekeeping:
+                    self._settle()
+                    self._housekeeping()
+                    next_housekeeping = now + self.settings.expire_interval_s
+                if self.settings.heartbeat_file and now >= next_beat:
+                    Path(self.settings.heartbeat_file).touch()
+                    next_beat = now + 1
+                if now >= next_report:
+                    log.info("progress", pipeline=self.name, **self.totals, dead_letters=dict(self.dead_letters.counts))
+                    next_report = now + self.settings.report_interval_s
+        finally:
+            self._settle(rewind=False)
+            self._committer.shutdown()
+            self.consumer.close()
+            self.checkpoint.close()
+            log.info("pipeline stopped", pipeline=self.name, **self.totals)
+
+    def stop(self) -> None:
+        """Ask the loop to end after the current batch."""
+        self.running = False
+
+    def _process(self, messages: list[Message]) -> None:
+        batch = self._decode(messages)
+        if not batch.end:
+            return
+        if self._settle():
+            self._inflight = (batch, self._committer.submit(self._commit, batch))
+        # else: the batch in flight failed and everything was re-seeked; this one started where that
+        # one ended, so it is dropped and consumed again.
+
+    def _commit(self, batch: Batch) -> int:
+        """In the committer thread: dead letters reach Kafka before the batch's offsets commit."""
+        self.dead_letters.flush()
+        return self.checkpoint.commit(batch)
+
+    def _settle(self, *, rewind: bool = True) -> bool:
+        """Wait for the batch in flight, if any; True if it committed (or there was none).
+
+        On failure, back off and (with `rewind`) re-seek every partition to PostgreSQL's offsets.
+        """
+        if self._inflight is None:
+            return True
+        batch, future = self._inflight
+        self._inflight = None
+        try:
+            changed = future.result()
+        except (Fenced, psycopg.Error, StreamviewsError) as e:
+            self.totals["retries"] += 1
+            self._failures += 1
+            # A fence resolves at once; anything else backs off, so a persistent fault does not spin.
+            delay = 0.0 if isinstance(e, Fenced) else min(0.25 * 2**self._failures, 30.0)
+            log.warning(
+                "batch not committed; re-seeking to stored offsets",
+                pipeline=self.name,
+                error=str(e),
+                records=batch.consumed,
+                retry_in_s=delay,
+            )
+            if rewind:
+                time.sleep(delay)
+                self._rewind()
+            return False
+        self._failures = 0
+        self.totals["batches"] += 1
+        self.totals["records"] += batch.consumed
+        self.totals["changes"] += changed
+        # Kafka's committed offsets only inform lag tooling; PostgreSQL's are the truth.
+        offsets = [TopicPartition(t, p, o) for (t, p), o in batch.end.items() if (t, p) in self.positions]
+        if offsets:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+        return True
+
+    def _decode(self, messages: list[Message]) -> Batch:
+        # The bookkeeping runs for every message: offsets are tracked per (topic, partition) here, and
+        # the decoder gets the valid messages at once.
+        batch = Batch()
+        positions = self.positions
+        last: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset of its last message in the batch
+        valid: list[Message] = []
+        for message in messages:
+            if message.error() is not None:
+                if message.error().code() != KafkaError._PARTITION_EOF:
+                    log.warning("consumer error", error=str(message.error()))
+                continue
+            tp = (message.topic(), message.partition())
+            if tp not in positions:
+                continue  # revoked while this poll was in flight
+            if tp not in last:
+                batch.start[tp] = positions[tp]
+            last[tp] = message.offset()
+            valid.append(message)
+        if valid:
+            try:
+                decoded = self.decode(valid)
+            except Exception as e:  # a decoder bug: dead-letter the poll rather than crash-loop on it
+                log.exception("batch decoder failed", pipeline=self.name, records=len(valid))
+                decoded = Decoded(None, 0, [(m, InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}")) for m in valid])
+            batch.payload, batch.size = decoded.payload, decoded.size
+            for message, error in decoded.rejected:
+                self.dead_letters.send(message, error)
+                batch.dead_letters[(message.topic(), error.reason)] += 1
+        for tp, offset in last.items():
+            batch.end[tp] = offset + 1
+            positions[tp] = offset + 1  # where the next batch starts, once this one commits
+        return batch
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._settle(rewind=False)
+        stored = self._stored_offsets([(tp.topic, tp.partition) for tp in partitions])
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            tp.offset = stored.get(key, OFFSET_BEGINNING)
+            self.positions[key] = stored.get(key)
+        consumer.assign(partitions)
+        log.info(
+            "partitions assigned",
+            pipeline=self.name,
+            offsets={
+                f"{tp.topic}[{tp.partition}]": stored.get((tp.topic, tp.partition), "beginning") for tp in partitions
+            },
+        )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Let the batch in flight finish first: the partitions' next owner then starts after it.
+        self._settle(rewind=False)
+        for tp in partitions:
+            self.positions.pop((tp.topic, tp.partition), None)
+        consumer.unassign()
+        log.info(
+            "partitions revoked", pipeline=self.name, partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions]
+        )
+
+    def _stored_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """Offsets from PostgreSQL, retried until it answers: without them we must not consume."""
+        delay = 0.5
+        while True:
+            try:
+                return self.checkpoint.stored_offsets(partitions)
+            except psycopg.Error as e:
+                log.warning("cannot read stored offsets; retrying", error=str(e), retry_in_s=delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 10)
+
+    def _rewind(self) -> None:
+        """Seek every assigned partition back to the offsets stored in PostgreSQL."""
+        partitions = sorted(self.positions)
+        if not partitions:
+            return
+        stored = self._stored_offsets(partitions)
+        for tp in partitions:
+            self.positions[tp] = stored.get(tp)
+            self.consumer.seek(TopicPartition(tp[0], tp[1], stored.get(tp, OFFSET_BEGINNING)))
+
+    def _housekeeping(self) -> None:
+        try:
+            self.checkpoint.housekeeping()
+        except (psycopg.Error, StreamviewsError) as e:
+            log.warning("housekeeping failed; will retry", pipeline=self.name, error=str(e))
+
+
+def main(spec: PipelineSpec, argv: list[str] | None = None) -> int:
+    """Command line of a single-topic pipeline: `python -m <module> [--topic T] [--group G] [its options]`."""
+    parser = argparse.ArgumentParser(prog=f"python -m {spec.module}", description=spec.summary)
+    parser.add_argument("--topic", default=spec.topic, help=f"Kafka topic (default {spec.topic})")
+    parser.add_argument("--group", default="", help="consumer group (default PIPELINE_GROUP_ID or streamviews-<name>)")
+    spec.add_arguments(parser)
+    args = parser.parse_args(argv)
+    configure_logging()
+    settings, kafka, postgres = PipelineSettings(), KafkaSettings(), PostgresSettings()
+    group_id = args.group or settings.group_id or f"streamviews-{spec.name}"
+    log.info(
+        "settings", pipeline=spec.name, **settings.describe(), kafka=kafka.describe(), postgres=postgres.describe()
+    )
+    decode, sink = spec.build(args)
+    ensure_topics(
+        kafka.bootstrap_servers,
+        {args.topic: settings.topic_partitions, dead_letter_topic(args.topic): settings.topic_partitions},
+    )
+    pipeline = Pipeline(
+        spec.name, decode=decode, sink=sink, group_id=group_id, kafka=kafka, postgres=postgres, settings=settings
+    )
+    pipeline.subscribe([args.topic])
+    pipeline.run()
+    return 0
