@@ -129,14 +129,22 @@ def page_views(count: int, urls: int, seed: int) -> PageViews:
     )
 
 
-def definitions(schema: str, stream: str, topic: str) -> list[str]:
-    """The bench stream (no key: append-only, so max() is allowed) and its aggregating view."""
-    names = {"stream": sql.Identifier(stream), "view": sql.Identifier(schema, "url_stats"), "topic": sql.Literal(topic)}
+def definitions(schema: str, stream: str, topic: str, group: str) -> list[str]:
+    """The bench stream (no key: append-only, so max() is allowed) and its aggregating view.
+
+    The stream's `consumer_group` is the bench runner's: the supervised runner leaves it alone.
+    """
+    names = {
+        "stream": sql.Identifier(stream),
+        "view": sql.Identifier(schema, "url_stats"),
+        "topic": sql.Literal(topic),
+        "group": sql.Literal(group),
+    }
     return [
         sql.SQL(text).format(**names).as_string(None)
         for text in (
             "CREATE STREAM {stream} (url text NOT NULL, uid bigint, latency double precision NOT NULL, ts timestamptz)"
-            " WITH (topic = {topic}, timestamp_column = 'ts')",
+            " WITH (topic = {topic}, timestamp_column = 'ts', consumer_group = {group})",
             "CREATE CONTINUOUS VIEW {view} AS SELECT url, count(*) AS views, sum(latency) AS total_latency,"
             " max(latency) AS max_latency FROM {stream} GROUP BY url",
         )
@@ -174,7 +182,7 @@ def run_runner(
     topic, schema, stream, group = names
     owner = seed.owner_conninfo(postgres)
     try:
-        with throwaway_definitions(schema, definitions(schema, stream, topic), [stream], postgres):
+        with throwaway_definitions(schema, definitions(schema, stream, topic, group), [stream], postgres):
             ends = high_watermarks(topic, kafka)
             if sum(ends.values()) != len(views.urls):
                 raise BenchmarkError(f"{topic} holds {sum(ends.values())} records, expected {len(views.urls)}")

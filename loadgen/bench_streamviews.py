@@ -91,15 +91,16 @@ def social_definitions() -> tuple[dict[str, StreamDef], list[ViewDef]]:
 
 
 def copy_definitions(
-    source: str, *, schema: str, stream: str, topic: str, views: Collection[str] | None = None
+    source: str, *, schema: str, stream: str, topic: str, group: str, views: Collection[str] | None = None
 ) -> list[str]:
     """CREATE statements copying social stream `source` and its views (all, or those named) into `schema`.
 
     The stream's statement is copied as written (columns, constraints, key and every WITH option:
-    kafka_key, action_field, timestamp_column, ...) with only its name changed to `stream` and its
-    `topic` option to `topic`; each view keeps its name, query and options, only its schema and
-    stream change. Each copy is parsed back and compared with its original, so a copy that would
-    decode or maintain something else raises instead.
+    kafka_key, action_field, timestamp_column, ...) with only its name changed to `stream`, its
+    `topic` option to `topic`, and `consumer_group = group` added: only a runner started with
+    `--group <group>` consumes it, never the supervised one. Each view keeps its name, query and
+    options, only its schema and stream change. Each copy is parsed back and compared with its
+    original, so a copy that would decode or maintain something else raises instead.
 
     Raises:
         BenchmarkError: no such stream or view, or a copy differs from its original.
@@ -109,11 +110,11 @@ def copy_definitions(
         raise BenchmarkError(f"{VIEWS_SQL.name}: no stream {source!r}")
     original = streams[source]
     text, named = re.subn(rf"^(CREATE\s+STREAM\s+){source}\b", rf"\g<1>{stream}", original.definition, flags=re.I)
-    text, topics = re.subn(r"\btopic\s*=\s*'[^']*'", f"topic = '{topic}'", text)
+    text, topics = re.subn(r"\btopic\s*=\s*'[^']*'", f"topic = '{topic}', consumer_group = '{group}'", text)
     statements = [text]
     copied_stream = parse(text, {})
     assert isinstance(copied_stream, StreamDef)
-    renamed = replace(original, name=stream, topic=topic, definition=text)
+    renamed = replace(original, name=stream, topic=topic, consumer_group=group, definition=text)
     if (named, topics) != (1, 1) or copied_stream != renamed:
         raise BenchmarkError(f"bench stream {stream} differs from {source}")
     wanted = [v for v in originals if v.stream == source and (views is None or v.name in views)]
@@ -147,11 +148,16 @@ def copy_functions(schema: str) -> str:
 
 @dataclass(frozen=True)
 class StreamCopy:
-    """One social stream copied into a bench schema: which, under what name, on what topic, which views."""
+    """One social stream copied into a bench schema: which, under what name, on what topic, which views.
+
+    `group` is the copy's `consumer_group`: the bench's own runners' group, or one that no runner runs
+    when the views are filled through the engine directly.
+    """
 
     source: str
     stream: str
     topic: str
+    group: str
     views: tuple[str, ...] | None = None  # None: every view of the source stream
 
 
@@ -164,7 +170,9 @@ def bench_views(schema: str, copies: Sequence[StreamCopy], settings: PostgresSet
     statements = [
         statement
         for c in copies
-        for statement in copy_definitions(c.source, schema=schema, stream=c.stream, topic=c.topic, views=c.views)
+        for statement in copy_definitions(
+            c.source, schema=schema, stream=c.stream, topic=c.topic, group=c.group, views=c.views
+        )
     ]
     with throwaway_definitions(schema, statements, [c.stream for c in copies], settings) as views:
         yield views
@@ -863,7 +871,7 @@ def run_pipeline(
         pass
     owner = seed.owner_conninfo(postgres)
     try:
-        with bench_views(name, [StreamCopy("likes", name, topic)], postgres) as views:
+        with bench_views(name, [StreamCopy("likes", name, topic, group)], postgres) as views:
             ends = high_watermarks(topic, kafka)
             if sum(ends.values()) != len(events):
                 raise BenchmarkError(f"{topic} holds {sum(ends.values())} records, expected {len(events)}")
@@ -1037,9 +1045,11 @@ def run_social_queries(
     objects `random_gaussian(1, objects, gaussian)`, users uniform in 1..followers.
     """
     name = seed.unique_name("bench")
+    prefix = name.replace("_", "-")
+    unused = f"{prefix}-unused"  # their consumer group: no runner consumes these streams, the engine fills them
     copies = [
-        StreamCopy("likes", name, f"{name.replace('_', '-')}-likes-unused"),
-        StreamCopy("follows", f"{name}_follows", f"{name.replace('_', '-')}-follows-unused", ("user_following",)),
+        StreamCopy("likes", name, f"{prefix}-likes-unused", unused),
+        StreamCopy("follows", f"{name}_follows", f"{prefix}-follows-unused", unused, ("user_following",)),
     ]
     with bench_views(name, copies, postgres) as views:
         log.info("social bench views", views=views)

@@ -44,11 +44,21 @@ def catalog_version(conn: psycopg.Connection) -> int:
     return conn.execute("SELECT version FROM cv.catalog").fetchone()[0]
 
 
-def load_streams(conn: psycopg.Connection) -> dict[str, StreamDef]:
-    """Every stream, re-parsed from its stored definition."""
+def load_streams(conn: psycopg.Connection, *, skip_broken: bool = False) -> dict[str, StreamDef]:
+    """Every stream, re-parsed from its stored definition.
+
+    With `skip_broken`, a stored definition this release cannot parse any more (say, it predates a
+    stricter rule) is logged and left out, so that the other streams keep running.
+    """
     streams: dict[str, StreamDef] = {}
-    for (definition,) in conn.execute("SELECT definition FROM cv.streams ORDER BY name"):
-        stream = parse(definition, streams)
+    for name, definition in conn.execute("SELECT name, definition FROM cv.streams ORDER BY name"):
+        try:
+            stream = parse(definition, streams)
+        except DefinitionError as e:
+            if not skip_broken:
+                raise
+            log.error("stored stream definition no longer parses; it is not consumed", stream=name, error=str(e))
+            continue
         assert isinstance(stream, StreamDef)
         streams[stream.name] = stream
     return streams

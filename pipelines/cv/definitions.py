@@ -46,6 +46,9 @@ The options of WITH (...) (quoted strings, or plain integers for the numbers):
   or 'ignore' (csv: extra trailing fields are ignored).
 - `partitions`: the topic's partition count when it is created (1 .. 1000; default: the runner's).
 - `max_event_bytes`: larger record values are dead-lettered unread (1 .. 10485760, default 65536).
+- `consumer_group`: the runner group that consumes the stream (default: the supervised runner's,
+  `streamviews-streams`). A stream with its own group runs only in `streamviews run --group <it>`:
+  heavy streams isolated in processes of their own, benchmarks and tests that bring their runner.
 - `into`: another stream that this one's rows are fed into (its state and views), e.g. Debezium
   changes of an application table into the stream its Kafka producers write. Such a stream has no
   `key` of its own; whether the two streams fit is checked when the catalog defines it.
@@ -158,6 +161,7 @@ class StreamDef:
     partitions: int | None = None  # of the topic when it is created (None: the runner's default)
     max_event_bytes: int = 65_536
     into: str | None = None  # feed the rows of this stream into that stream (its state and views)
+    consumer_group: str | None = None  # the runner group consuming it (None: the supervised runner's)
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -331,6 +335,7 @@ STREAM_OPTIONS = frozenset(
         "partitions",
         "max_event_bytes",
         "into",
+        "consumer_group",
     }
 )
 FORMATS: tuple[StreamFormat, ...] = ("json", "csv", "debezium")
@@ -458,6 +463,9 @@ def _stream(node: ast.CreateStmt, text: str) -> StreamDef:
             raise DefinitionError(f"{what}: into names the stream itself")
         if key:
             raise DefinitionError(f"{what}: a stream with into has no key of its own (it takes {into}'s)")
+    consumer_group = options.get("consumer_group")
+    if consumer_group is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", consumer_group):
+        raise DefinitionError(f"{what}: consumer_group {consumer_group!r} is not a Kafka group name ([A-Za-z0-9._-])")
     stream = StreamDef(
         name,
         topic,
@@ -475,6 +483,7 @@ def _stream(node: ast.CreateStmt, text: str) -> StreamDef:
         partitions=partitions,
         max_event_bytes=65_536 if max_event_bytes is None else max_event_bytes,
         into=into,
+        consumer_group=consumer_group,
     )
     # Compiling the decoder evaluates every DEFAULT and compiles every CHECK: one it cannot evaluate
     # fails the definition now, not the first event. (Imported here: decoding imports this module.)

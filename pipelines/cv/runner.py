@@ -58,7 +58,10 @@ class StreamRunner:
     """Keeps the pipeline's subscription and decoders in step with the catalog.
 
     Args:
-        only: Run just these streams (benchmarks, tests); None runs every stream in the catalog.
+        group_id: The consumer group; it runs the streams declared with this `consumer_group`.
+        default_group: True for the default group (no `--group`): it also runs every stream declared
+            without a `consumer_group`.
+        only: Run just these streams (and those feeding them); None runs all of the group's.
     """
 
     def __init__(
@@ -68,9 +71,11 @@ class StreamRunner:
         kafka: KafkaSettings,
         postgres: PostgresSettings,
         settings: PipelineSettings,
+        default_group: bool = True,
         only: frozenset[str] | None = None,
     ) -> None:
         self.kafka, self.postgres, self.settings, self.only = kafka, postgres, settings, only
+        self.group_id, self.default_group = group_id, default_group
         self.sink = ViewSink()
         self.pipeline = Pipeline(
             NAME,
@@ -101,7 +106,7 @@ class StreamRunner:
             version = catalog.catalog_version(conn)
             if version == self.version:
                 return
-            streams = catalog.load_streams(conn)
+            streams = catalog.load_streams(conn, skip_broken=True)
         except psycopg.Error as e:
             log.warning("cannot read the catalog; will retry", error=str(e).strip())
             self._close()
@@ -112,7 +117,7 @@ class StreamRunner:
         """Decoders and topics for these streams; subscribe to exactly their topics."""
         sources = {}
         for stream in streams.values():
-            if self.only is not None and stream.name not in self.only and stream.into not in self.only:
+            if not self.runs(stream):
                 continue
             try:
                 decoder = StreamDecoder(stream)
@@ -130,6 +135,14 @@ class StreamRunner:
             streams={source.stream.name: source.stream.topic for source in sources.values()},
         )
         self.pipeline.subscribe(sources)
+
+    def runs(self, stream: StreamDef) -> bool:
+        """Whether this runner consumes the stream: its group's, and among `only` when that is given."""
+        if stream.consumer_group is None and not self.default_group:
+            return False
+        if stream.consumer_group is not None and stream.consumer_group != self.group_id:
+            return False
+        return self.only is None or stream.name in self.only or stream.into in self.only
 
     def decode(self, messages: list[Message]) -> Decoded:
         """A poll's messages, topic by topic through each stream's decoder, into changes per target stream."""
@@ -204,7 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         kafka=kafka.describe(),
         postgres=postgres.describe(),
     )
-    StreamRunner(group_id=group_id, kafka=kafka, postgres=postgres, settings=settings, only=only).run()
+    StreamRunner(
+        group_id=group_id,
+        kafka=kafka,
+        postgres=postgres,
+        settings=settings,
+        default_group=not args.group,
+        only=only,
+    ).run()
     return 0
 
 

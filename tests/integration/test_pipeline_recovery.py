@@ -28,18 +28,20 @@ PARTITIONS = 4
 def scenario(pg, kafka, topic_factory, stack):
     """A topic with 4 partitions, a keyed stream on it and two views, dropped afterwards."""
     topic = topic_factory("it-likes", partitions=PARTITIONS)
-    name = topic.replace("-", "_")
+    name, group = topic.replace("-", "_"), unique("it-group")
+    # Its own consumer group: the supervised runner leaves the stream to the test's runners.
     definitions = f"""
         CREATE STREAM {name} (oid bigint, uid bigint, ts timestamptz) WITH (
             topic = '{topic}', key = 'oid, uid', kafka_key = 'oid', timestamp_column = 'ts',
-            action_field = 'action', insert_actions = 'like', delete_actions = 'unlike');
+            action_field = 'action', insert_actions = 'like', delete_actions = 'unlike',
+            consumer_group = '{group}');
         CREATE CONTINUOUS VIEW {name}.objects AS
             SELECT oid, count(*) AS n, array_agg(DISTINCT uid) AS likers FROM {name} GROUP BY oid;
         CREATE CONTINUOUS VIEW {name}.users AS
             SELECT uid, array_agg(DISTINCT oid) AS liked FROM {name} GROUP BY uid;
     """
     with throwaway_views(pg, name, [name], definitions):
-        yield {"topic": topic, "stream": name, "group": unique("it-group")}
+        yield {"topic": topic, "stream": name, "group": group}
 
 
 def produce_likes(kafka, topic: str, count: int, seed: int) -> list[tuple[int, int, int]]:
