@@ -37,9 +37,9 @@ from psycopg import sql
 from loadgen import seed_baselines as seed
 from loadgen.workload import new_rng, now_ms
 from pipelines.audit import elastic
-from pipelines.audit.writer import COPY_COLUMNS, COPY_HEADER, COPY_TRAILER, copy_body, encode_row
-from pipelines.audit.puller import document
 from pipelines.audit.events import AuditEvent
+from pipelines.audit.puller import document
+from pipelines.audit.writer import COPY_COLUMNS, COPY_HEADER, COPY_TRAILER, copy_body, encode_row
 from pipelines.settings import ROLE_OWNER, ROLE_READER, PostgresSettings
 
 ALPHABET = "abcdef "  # the characters of the seed's gen_rand_str

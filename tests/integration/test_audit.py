@@ -22,9 +22,9 @@ from confluent_kafka import Consumer, Producer
 from elasticsearch import helpers
 
 from pipelines.audit import retention
-from pipelines.audit.writer import AuditSink, CopyRow, encode_row
-from pipelines.audit.puller import CtidPuller
 from pipelines.audit.events import AuditEvent
+from pipelines.audit.puller import CtidPuller
+from pipelines.audit.writer import AuditSink, CopyRow, encode_row
 from pipelines.settings import AuditSettings, PostgresSettings
 from stack.supervisor import Supervisor
 from tests.integration.conftest import pipeline_env, unique, wait_for

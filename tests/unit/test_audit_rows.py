@@ -5,10 +5,10 @@ from __future__ import annotations
 import struct
 from datetime import UTC, date, datetime, timedelta, timezone
 
-from pipelines.audit.writer import copy_rows, encode_row
-from pipelines.audit.puller import document
 from pipelines.audit.events import AuditEvent
+from pipelines.audit.puller import document
 from pipelines.audit.retention import cutoff
+from pipelines.audit.writer import copy_rows, encode_row
 
 TS = datetime(2026, 11, 22, 10, 0, 0, 123456, tzinfo=UTC)
 

@@ -10,8 +10,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 from structlog.testing import capture_logs
 
-from pipelines.runtime.deadletter import DeadLetterError, DeadLetters, dead_letter_headers, dead_letter_topic
 from pipelines.errors import StreamviewsError
+from pipelines.runtime.deadletter import DeadLetterError, DeadLetters, dead_letter_headers, dead_letter_topic
 from pipelines.runtime.events import InvalidEvent
 
 ERROR = InvalidEvent("unknown_action", "action must be 'like' or 'unlike', got 'love'")
