@@ -27,118 +27,49 @@ import argparse
 import importlib
 import json
 import logging
-import re
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
-import pglast
 import psycopg
 import pydantic
 import structlog
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import KafkaException
 
 from pipelines.cv import catalog
-from pipelines.cv.definitions import DefinitionError, StreamDef, parse, split_statements
+from pipelines.cv.cli_common import (
+    FAILURE,
+    KAFKA_TIMEOUT_S,
+    USAGE,
+    CommandError,
+    database,
+    definer,
+    kafka_admin,
+    kafka_log,
+    kafka_message,
+    kafka_topics,
+    one_line,
+    pg_message,
+    pg_status,
+    table,
+)
+from pipelines.cv.definitions import DefinitionError, Statement, StreamDef, numbered_statements, parse
+from pipelines.cv.status import status_table, stream_statuses, watermarks
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.runtime.topics import ensure_topics
-from pipelines.settings import ROLE_OWNER, KafkaSettings, LogSettings, PipelineSettings, PostgresSettings
+from pipelines.settings import KafkaSettings, LogSettings, PipelineSettings, PostgresSettings
 
 log = get_logger("cli")
-# librdkafka's own log lines (a broker down, say) would be more lines on stderr: logged here, shown with -v.
-kafka_log = logging.getLogger("cli.librdkafka")
 
 PROG = "streamviews"
 # The stream runner's consumer group when PIPELINE_GROUP_ID is empty (pipelines.cv.runner.DEFAULT_GROUP).
 DEFAULT_GROUP = "streamviews-streams"
-# Kafka metadata and offset requests: a status or a define must not hang on a broker that is down.
-KAFKA_TIMEOUT_S = 5.0
-USAGE, FAILURE = 2, 1
-# Scanner tokens that are not part of a statement's text: comments and the semicolons between statements.
-_NOT_STATEMENT = frozenset({"SQL_COMMENT", "C_COMMENT", "ASCII_59"})
-_HEAD = re.compile(r"\s*CREATE\s+(STREAM|CONTINUOUS\s+VIEW)\s+([^\s(]+)", re.IGNORECASE)
 
 
-class CommandError(StreamviewsError):
-    """A command failed; `status` is the exit status (2: the input is wrong, 1: a run-time failure)."""
-
-    def __init__(self, message: str, status: int = FAILURE) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-# --- statements ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Statement:
-    """One statement of the input, with where it starts (for error messages)."""
-
-    number: int
-    line: int
-    text: str
-
-    @property
-    def label(self) -> str:
-        """`CREATE STREAM clicks` / `CREATE CONTINUOUS VIEW social.x`: what it defines ("" when unknown)."""
-        head = _HEAD.match(self.text)
-        if head is None:
-            return ""
-        return f"CREATE {' '.join(head.group(1).upper().split())} {head.group(2)}"
-
-    def prefix(self, count: int) -> str:
-        """How an error names the statement: `statement 2 (line 7): CREATE STREAM x: ` (position only if many)."""
-        where = f"statement {self.number} (line {self.line}): " if count > 1 else ""
-        return where + (f"{self.label}: " if self.label else "")
-
-
-def _significant(tokens: Sequence[Any]) -> list[Any]:
-    return [t for t in tokens if t.name not in _NOT_STATEMENT]
-
-
-def split_input(text: str, source: str = "the input") -> list[Statement]:
-    """Split definitions text into statements, failing on any text that belongs to no statement.
-
-    `split_statements` silently drops a statement whose parentheses do not balance (and everything
-    after it), so the input's tokens are counted against the statements' tokens: what is left over
-    is reported with PostgreSQL's own syntax error.
-
-    Raises:
-        DefinitionError: Nothing to define, an unterminated quote or comment, or an incomplete statement.
-    """
-    try:
-        texts = split_statements(text)
-        tokens = _significant(pglast.parser.scan(text))
-    except pglast.parser.ParseError as e:
-        raise DefinitionError(f"syntax error: {e}") from e
-    statements: list[Statement] = []
-    covered = 0
-    for statement in texts:
-        own = _significant(pglast.parser.scan(statement))
-        if not own:  # only a /* comment */
-            continue
-        line = text.count("\n", 0, tokens[covered].start) + 1
-        # From its first token: a leading /* comment */ would hide the CREATE that `parse` looks for.
-        statements.append(Statement(len(statements) + 1, line, statement[own[0].start :]))
-        covered += len(own)
-    if covered < len(tokens):
-        start = tokens[covered].start
-        rest = Statement(len(statements) + 1, text.count("\n", 0, start) + 1, text[start:].strip())
-        try:
-            parse(rest.text, {})
-        except DefinitionError as e:
-            raise DefinitionError(f"{rest.prefix(len(statements) + 1)}{e}") from e
-        raise DefinitionError(f"{rest.prefix(len(statements) + 1)}incomplete statement")
-    if not statements:
-        raise DefinitionError(f"no statements in {source}")
-    return statements
+# --- define ---------------------------------------------------------------------------------------------
 
 
 def read_input(statement: str | None, file: str | None, stdin: TextIO) -> tuple[str, str]:
@@ -157,85 +88,6 @@ def read_input(statement: str | None, file: str | None, stdin: TextIO) -> tuple[
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise CommandError(f"cannot read {file}: {reason}", USAGE) from e
-
-
-# --- connections and error messages -------------------------------------------------------------------
-
-
-def one_line(text: object) -> str:
-    """Any message as one line: whitespace (newlines, tabs) collapsed."""
-    return " ".join(str(text).split())
-
-
-def pg_message(error: psycopg.Error) -> str:
-    """PostgreSQL's primary message for an error, or the driver's own when the server sent none."""
-    return one_line(error.diag.message_primary or error)
-
-
-def pg_status(error: psycopg.Error) -> int:
-    """Exit status for a database error: 2 when the statement is at fault (SQLSTATE classes 22, 23, 3F, 42)."""
-    return USAGE if isinstance(error, (psycopg.ProgrammingError, psycopg.DataError, psycopg.IntegrityError)) else 1
-
-
-def connection_reason(error: psycopg.OperationalError) -> str:
-    """The reason libpq gives for a failed connection, without the host and port (the caller names them)."""
-    text = re.sub(r'^(connection failed: )?(connection to server at "[^"]*", port \d+ failed: )?', "", str(error))
-    first = next((line for line in text.splitlines() if line.strip()), text)
-    return one_line(first.removeprefix("FATAL:"))
-
-
-def kafka_message(error: KafkaException) -> str:
-    """The broker or client's reason, without the KafkaError{...} wrapping."""
-    cause = error.args[0] if error.args else None
-    return one_line(cause.str() if isinstance(cause, KafkaError) else error)
-
-
-def definer(settings: PostgresSettings) -> str:
-    """The role that defines and drops: sv_owner (it creates tables) unless PGUSER says otherwise."""
-    return settings.user if "user" in settings.model_fields_set else ROLE_OWNER
-
-
-@contextmanager
-def database(settings: PostgresSettings, user: str) -> Iterator[psycopg.Connection]:
-    """An autocommit connection, so `conn.transaction()` is the outer transaction and the catalog's are savepoints.
-
-    Raises:
-        CommandError: PostgreSQL cannot be reached or refuses the role, naming host, port and role.
-    """
-    conninfo = settings.conninfo() if user == settings.user else settings.conninfo(user=user)
-    try:
-        conn = psycopg.connect(conninfo, autocommit=True)
-    except psycopg.OperationalError as e:
-        where = f"{settings.host}:{settings.port}/{settings.database}"
-        raise CommandError(f"cannot connect to PostgreSQL at {where} as {user}: {connection_reason(e)}") from e
-    with conn:
-        yield conn
-
-
-def kafka_admin(kafka: KafkaSettings) -> AdminClient:
-    """An admin client whose librdkafka logs go to logging (DEBUG with -v), not straight to stderr."""
-    return AdminClient(
-        {
-            "bootstrap.servers": kafka.bootstrap_servers,
-            "client.id": f"{kafka.client_id}-cli",
-            "logger": kafka_log,
-        }
-    )
-
-
-def kafka_topics(admin: AdminClient, kafka: KafkaSettings) -> dict[str, Any]:
-    """The cluster's topics (name -> metadata).
-
-    Raises:
-        CommandError: The brokers did not answer within KAFKA_TIMEOUT_S.
-    """
-    try:
-        return admin.list_topics(timeout=KAFKA_TIMEOUT_S).topics
-    except KafkaException as e:
-        raise CommandError(f"cannot reach Kafka at {kafka.bootstrap_servers}: {kafka_message(e)}") from e
-
-
-# --- define ---------------------------------------------------------------------------------------------
 
 
 def apply_definitions(conn: psycopg.Connection, statements: list[Statement]) -> list[str]:
@@ -295,7 +147,9 @@ def ensure_stream_topics(streams: list[StreamDef], kafka: KafkaSettings, default
 def cmd_define(args: argparse.Namespace) -> int:
     """Apply the statements all or nothing, then create the defined streams' missing topics."""
     source, text = read_input(args.statement, args.file, sys.stdin)
-    statements = split_input(text, source)
+    statements = numbered_statements(text)
+    if not statements:
+        raise DefinitionError(f"no statements in {source}")
     settings = PostgresSettings()
     with database(settings, definer(settings)) as conn:
         outcomes = apply_definitions(conn, statements)
@@ -308,13 +162,6 @@ def cmd_define(args: argparse.Namespace) -> int:
 
 
 # --- list and drop --------------------------------------------------------------------------------------
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Rows under their headers in left-aligned columns, two spaces apart."""
-    cells = [[str(h) for h in headers], *([str(c) for c in row] for row in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -388,112 +235,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
     return 0
 
 
-# --- status ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class StreamStatus:
-    """How far the runner's consumer group is behind on one stream's topic."""
-
-    stream: str
-    topic: str
-    partitions: int | None = None  # None: the topic does not exist
-    lag: int | None = None
-    lag_by_partition: dict[int, int] = field(default_factory=dict)
-    last_commit: datetime | None = None
-    dead_letters: dict[str, int] = field(default_factory=dict)
-
-    def as_json(self) -> dict[str, Any]:
-        """A JSON-ready dict (times in ISO 8601)."""
-        return {
-            "stream": self.stream,
-            "topic": self.topic,
-            "partitions": self.partitions,
-            "lag": self.lag,
-            "lag_by_partition": {str(p): n for p, n in sorted(self.lag_by_partition.items())},
-            "last_commit": self.last_commit.isoformat() if self.last_commit else None,
-            "dead_letters": self.dead_letters,
-        }
-
-
-def partition_lag(low: int, high: int, next_offset: int | None) -> int:
-    """Records a group has still to read in a partition: from its next offset (or the low watermark) to the high one.
-
-    Records below the low watermark are gone (retention), so they never count.
-    """
-    start = low if next_offset is None else max(next_offset, low)
-    return max(0, high - start)
-
-
-def watermarks(admin: AdminClient, kafka: KafkaSettings, topics: set[str]) -> dict[str, dict[int, tuple[int, int]]]:
-    """(low, high) watermark per partition of each existing topic among `topics`.
-
-    Raises:
-        CommandError: The brokers did not answer within KAFKA_TIMEOUT_S.
-    """
-    metadata = kafka_topics(admin, kafka)
-    parts = [
-        TopicPartition(topic, partition)
-        for topic in sorted(topics)
-        if topic in metadata and metadata[topic].error is None
-        for partition in sorted(metadata[topic].partitions)
-    ]
-    result: dict[str, dict[int, tuple[int, int]]] = {t: {} for t in topics if t in metadata}
-    if not parts:
-        return result
-    try:
-        low = admin.list_offsets({tp: OffsetSpec.earliest() for tp in parts}, request_timeout=KAFKA_TIMEOUT_S)
-        high = admin.list_offsets({tp: OffsetSpec.latest() for tp in parts}, request_timeout=KAFKA_TIMEOUT_S)
-        lows = {(tp.topic, tp.partition): f.result(KAFKA_TIMEOUT_S).offset for tp, f in low.items()}
-        highs = {(tp.topic, tp.partition): f.result(KAFKA_TIMEOUT_S).offset for tp, f in high.items()}
-    except KafkaException as e:
-        raise CommandError(f"cannot read offsets from Kafka at {kafka.bootstrap_servers}: {kafka_message(e)}") from e
-    for (topic, partition), low_offset in lows.items():
-        result[topic][partition] = (low_offset, highs[(topic, partition)])
-    return result
-
-
-def stream_statuses(
-    streams: list[tuple[str, str]],
-    marks: dict[str, dict[int, tuple[int, int]]],
-    offsets: list[tuple[str, int, int, datetime]],
-    dead: list[tuple[str, str, int]],
-) -> list[StreamStatus]:
-    """Combine the catalog's streams, Kafka's watermarks and the group's stored offsets and dead letters."""
-    committed: dict[str, dict[int, int]] = {}
-    last: dict[str, datetime] = {}
-    for topic, partition, next_offset, updated_at in offsets:
-        committed.setdefault(topic, {})[partition] = next_offset
-        last[topic] = max(last.get(topic, updated_at), updated_at)
-    dead_by_topic: dict[str, dict[str, int]] = {}
-    for topic, reason, count in dead:
-        dead_by_topic.setdefault(topic, {})[reason] = count
-    statuses = []
-    for name, topic in streams:
-        status = StreamStatus(name, topic, last_commit=last.get(topic), dead_letters=dead_by_topic.get(topic, {}))
-        if topic in marks:
-            status.partitions = len(marks[topic])
-            status.lag_by_partition = {
-                p: partition_lag(low, high, committed.get(topic, {}).get(p)) for p, (low, high) in marks[topic].items()
-            }
-            status.lag = sum(status.lag_by_partition.values())
-        statuses.append(status)
-    return statuses
-
-
-def status_table(group: str, statuses: list[StreamStatus]) -> str:
-    """The statuses for people: one row per stream."""
-    rows = []
-    for s in statuses:
-        commit = s.last_commit.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if s.last_commit else "never"
-        dead = ", ".join(f"{reason}={n}" for reason, n in sorted(s.dead_letters.items())) or "0"
-        partitions = "-" if s.partitions is None else s.partitions
-        lag = "topic missing" if s.lag is None else s.lag
-        rows.append((s.stream, s.topic, partitions, lag, commit, dead))
-    header = f"consumer group {group}"
-    if not rows:
-        return f"{header}\nno streams"
-    return header + "\n" + table(("STREAM", "TOPIC", "PARTITIONS", "LAG", "LAST COMMIT", "DEAD LETTERS"), rows)
+# --- status and run -------------------------------------------------------------------------------------
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -524,9 +266,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         print(status_table(group, statuses))
     return 0
-
-
-# --- run ------------------------------------------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace) -> int:

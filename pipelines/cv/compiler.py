@@ -6,15 +6,7 @@ row leaving it) in a temporary table, in one statement. Each view then applies t
 takes row locks in the same order (views in name order, groups in key order): several pipeline
 processes can never deadlock.
 
-How each aggregate merges a batch (`v` the stored row, `d` the batch's aggregate for the group):
-
-| aggregate            | stored              | merge                                             |
-| count(*) / count(x)  | bigint              | v + d (d may be negative)                         |
-| sum(x)               | type of sum(x)      | v + d (sum over no rows is 0, not NULL)           |
-| min(x) / max(x)      | type of x           | least / greatest (append-only streams only)       |
-| hll_add_agg(x)       | hll                 | hll_union; retractions leave it unchanged         |
-| count(DISTINCT x)    | bigint              | v + (values entering - values leaving the group)  |
-| array_agg(DISTINCT x)| x[]                 | (v - values leaving) || values entering           |
+How each aggregate is computed over a batch and merged is in pipelines.cv.aggregates.
 
 DISTINCT aggregates need to know when a value enters or leaves a group. When the stream's key is
 covered by the group columns plus x, the batch's deltas netted per (group, x) are exactly those
@@ -30,11 +22,11 @@ import pglast
 from pglast import ast
 from psycopg import sql
 
-from pipelines.cv.definitions import StreamDef, ViewDef
+from pipelines.cv.aggregates import REMOVED, ROWS, stored_columns
+from pipelines.cv.definitions import StreamDef, ViewDef, walk
+from pipelines.cv.sql_text import comma_list, ident, raw
 
 CV_SCHEMA = "cv"
-ROWS = "_cv_rows"  # stream rows behind a group: the group is deleted when it reaches 0
-REMOVED = "_cv_removed"  # scratch column carrying a batch's removals into ON CONFLICT; always NULL at rest
 
 
 @dataclass(frozen=True)
@@ -46,31 +38,14 @@ class ViewTypes:
     distinct_arg: str | None
 
 
-def _ident(*parts: str) -> sql.Identifier:
-    return sql.Identifier(*parts)
-
-
-def _raw(text: str) -> sql.SQL:
-    # Expressions come from the view definition, parsed and deparsed by pglast and checked to
-    # reference stream columns only; they are SQL text written by the view's author, never event data.
-    # A `%` (modulo, LIKE patterns) is doubled: maintenance statements run with parameters, where
-    # psycopg reads `%` as a placeholder, so every statement holding an expression is executed with a
-    # parameter list (empty if need be).
-    return sql.SQL(text.replace("%", "%%"))
-
-
-def _list(items: list[sql.Composable]) -> sql.Composed:
-    return sql.SQL(", ").join(items)
-
-
 def delta_table(stream: StreamDef) -> sql.Identifier:
     """The per-session temporary table a batch's deltas land in."""
-    return _ident("pg_temp", f"cv_delta_{stream.name}")
+    return ident("pg_temp", f"cv_delta_{stream.name}")
 
 
 def state_table(stream: StreamDef) -> sql.Identifier:
     """The table of a keyed stream's current rows."""
-    return _ident(CV_SCHEMA, stream.state_table)
+    return ident(CV_SCHEMA, stream.state_table)
 
 
 def refs_table(view: ViewDef) -> sql.Identifier:
@@ -80,12 +55,12 @@ def refs_table(view: ViewDef) -> sql.Identifier:
 
 def refs_table_of(schema: str, view: str) -> sql.Identifier:
     """The reference-count table's name for a view given by name (`<view>__refs`)."""
-    return _ident(schema, f"{view}__refs")
+    return ident(schema, f"{view}__refs")
 
 
 def transitions_table(view: ViewDef) -> sql.Identifier:
     """Per-session table of a batch's DISTINCT transitions (values entering or leaving groups)."""
-    return _ident("pg_temp", f"cv_trans_{view.schema}_{view.name}")
+    return ident("pg_temp", f"cv_trans_{view.schema}_{view.name}")
 
 
 # --- streams --------------------------------------------------------------------------------------
@@ -95,19 +70,19 @@ def create_state_table(stream: StreamDef) -> sql.Composed:
     """DDL of a keyed stream's state: one row per key, holding the row's current values."""
     assert stream.key is not None
     columns = [
-        sql.SQL("{} {}{}").format(_ident(c.name), _raw(c.type), sql.SQL(" NOT NULL" if c.name in stream.key else ""))
+        sql.SQL("{} {}{}").format(ident(c.name), raw(c.type), sql.SQL(" NOT NULL" if c.name in stream.key else ""))
         for c in stream.columns
     ]
     return sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
-        state_table(stream), _list(columns), _list([_ident(k) for k in stream.key])
+        state_table(stream), comma_list(columns), comma_list([ident(k) for k in stream.key])
     )
 
 
 def create_delta_table(stream: StreamDef) -> sql.Composed:
     """DDL of the session's delta table; emptied at every commit."""
-    columns = [sql.SQL("{} {}").format(_ident(c.name), _raw(c.type)) for c in stream.columns]
+    columns = [sql.SQL("{} {}").format(ident(c.name), raw(c.type)) for c in stream.columns]
     return sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (sign int2 NOT NULL, {}) ON COMMIT DELETE ROWS").format(
-        delta_table(stream), _list(columns)
+        delta_table(stream), comma_list(columns)
     )
 
 
@@ -124,20 +99,20 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
     replays are for the offsets to prevent. The stored rows of the batch's keys are locked in key
     order first.
     """
-    names = [_ident(c.name) for c in stream.columns]
+    names = [ident(c.name) for c in stream.columns]
     # Binary parameters (%b): a batch's arrays are most of what goes over the wire, and the binary
     # form costs the client a quarter of the text form (timestamps: a tenth) and the server no parsing.
-    arrays = [sql.SQL("%b::{}[]").format(_raw(c.type)) for c in stream.columns]
+    arrays = [sql.SQL("%b::{}[]").format(raw(c.type)) for c in stream.columns]
     batch = sql.SQL("SELECT * FROM unnest(%b::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
-        _list(arrays), _list(names)
+        comma_list(arrays), comma_list(names)
     )
     if stream.key is None:
         return sql.SQL("INSERT INTO {} (sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
-            delta_table(stream), _list(names), _list(names), batch
+            delta_table(stream), comma_list(names), comma_list(names), batch
         )
-    keys = [_ident(k) for k in stream.key]
-    key = _list(keys)
-    others = [_ident(c.name) for c in stream.columns if c.name not in stream.key]
+    keys = [ident(k) for k in stream.key]
+    key = comma_list(keys)
+    others = [ident(c.name) for c in stream.columns if c.name not in stream.key]
 
     def match(left: str, right: str) -> sql.Composable:
         return sql.SQL(" AND ").join(sql.SQL(f"{left}.{{0}} = {right}.{{0}}").format(k) for k in keys)
@@ -158,7 +133,7 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
             " upd AS (UPDATE {state} AS st SET {sets} FROM fin WHERE fin.op = 1 AND fin.stored AND {st_fin}),"
         ).format(
             state=state_table(stream),
-            sets=_list([sql.SQL("{0} = fin.{0}").format(o) for o in others]),
+            sets=comma_list([sql.SQL("{0} = fin.{0}").format(o) for o in others]),
             st_fin=match("st", "fin"),
         )
         if others
@@ -182,12 +157,12 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
         state=state_table(stream),
         key=key,
         first_key=keys[0],
-        b_key=_list([sql.SQL("b.{}").format(k) for k in keys]),
+        b_key=comma_list([sql.SQL("b.{}").format(k) for k in keys]),
         b_s=match("b", "s"),
-        removed_values=_list(removed_values),
+        removed_values=comma_list(removed_values),
         t_s=match("t", "s"),
-        t_key=_list([sql.SQL("t.{}").format(k) for k in keys]),
-        cols=_list(names),
+        t_key=comma_list([sql.SQL("t.{}").format(k) for k in keys]),
+        cols=comma_list(names),
         update=update,
         st_fin=match("st", "fin"),
         delta=delta_table(stream),
@@ -201,15 +176,15 @@ def batch_source(stream: StreamDef, shipped: tuple[str, ...]) -> sql.Composed:
     are typed NULLs, so the source has the same columns as the delta table it stands in for. No
     temporary table is written: each view aggregates the parameters in its own upsert.
     """
-    names = [_ident(c) for c in shipped]
+    names = [ident(c) for c in shipped]
     columns = [
-        _ident(c.name) if c.name in shipped else sql.SQL("NULL::{} AS {}").format(_raw(c.type), _ident(c.name))
+        ident(c.name) if c.name in shipped else sql.SQL("NULL::{} AS {}").format(raw(c.type), ident(c.name))
         for c in stream.columns
     ]
     types = {c.name: c.type for c in stream.columns}
-    arrays = [sql.SQL("%b::{}[]").format(_raw(types[c])) for c in shipped]
+    arrays = [sql.SQL("%b::{}[]").format(raw(types[c])) for c in shipped]
     return sql.SQL("(SELECT 1::int2 AS sign, {} FROM unnest({}) AS b({}))").format(
-        _list(columns), _list(arrays), _list(names)
+        comma_list(columns), comma_list(arrays), comma_list(names)
     )
 
 
@@ -220,24 +195,10 @@ def referenced_columns(view: ViewDef) -> set[str]:
         expressions.append(view.where_sql)
     names: set[str] = set()
     for expression in expressions:
-        for node in pglast.parse_sql(f"SELECT {expression}")[0].stmt.targetList:
-            names.update(_column_refs(node))
+        for node in walk(pglast.parse_sql(f"SELECT {expression}")[0].stmt.targetList):
+            if isinstance(node, ast.ColumnRef) and isinstance(node.fields[-1], ast.String):
+                names.add(node.fields[-1].sval)
     return names
-
-
-def _column_refs(node: object) -> set[str]:
-    found: set[str] = set()
-    if isinstance(node, ast.ColumnRef):
-        last = node.fields[-1]
-        if isinstance(last, ast.String):
-            found.add(last.sval)
-    elif isinstance(node, ast.Node):
-        for name in node:
-            found |= _column_refs(getattr(node, name))
-    elif isinstance(node, tuple):
-        for item in node:
-            found |= _column_refs(item)
-    return found
 
 
 def backfill_source(stream: StreamDef) -> sql.Composed:
@@ -260,59 +221,78 @@ def distinct_is_covered(view: ViewDef, stream: StreamDef) -> bool:
 
 def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> list[sql.Composed]:
     """DDL: the view's table (plus its reference counts when DISTINCT needs them)."""
-    columns = [sql.SQL("{} {}").format(_ident(g.name), _raw(t)) for g, t in zip(view.groups, types.groups, strict=True)]
+    columns = _group_columns(view, types)
     for aggregate, type_ in zip(view.aggregates, types.aggregates, strict=True):
         default = {"count": "0", "count_distinct": "0", "set": "'{}'"}.get(aggregate.kind)
         columns.append(
             sql.SQL("{} {}{}").format(
-                _ident(aggregate.name), _raw(type_), sql.SQL(f" NOT NULL DEFAULT {default}" if default else "")
+                ident(aggregate.name), raw(type_), sql.SQL(f" NOT NULL DEFAULT {default}" if default else "")
             )
         )
-    columns.append(sql.SQL("{} bigint NOT NULL DEFAULT 0").format(_ident(ROWS)))
+    columns.append(sql.SQL("{} bigint NOT NULL DEFAULT 0").format(ident(ROWS)))
     if any(a.kind == "set" for a in view.aggregates):
-        columns.append(sql.SQL("{} {}[]").format(_ident(REMOVED), _raw(types.distinct_arg or "")))
-    groups = _list([_ident(g.name) for g in view.groups])
+        columns.append(sql.SQL("{} {}[]").format(ident(REMOVED), raw(types.distinct_arg or "")))
+    groups = comma_list([ident(g.name) for g in view.groups])
     statements = [
         # fillfactor leaves room on each page so that updates of a group can stay on its page (HOT).
         sql.SQL("CREATE TABLE {} ({}, UNIQUE NULLS NOT DISTINCT ({})) WITH (fillfactor = 80)").format(
-            _ident(view.schema, view.name), _list(columns), groups
+            ident(view.schema, view.name), comma_list(columns), groups
         )
     ]
     if view.ttl and view.bucket:
         statements.append(
-            sql.SQL("CREATE INDEX ON {} ({})").format(_ident(view.schema, view.name), _ident(view.bucket.name))
+            sql.SQL("CREATE INDEX ON {} ({})").format(ident(view.schema, view.name), ident(view.bucket.name))
         )
     if view.distinct_arg is not None and not distinct_is_covered(view, stream):
-        ref_columns = [
-            sql.SQL("{} {}").format(_ident(g.name), _raw(t)) for g, t in zip(view.groups, types.groups, strict=True)
-        ]
         statements.append(
             sql.SQL(
                 "CREATE TABLE {} ({}, value {} NOT NULL, n bigint NOT NULL, last_delta bigint NOT NULL,"
                 " UNIQUE NULLS NOT DISTINCT ({}, value))"
-            ).format(refs_table(view), _list(ref_columns), _raw(types.distinct_arg or ""), groups)
+            ).format(refs_table(view), comma_list(_group_columns(view, types)), raw(types.distinct_arg or ""), groups)
         )
     return statements
 
 
 def create_transitions_table(view: ViewDef, types: ViewTypes) -> sql.Composed:
     """DDL of the session's transitions table for a view with reference counts."""
-    columns = [sql.SQL("{} {}").format(_ident(g.name), _raw(t)) for g, t in zip(view.groups, types.groups, strict=True)]
+    columns = _group_columns(view, types)
     return sql.SQL(
         "CREATE TEMP TABLE IF NOT EXISTS {} (sign int2 NOT NULL, {}, value {}) ON COMMIT DELETE ROWS"
-    ).format(transitions_table(view), _list(columns), _raw(types.distinct_arg or ""))
+    ).format(transitions_table(view), comma_list(columns), raw(types.distinct_arg or ""))
+
+
+def _group_columns(view: ViewDef, types: ViewTypes) -> list[sql.Composed]:
+    """The view's group columns as column definitions: `name type`."""
+    return [sql.SQL("{} {}").format(ident(g.name), raw(t)) for g, t in zip(view.groups, types.groups, strict=True)]
+
+
+def _group_exprs(view: ViewDef) -> list[sql.Composed]:
+    """The view's group expressions over a stream row: `expression AS name`."""
+    return [sql.SQL("{} AS {}").format(raw(g.sql), ident(g.name)) for g in view.groups]
+
+
+def _positions(count: int) -> sql.Composed:
+    """`1, 2, ..., count`: GROUP BY and ORDER BY the first output columns."""
+    return comma_list([sql.SQL(str(i + 1)) for i in range(count)])
 
 
 def _delta_filter(view: ViewDef) -> sql.Composable:
     conditions = []
     if view.where_sql:
-        conditions.append(sql.SQL("({})").format(_raw(view.where_sql)))
+        conditions.append(sql.SQL("({})").format(raw(view.where_sql)))
     if view.ttl and view.bucket:
         # Deltas for buckets already past retention would resurrect deleted groups: skip them.
-        conditions.append(sql.SQL("{} >= now() - {}::interval").format(_raw(view.bucket.sql), sql.Literal(view.ttl)))
+        conditions.append(sql.SQL("{} >= now() - {}::interval").format(raw(view.bucket.sql), sql.Literal(view.ttl)))
     if not conditions:
         return sql.SQL("")
     return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
+
+
+def _distinct_filter(view: ViewDef) -> sql.Composable:
+    """The view's filter on deltas, and a DISTINCT argument that is not NULL (NULL is never counted)."""
+    not_null = sql.SQL("({}) IS NOT NULL").format(raw(view.distinct_arg or ""))
+    where = _delta_filter(view)
+    return (where + sql.SQL(" AND ") + not_null) if where.as_string() else sql.SQL(" WHERE ") + not_null
 
 
 def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
@@ -321,12 +301,9 @@ def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
     Each row keeps the change it last received (`last_delta`), so RETURNING tells the count before and
     after without joining back to the batch.
     """
-    group_exprs = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
-    group_names = [_ident(g.name) for g in view.groups]
-    arg = _raw(view.distinct_arg or "")
-    not_null = sql.SQL("({}) IS NOT NULL").format(arg)
-    where = _delta_filter(view)
-    where = (where + sql.SQL(" AND ") + not_null) if where.as_string() else sql.SQL(" WHERE ") + not_null
+    group_exprs = _group_exprs(view)
+    group_names = [ident(g.name) for g in view.groups]
+    arg = raw(view.distinct_arg or "")
     return sql.SQL(
         "WITH up AS (INSERT INTO {refs} AS r ({gnames}, value, n, last_delta)"
         " SELECT {gexprs}, {arg} AS value, sum(sign), sum(sign) FROM {source} AS d{where}"
@@ -336,12 +313,12 @@ def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
         " SELECT CASE WHEN n > 0 THEN 1 ELSE -1 END, {gnames}, value FROM up WHERE (n > 0) <> (n - last_delta > 0)"
     ).format(
         refs=refs_table(view),
-        gnames=_list(group_names),
-        gexprs=_list(group_exprs),
+        gnames=comma_list(group_names),
+        gexprs=comma_list(group_exprs),
         arg=arg,
         source=source,
-        where=where,
-        pos=_list([sql.SQL(str(i + 1)) for i in range(len(view.groups) + 1)]),
+        where=_distinct_filter(view),
+        pos=_positions(len(view.groups) + 1),
         trans=transitions_table(view),
     )
 
@@ -351,84 +328,11 @@ def drop_dead_refs(view: ViewDef) -> sql.Composed:
     # `value` is never NULL: the equality lets PostgreSQL hash the join; groups may be NULL.
     match = sql.SQL(" AND ").join(
         [sql.SQL("r.value = t.value")]
-        + [sql.SQL("r.{0} IS NOT DISTINCT FROM t.{0}").format(_ident(g.name)) for g in view.groups]
+        + [sql.SQL("r.{0} IS NOT DISTINCT FROM t.{0}").format(ident(g.name)) for g in view.groups]
     )
     return sql.SQL("DELETE FROM {} AS r USING {} AS t WHERE t.sign < 0 AND r.n <= 0 AND {}").format(
         refs_table(view), transitions_table(view), match
     )
-
-
-_DELTA_SIGN = sql.SQL("sign")  # a delta row's sign: +1 entering its group, -1 leaving
-
-
-@dataclass(frozen=True)
-class _Column:
-    """How one stored column receives a batch: its aggregate over the batch, and its merge."""
-
-    target: str
-    batch: sql.Composable
-    merge: sql.Composable | None
-    from_transitions: bool = False
-    when_absent: str = "NULL"  # its value for a group without transitions
-
-
-def _columns(
-    view: ViewDef, sign: sql.Composable, value: sql.Composable | None, rows_sign: sql.Composable = _DELTA_SIGN
-) -> list[_Column]:
-    """`sign`/`value`: where DISTINCT transitions come from (the deltas, or the transitions table).
-
-    `rows_sign` is what `count(*)` and the group's row count add up: the deltas' sign, or, for views
-    aggregated from transitions alone (`counts_from_transitions`), the transitions' sign.
-    """
-    columns = []
-    rows = sql.SQL("sum({})").format(rows_sign)
-    for aggregate in view.aggregates:
-        col = _ident(aggregate.name)
-        a = _raw(aggregate.arg_sql) if aggregate.arg_sql else None
-        add = sql.SQL("v.{0} + excluded.{0}").format(col)
-        if aggregate.kind == "count" and a is None:
-            columns.append(_Column(aggregate.name, rows, add))
-        elif aggregate.kind == "count":
-            columns.append(
-                _Column(
-                    aggregate.name, sql.SQL("coalesce(sum(sign) FILTER (WHERE ({}) IS NOT NULL), 0)").format(a), add
-                )
-            )
-        elif aggregate.kind == "sum":
-            batch = sql.SQL("coalesce(sum(CASE WHEN sign > 0 THEN ({0}) ELSE -({0}) END), 0)").format(a)
-            columns.append(_Column(aggregate.name, batch, add))
-        elif aggregate.kind in {"min", "max"}:
-            extreme = "least" if aggregate.kind == "min" else "greatest"
-            columns.append(
-                _Column(
-                    aggregate.name,
-                    sql.SQL(f"{aggregate.kind}({{}})").format(a),
-                    sql.SQL(f"{extreme}(v.{{0}}, excluded.{{0}})").format(col),
-                )
-            )
-        elif aggregate.kind == "hll":
-            merge = sql.SQL(
-                "CASE WHEN excluded.{0} IS NULL THEN v.{0} WHEN v.{0} IS NULL THEN excluded.{0}"
-                " ELSE hll_union(v.{0}, excluded.{0}) END"
-            ).format(col)
-            columns.append(_Column(aggregate.name, sql.SQL("hll_add_agg({}) FILTER (WHERE sign > 0)").format(a), merge))
-        elif aggregate.kind == "count_distinct":
-            batch = sql.SQL("coalesce(sum({}) FILTER (WHERE ({}) IS NOT NULL), 0)").format(sign, value)
-            columns.append(_Column(aggregate.name, batch, add, from_transitions=True, when_absent="0"))
-        else:  # set
-            entering = sql.SQL("coalesce(array_agg({0}) FILTER (WHERE {1} > 0 AND ({0}) IS NOT NULL), '{{}}')")
-            merge = sql.SQL(
-                "CASE WHEN excluded.{removed} IS NULL THEN v.{0} || excluded.{0}"
-                " ELSE cv.set_remove(v.{0}, excluded.{removed}) || excluded.{0} END"
-            ).format(col, removed=_ident(REMOVED))
-            columns.append(
-                _Column(aggregate.name, entering.format(value, sign), merge, from_transitions=True, when_absent="'{}'")
-            )
-    if any(a.kind == "set" for a in view.aggregates):
-        leaving = sql.SQL("array_agg({0}) FILTER (WHERE {1} < 0 AND ({0}) IS NOT NULL)").format(value, sign)
-        columns.append(_Column(REMOVED, leaving, sql.SQL("NULL"), from_transitions=True))
-    columns.append(_Column(ROWS, rows, sql.SQL("v.{0} + excluded.{0}").format(_ident(ROWS))))
-    return columns
 
 
 def uses_refs(view: ViewDef, stream: StreamDef) -> bool:
@@ -455,19 +359,16 @@ def counts_from_transitions(view: ViewDef, stream: StreamDef) -> bool:
 
 def _netted_transitions(view: ViewDef, source: sql.Composable) -> sql.Composed:
     """Covered DISTINCT: the deltas netted per (group, value) are the transitions (+1 in, -1 out)."""
-    groups = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
-    where = _delta_filter(view)
-    not_null = sql.SQL("({}) IS NOT NULL").format(_raw(view.distinct_arg or ""))
-    where = (where + sql.SQL(" AND ") + not_null) if where.as_string() else sql.SQL(" WHERE ") + not_null
+    groups = _group_exprs(view)
     return sql.SQL(
         "(SELECT {groups}, {arg} AS value, sum(sign)::int AS sign FROM {source} AS d{where}"
         " GROUP BY {pos} HAVING sum(sign) <> 0)"
     ).format(
-        groups=_list(groups),
-        arg=_raw(view.distinct_arg or ""),
+        groups=comma_list(groups),
+        arg=raw(view.distinct_arg or ""),
         source=source,
-        where=where,
-        pos=_list([sql.SQL(str(i + 1)) for i in range(len(view.groups) + 1)]),
+        where=_distinct_filter(view),
+        pos=_positions(len(view.groups) + 1),
     )
 
 
@@ -479,14 +380,14 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
     their UNION ALL: GROUP BY treats NULL groups as equal and hashes, where a join would need
     IS NOT DISTINCT FROM, which PostgreSQL can only evaluate in a nested loop.
     """
-    group_names = [_ident(g.name) for g in view.groups]
-    by_position = _list([sql.SQL(str(i + 1)) for i in range(len(view.groups))])
+    group_names = [ident(g.name) for g in view.groups]
+    by_position = _positions(len(view.groups))
     if view.distinct_arg is None:
-        columns = _columns(view, sql.SQL("sign"), None)
-        group_exprs = [sql.SQL("{} AS {}").format(_raw(g.sql), _ident(g.name)) for g in view.groups]
+        columns = stored_columns(view, sql.SQL("sign"), None)
+        group_exprs = _group_exprs(view)
         body = sql.SQL("SELECT {groups}, {batch} FROM {source} AS d{where} GROUP BY {pos} ORDER BY {pos}").format(
-            groups=_list(group_exprs),
-            batch=_list([c.batch for c in columns]),
+            groups=comma_list(group_exprs),
+            batch=comma_list([c.batch for c in columns]),
             source=source,
             where=_delta_filter(view),
             pos=by_position,
@@ -494,55 +395,55 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
     elif counts_from_transitions(view, stream):
         # One pass over the netted transitions instead of two over the deltas (see the function).
         sign = sql.SQL("t.sign")
-        columns = _columns(view, sign, sql.SQL("t.value"), rows_sign=sign)
+        columns = stored_columns(view, sign, sql.SQL("t.value"), rows_sign=sign)
         body = sql.SQL("SELECT {groups}, {batch} FROM {trans} AS t GROUP BY {pos} ORDER BY {pos}").format(
-            groups=_list([sql.SQL("t.{}").format(n) for n in group_names]),
-            batch=_list([c.batch for c in columns]),
+            groups=comma_list([sql.SQL("t.{}").format(n) for n in group_names]),
+            batch=comma_list([c.batch for c in columns]),
             trans=_netted_transitions(view, source),
             pos=by_position,
         )
     else:
         transitions = transitions_table(view) if uses_refs(view, stream) else _netted_transitions(view, source)
-        columns = _columns(view, sql.SQL("_cv_tsign"), sql.SQL("_cv_value"))
-        slots = [_ident(f"_cv_g{i}") for i in range(len(view.groups))]
+        columns = stored_columns(view, sql.SQL("_cv_tsign"), sql.SQL("_cv_value"))
+        slots = [ident(f"_cv_g{i}") for i in range(len(view.groups))]
         body = sql.SQL(
             "SELECT {slots}, {batch} FROM ("
             "SELECT {group_exprs}, d.*, NULL AS _cv_value, NULL::int AS _cv_tsign FROM {source} AS d{where}"
             " UNION ALL SELECT {t_groups}, NULL, {nulls}, t.value, t.sign FROM {trans} AS t"
             ") AS u GROUP BY {pos} ORDER BY {pos}"
         ).format(
-            slots=_list(slots),
-            batch=_list([c.batch for c in columns]),
-            group_exprs=_list(
-                [sql.SQL("{} AS {}").format(_raw(g.sql), n) for g, n in zip(view.groups, slots, strict=True)]
+            slots=comma_list(slots),
+            batch=comma_list([c.batch for c in columns]),
+            group_exprs=comma_list(
+                [sql.SQL("{} AS {}").format(raw(g.sql), n) for g, n in zip(view.groups, slots, strict=True)]
             ),
             source=source,
             where=_delta_filter(view),
-            t_groups=_list([sql.SQL("t.{}").format(n) for n in group_names]),
-            nulls=_list([sql.SQL("NULL") for _ in stream.columns]),
+            t_groups=comma_list([sql.SQL("t.{}").format(n) for n in group_names]),
+            nulls=comma_list([sql.SQL("NULL") for _ in stream.columns]),
             trans=transitions,
             pos=by_position,
         )
     upsert = sql.SQL(
         "INSERT INTO {view} AS v ({groups}, {targets}) {body} ON CONFLICT ({groups}) DO UPDATE SET {merges}"
     ).format(
-        view=_ident(view.schema, view.name),
-        groups=_list(group_names),
-        targets=_list([_ident(c.target) for c in columns]),
+        view=ident(view.schema, view.name),
+        groups=comma_list(group_names),
+        targets=comma_list([ident(c.target) for c in columns]),
         body=body,
-        merges=_list([sql.SQL("{} = {}").format(_ident(c.target), c.merge) for c in columns]),
+        merges=comma_list([sql.SQL("{} = {}").format(ident(c.target), c.merge) for c in columns]),
     )
     if view.is_monotonic:
         return upsert
     return sql.SQL(
         "WITH up AS ({upsert} RETURNING v.ctid AS tid, v.{rows} AS n)"
         " SELECT coalesce(array_agg(tid) FILTER (WHERE n <= 0), '{{}}') FROM up"
-    ).format(upsert=upsert, rows=_ident(ROWS))
+    ).format(upsert=upsert, rows=ident(ROWS))
 
 
 def delete_rows(view: ViewDef) -> sql.Composed:
     """Delete the groups a batch emptied, by the ctids `apply_deltas` returned (rows it has locked)."""
-    return sql.SQL("DELETE FROM {} WHERE ctid = ANY(%s::tid[])").format(_ident(view.schema, view.name))
+    return sql.SQL("DELETE FROM {} WHERE ctid = ANY(%s::tid[])").format(ident(view.schema, view.name))
 
 
 def expire(view: ViewDef) -> sql.Composed | None:
@@ -550,5 +451,5 @@ def expire(view: ViewDef) -> sql.Composed | None:
     if not view.ttl or not view.bucket:
         return None
     return sql.SQL("DELETE FROM {} WHERE {} < now() - {}::interval").format(
-        _ident(view.schema, view.name), _ident(view.bucket.name), sql.Literal(view.ttl)
+        ident(view.schema, view.name), ident(view.bucket.name), sql.Literal(view.ttl)
     )

@@ -1,4 +1,4 @@
-"""Stream and continuous-view definitions: parsed from SQL with PostgreSQL's own parser (pglast).
+"""Stream and continuous-view definitions: the model, parsed from SQL with PostgreSQL's own parser (pglast).
 
 Two statements are understood, in the spirit of PipelineDB:
 
@@ -18,52 +18,20 @@ append-only. The parser checks everything it can without a database and raises `
 naming what is unsupported; the types of view expressions are resolved later, by PostgreSQL, when
 the view is compiled.
 
-A stream's columns are declared like a table's and are what its events must carry (see
-pipelines.cv.decoding for how each type is read):
-
-- types: smallint, integer, bigint, numeric[(p[, s])], double precision, real, boolean, text,
-  varchar[(n)], timestamptz, date, uuid, jsonb;
-- constraints: NOT NULL, NULL, DEFAULT <constant | now() | current_timestamp | clock_timestamp() |
-  current_date>, CHECK (<condition on this column>), each optionally named (`CONSTRAINT name`);
-  table-level CHECK constraints may use every column. A named CHECK is the dead-letter reason of
-  an event that fails it, and of a value outside its column type's range.
-
-The options of WITH (...) (quoted strings, or plain integers for the numbers):
-
-- `topic`: the Kafka topic (default: the stream's name).
-- `key`: 'a, b': the columns identifying a row; the stream is then a set (key columns are NOT NULL).
-- `format`: 'json' (default: one JSON object per record, fields named like the columns), 'csv' (one
-  RFC 4180 record, fields in column order) or 'debezium' (a Debezium change event of a table with
-  these columns: inserts and snapshot reads add the row, deletes remove it).
-- `kafka_key`: a column whose value, as text, every record key must be (what routes a row's events
-  to one partition, and so keeps them in order).
-- `action_field`, `insert_actions`, `delete_actions` (json only, all three together): the event field
-  (not a column) saying whether the event adds or removes its row, and its values for each, e.g.
-  'like' and 'unlike'. An event without the field is an insert.
-- `timestamp_column`: a timestamptz column that takes the Kafka record's timestamp when the event
-  has no value for it (Debezium: the commit time first).
-- `unknown_fields`: 'reject' (default: an event with a field that is not a column is dead-lettered)
-  or 'ignore' (csv: extra trailing fields are ignored).
-- `partitions`: the topic's partition count when it is created (1 .. 1000; default: the runner's).
-- `max_event_bytes`: larger record values are dead-lettered unread (1 .. 10485760, default 65536).
-- `consumer_group`: the runner group that consumes the stream (default: the supervised runner's,
-  `streamviews-streams`). A stream with its own group runs only in `streamviews run --group <it>`:
-  heavy streams isolated in processes of their own, benchmarks and tests that bring their runner.
-- `into`: another stream that this one's rows are fed into (its state and views), e.g. Debezium
-  changes of an application table into the stream its Kafka producers write. Such a stream has no
-  `key` of its own; whether the two streams fit is checked when the catalog defines it.
+`parse` reads one statement, `split_statements` a text of many. The statements themselves are read by
+pipelines.cv.stream_definitions (CREATE STREAM and its WITH options; a column's type and constraints
+in pipelines.cv.column_definitions) and pipelines.cv.view_definitions (CREATE CONTINUOUS VIEW).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Literal
 
 import pglast
 from pglast import ast
-from pglast.enums import ConstrType, OnCommitAction, SetOperation, SQLValueFunctionOp
-from pglast.stream import RawStream
 
 from pipelines.errors import StreamviewsError
 
@@ -71,7 +39,6 @@ AggregateKind = Literal["count", "count_distinct", "sum", "min", "max", "set", "
 # Aggregates that cannot forget a value: a retraction leaves them as they are.
 MONOTONIC: frozenset[str] = frozenset({"min", "max", "hll"})
 DISTINCT_KINDS: frozenset[str] = frozenset({"count_distinct", "set"})
-BUCKET_UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
@@ -80,7 +47,7 @@ class DefinitionError(StreamviewsError):
 
 
 StreamFormat = Literal["json", "csv", "debezium"]
-# The column types a stream can declare, by the name decoding knows them under (see TYPE_NAMES).
+# The column types a stream can declare, by the name decoding knows them under (see column_definitions.TYPE_NAMES).
 TypeKind = Literal[
     "smallint",
     "integer",
@@ -228,30 +195,133 @@ class ViewDef:
         return any(a.kind in MONOTONIC for a in self.aggregates)
 
 
+# Scanner tokens that are not part of a statement's text: comments and the semicolons between statements.
+_NOT_STATEMENT = frozenset({"SQL_COMMENT", "C_COMMENT", "ASCII_59"})
+_HEAD = re.compile(r"\s*CREATE\s+(STREAM|CONTINUOUS\s+VIEW)\s+([^\s(]+)", re.IGNORECASE)
+_EXPECTED = "expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ..."
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One statement of a definitions text, with where it starts (for error messages)."""
+
+    number: int
+    line: int
+    text: str
+
+    @property
+    def label(self) -> str:
+        """`CREATE STREAM clicks` / `CREATE CONTINUOUS VIEW social.x`: what it defines ("" when unknown)."""
+        head = _HEAD.match(self.text)
+        if head is None:
+            return ""
+        return f"CREATE {' '.join(head.group(1).upper().split())} {head.group(2)}"
+
+    def prefix(self, count: int) -> str:
+        """How an error names the statement: `statement 2 (line 7): CREATE STREAM x: ` (position only if many)."""
+        where = f"statement {self.number} (line {self.line}): " if count > 1 else ""
+        return where + (f"{self.label}: " if self.label else "")
+
+
 def split_statements(text: str) -> list[str]:
-    """Split a file of definitions into statements as written, leading comments dropped.
+    """The statements of a definitions text, each from its first keyword to its end (no semicolon).
+
+    Raises:
+        DefinitionError: As `numbered_statements`.
+    """
+    return [statement.text for statement in numbered_statements(text)]
+
+
+def numbered_statements(text: str) -> list[Statement]:
+    """Split a definitions text into statements, failing on any text that belongs to no statement.
 
     pglast's scanner (not its parser, which does not know CREATE STREAM) finds the semicolons that end
-    statements, so a semicolon inside a string or comment does not split.
+    statements, so a semicolon inside a string or comment does not split. It passes over what it
+    cannot split (a statement whose parentheses do not balance and all after it, a statement that
+    does not start with a keyword), so every token of the text must fall in a statement: the first
+    that does not is reported, with PostgreSQL's own syntax error when there is one. Comments
+    between and before statements are dropped.
+
+    Raises:
+        DefinitionError: An unterminated quote, comment or dollar-quoted string, or text that is not
+            a complete statement.
     """
-    statements = []
-    for statement in pglast.split(text, with_parser=False):
-        lines = statement.strip().splitlines()
-        while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
-            lines.pop(0)
-        if lines:
-            statements.append("\n".join(lines).strip())
+    statements, stray = _split(text)
+    if stray is not None:
+        start, end, before = stray
+        rest = Statement(before + 1, _line(text, start), text[start:end].strip())
+        prefix = rest.prefix(len(statements) + 1)
+        try:
+            _parse_one(rest.text, {})
+        except DefinitionError as e:
+            raise DefinitionError(f"{prefix}{e}") from e
+        raise DefinitionError(f"{prefix}incomplete statement")
     return statements
 
 
+def _split(text: str) -> tuple[list[Statement], tuple[int, int, int] | None]:
+    """The statements pglast's scanner finds, and the first token in none: (start, end, statements before)."""
+    try:
+        pieces = pglast.split(text, with_parser=False, only_slices=True)
+    except pglast.parser.ParseError as e:
+        raise DefinitionError(f"syntax error: {e}") from e
+    tokens = _significant(text)
+    statements: list[Statement] = []
+    stray = None
+    i = 0
+    for piece in (*pieces, slice(len(text), len(text))):  # the last, empty, catches what follows every statement
+        if i < len(tokens) and tokens[i].start < piece.start and stray is None:
+            stray = (tokens[i].start, piece.start, len(statements))
+        while i < len(tokens) and tokens[i].start < piece.start:
+            i += 1
+        first = i
+        while i < len(tokens) and tokens[i].start < piece.stop:
+            i += 1
+        if i > first:  # not only comments
+            start = tokens[first].start
+            statements.append(Statement(len(statements) + 1, _line(text, start), text[start : piece.stop]))
+    return statements, stray
+
+
+def _significant(text: str) -> list[pglast.parser.Token]:
+    """The scanner's tokens of the text but comments and semicolons."""
+    try:
+        return [token for token in pglast.parser.scan(text) if token.name not in _NOT_STATEMENT]
+    except pglast.parser.ParseError as e:
+        raise DefinitionError(f"syntax error: {e}") from e
+
+
+def _line(text: str, position: int) -> int:
+    return text.count("\n", 0, position) + 1
+
+
 def parse(statement: str, streams: dict[str, StreamDef]) -> StreamDef | ViewDef:
-    """Parse one CREATE STREAM or CREATE CONTINUOUS VIEW statement."""
-    original = statement.strip().rstrip(";")
-    if len(split_statements(original)) > 1:
+    """Parse one CREATE STREAM or CREATE CONTINUOUS VIEW statement (comments before it are skipped).
+
+    Args:
+        statement: The statement, optionally ending with a semicolon.
+        streams: The streams defined so far, by name (what a view may read).
+
+    Raises:
+        DefinitionError: The statement is not one of the two, not valid, or not supported; the
+            message names what.
+    """
+    statements, _ = _split(statement)  # text in no statement: PostgreSQL's parser names the error below
+    if len(statements) > 1:
         raise DefinitionError("give one statement at a time")
+    return _parse_one(statement, streams)
+
+
+def _parse_one(statement: str, streams: dict[str, StreamDef]) -> StreamDef | ViewDef:
+    # Imported here: the two parsers import this module's model and helpers.
+    from pipelines.cv.stream_definitions import parse_stream
+    from pipelines.cv.view_definitions import parse_view
+
+    tokens = _significant(statement)
+    original = statement[tokens[0].start :].strip().rstrip(";") if tokens else ""
     head = re.match(r"\s*CREATE\s+(STREAM|CONTINUOUS\s+VIEW)\b", original, re.IGNORECASE)
     if head is None:
-        raise DefinitionError("expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ...")
+        raise DefinitionError(_EXPECTED)
     # The two PipelineDB statements map onto PostgreSQL ones that pglast parses: a stream is declared
     # like a table, a continuous view like a view. Only the leading keywords are rewritten.
     rewritten = ("CREATE TABLE" if head.group(1).upper() == "STREAM" else "CREATE VIEW") + original[head.end() :]
@@ -263,15 +333,19 @@ def parse(statement: str, streams: dict[str, StreamDef]) -> StreamDef | ViewDef:
         raise DefinitionError("give one statement at a time")
     node = nodes[0].stmt
     if isinstance(node, ast.CreateStmt):
-        return _stream(node, original)
+        return parse_stream(node, original)
     if isinstance(node, ast.ViewStmt):
-        return _view(node, original, streams)
-    raise DefinitionError("expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ...")
+        return parse_view(node, original, streams)
+    raise DefinitionError(_EXPECTED)
 
 
-def _options(
+# --- what both parsers use ---------------------------------------------------------------------------
+
+
+def options_of(
     defs: tuple | None, allowed: set[str] | frozenset[str], what: str, integers: bool = False
 ) -> dict[str, str]:
+    """The options of WITH (...) by name, each a quoted string (or, with `integers`, an integer)."""
     options = {}
     for item in defs or ():
         if item.defname not in allowed:
@@ -292,662 +366,26 @@ def _options(
     return options
 
 
-def _identifier(name: str, what: str) -> str:
+def plain_identifier(name: str, what: str) -> str:
+    """The name, when it is a plain lower-case identifier (what needs no quoting in SQL)."""
     if not IDENTIFIER.match(name):
         raise DefinitionError(f"{what}: {name!r} is not a plain lower-case identifier")
     return name
 
 
-# --- streams --------------------------------------------------------------------------------------
-
-# The supported column types by PostgreSQL's internal name (what `TypeName.names[-1]` holds: `int` is
-# int4, `double precision` float8, `timestamp with time zone` timestamptz).
-TYPE_NAMES: dict[str, TypeKind] = {
-    "int2": "smallint",
-    "int4": "integer",
-    "int8": "bigint",
-    "numeric": "numeric",
-    "float8": "double",
-    "float4": "real",
-    "bool": "boolean",
-    "text": "text",
-    "varchar": "varchar",
-    "timestamptz": "timestamptz",
-    "date": "date",
-    "uuid": "uuid",
-    "jsonb": "jsonb",
-}
-SUPPORTED_TYPES = (
-    "smallint, integer, bigint, numeric[(p[, s])], double precision, real, boolean, text, varchar[(n)], "
-    "timestamptz, date, uuid, jsonb"
-)
-STREAM_OPTIONS = frozenset(
-    {
-        "topic",
-        "key",
-        "format",
-        "kafka_key",
-        "action_field",
-        "insert_actions",
-        "delete_actions",
-        "timestamp_column",
-        "unknown_fields",
-        "partitions",
-        "max_event_bytes",
-        "into",
-        "consumer_group",
-    }
-)
-FORMATS: tuple[StreamFormat, ...] = ("json", "csv", "debezium")
-MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are truncated, silently
-MAX_PARTITIONS = 1000
-MAX_EVENT_BYTES = 10 * 1024 * 1024
-MAX_VARCHAR = 10_485_760
-MAX_NUMERIC_PRECISION = 1000
-# Kafka's own rule for topic names.
-TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-# The kinds whose value has one text form a record key can be compared with (uuid: lower case).
-KEY_KINDS = frozenset({"smallint", "integer", "bigint", "text", "varchar", "uuid"})
-_CONSTRAINT_NAMES = {
-    ConstrType.CONSTR_PRIMARY: "PRIMARY KEY",
-    ConstrType.CONSTR_UNIQUE: "UNIQUE",
-    ConstrType.CONSTR_FOREIGN: "REFERENCES",
-    ConstrType.CONSTR_EXCLUSION: "EXCLUDE",
-    ConstrType.CONSTR_GENERATED: "GENERATED ALWAYS AS (...)",
-    ConstrType.CONSTR_IDENTITY: "GENERATED ... AS IDENTITY",
-}
-_DEFAULT_FUNCTIONS = frozenset({"now", "clock_timestamp"})
-_DEFAULT_VALUE_FUNCTIONS = (SQLValueFunctionOp.SVFOP_CURRENT_TIMESTAMP, SQLValueFunctionOp.SVFOP_CURRENT_DATE)
-
-
-def resolve_type(node: ast.TypeName, what: str) -> tuple[TypeKind, tuple[int, ...]]:
-    """The kind and modifiers of a supported type name: `varchar(20)` -> ("varchar", (20,)).
-
-    Raises:
-        DefinitionError: The type is not one a stream supports (arrays, json, timestamp without time
-            zone, domains, ...), or its modifiers are out of range.
-    """
-    label = RawStream()(node).removeprefix("pg_catalog.")
-    names = [n.sval for n in node.names]
-    kind = TYPE_NAMES.get(names[-1]) if len(names) == 1 or names[0] == "pg_catalog" else None
-    if kind is None or node.setof or node.pct_type or node.arrayBounds:
-        raise DefinitionError(f"{what}: type {label} is not supported; supported: {SUPPORTED_TYPES}")
-    typmods = []
-    for mod in node.typmods or ():
-        if not isinstance(mod, ast.A_Const) or not isinstance(mod.val, ast.Integer):
-            raise DefinitionError(f"{what}: type {label}: modifiers must be integers")
-        typmods.append(mod.val.ival)
-    if kind == "numeric":
-        precision, scale = (*typmods, 0)[:2] if typmods else (1, 0)
-        if len(typmods) > 2 or not 1 <= precision <= MAX_NUMERIC_PRECISION or not 0 <= scale <= precision:
-            raise DefinitionError(
-                f"{what}: type {label}: numeric(p, s) takes 1 <= p <= {MAX_NUMERIC_PRECISION} and 0 <= s <= p"
-            )
-    elif kind == "varchar":
-        if len(typmods) > 1 or (typmods and not 1 <= typmods[0] <= MAX_VARCHAR):
-            raise DefinitionError(f"{what}: type {label}: varchar(n) takes 1 <= n <= {MAX_VARCHAR}")
-    elif typmods:
-        raise DefinitionError(f"{what}: type {label}: {kind} takes no modifier")
-    return kind, tuple(typmods)
-
-
-def _stream(node: ast.CreateStmt, text: str) -> StreamDef:
-    if node.relation.schemaname:
-        raise DefinitionError("CREATE STREAM: stream names are not schema-qualified")
-    _check_identifier_lengths(text, f"CREATE STREAM {node.relation.relname}")
-    name = _identifier(node.relation.relname, "CREATE STREAM")
-    what = f"CREATE STREAM {name}"
-    for clause, label in (
-        (node.inhRelations, "INHERITS"),
-        (node.partspec, "PARTITION BY"),
-        (node.partbound, "PARTITION OF"),
-        (node.ofTypename, "OF <type>"),
-        (node.tablespacename, "TABLESPACE"),
-        (node.accessMethod, "USING"),
-        (node.if_not_exists, "IF NOT EXISTS"),
-        (node.oncommit != OnCommitAction.ONCOMMIT_NOOP, "ON COMMIT"),
-    ):
+def reject_unsupported(clauses: tuple[tuple[object, str], ...], what: str, where: str = "") -> None:
+    """Fail on the first clause given (truthy): `<what>: <label> is not supported<where>`."""
+    for clause, label in clauses:
         if clause:
-            raise DefinitionError(f"{what}: {label} is not supported")
-    columns: list[Column] = []
-    table_checks = []
-    for element in node.tableElts or ():
-        if isinstance(element, ast.ColumnDef):
-            columns.append(_column(element, what))
-        elif isinstance(element, ast.Constraint) and element.contype == ConstrType.CONSTR_CHECK:
-            table_checks.append(element)  # checked once every column is known
-        elif isinstance(element, ast.Constraint):
-            raise DefinitionError(f"{what}: {_constraint_label(element)} is not supported; a stream takes CHECK only")
-        else:
-            raise DefinitionError(f"{what}: only column definitions and CHECK constraints are allowed")
-    if not columns:
-        raise DefinitionError(f"{what}: no columns")
-    names = [c.name for c in columns]
-    if len(set(names)) != len(names):
-        raise DefinitionError(f"{what}: a column is declared twice ({', '.join(names)})")
-    checks = [_check(constraint, set(names), what, "table") for constraint in table_checks]
-    options = _options(node.options, STREAM_OPTIONS, what, integers=True)
-    by_name = {c.name: c for c in columns}
-
-    topic = options.get("topic", name)
-    if not TOPIC_NAME.match(topic) or topic in {".", ".."}:
-        raise DefinitionError(f"{what}: topic {topic!r} is not a Kafka topic name ([A-Za-z0-9._-], 1 to 249)")
-    stream_format = options.get("format", "json")
-    if stream_format not in FORMATS:
-        raise DefinitionError(f"{what}: format {stream_format!r} is not one of {', '.join(FORMATS)}")
-    key = _key(options, by_name, what)
-    if key:
-        # A row is identified by its key: a key without a value identifies nothing.
-        columns = [replace(c, not_null=True) if c.name in key else c for c in columns]
-        by_name = {c.name: c for c in columns}
-    kafka_key = _kafka_key(options, by_name, stream_format, what)
-    action_field, insert_actions, delete_actions = _actions(options, by_name, stream_format, key, what)
-    timestamp_column = options.get("timestamp_column")
-    if timestamp_column is not None:
-        column = _column_option(by_name, timestamp_column, "timestamp_column", what)
-        if column.kind != "timestamptz":
-            raise DefinitionError(f"{what}: timestamp_column {column.name} is {column.type}, not timestamptz")
-        if column.default is not None:
-            raise DefinitionError(
-                f"{what}: timestamp_column {column.name} has a DEFAULT; a missing value takes one or the other"
-            )
-    unknown_fields = options.get("unknown_fields", "reject")
-    if unknown_fields not in ("reject", "ignore"):
-        raise DefinitionError(f"{what}: unknown_fields {unknown_fields!r} is not 'reject' or 'ignore'")
-    partitions = _integer_option(options, "partitions", MAX_PARTITIONS, what)
-    max_event_bytes = _integer_option(options, "max_event_bytes", MAX_EVENT_BYTES, what)
-    into = options.get("into")
-    if into is not None:
-        into = _identifier(into, f"{what}: into")
-        if into == name:
-            raise DefinitionError(f"{what}: into names the stream itself")
-        if key:
-            raise DefinitionError(f"{what}: a stream with into has no key of its own (it takes {into}'s)")
-    consumer_group = options.get("consumer_group")
-    if consumer_group is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", consumer_group):
-        raise DefinitionError(f"{what}: consumer_group {consumer_group!r} is not a Kafka group name ([A-Za-z0-9._-])")
-    stream = StreamDef(
-        name,
-        topic,
-        tuple(columns),
-        key,
-        text,
-        format=stream_format,  # type: ignore[arg-type]
-        checks=tuple(checks),
-        kafka_key=kafka_key,
-        action_field=action_field,
-        insert_actions=insert_actions,
-        delete_actions=delete_actions,
-        timestamp_column=timestamp_column,
-        unknown_fields=unknown_fields,  # type: ignore[arg-type]
-        partitions=partitions,
-        max_event_bytes=65_536 if max_event_bytes is None else max_event_bytes,
-        into=into,
-        consumer_group=consumer_group,
-    )
-    # Compiling the decoder evaluates every DEFAULT and compiles every CHECK: one it cannot evaluate
-    # fails the definition now, not the first event. (Imported here: decoding imports this module.)
-    from pipelines.cv.decoding import StreamDecoder
-
-    StreamDecoder(stream)
-    return stream
+            raise DefinitionError(f"{what}: {label} is not supported{where}")
 
 
-def _check_identifier_lengths(text: str, what: str) -> None:
-    """Reject a name PostgreSQL would truncate to 63 bytes (the parser has already truncated it)."""
-    for token in pglast.parser.scan(text):
-        if token.name == "IDENT":
-            raw = text[token.start : token.end + 1]
-            name = raw[1:-1].replace('""', '"') if raw.startswith('"') else raw.lower()
-            if len(name.encode()) > MAX_IDENTIFIER_BYTES:
-                raise DefinitionError(
-                    f"{what}: the name {name[:32]!r}... is {len(name.encode())} bytes; PostgreSQL allows "
-                    f"{MAX_IDENTIFIER_BYTES} and would truncate it"
-                )
-
-
-def _constraint_label(constraint: ast.Constraint) -> str:
-    return _CONSTRAINT_NAMES.get(constraint.contype, constraint.contype.name.removeprefix("CONSTR_").replace("_", " "))
-
-
-def _column(element: ast.ColumnDef, what: str) -> Column:
-    name = _identifier(element.colname, f"{what}: column")
-    where = f"{what}: column {name}"
-    kind, typmods = resolve_type(element.typeName, where)
-    for clause, label in (
-        (element.collClause, "COLLATE"),
-        (element.compression, "COMPRESSION"),
-        (element.storage_name, "STORAGE"),
-        (element.fdwoptions, "OPTIONS"),
-        (element.raw_default, "DEFAULT"),
-    ):
-        if clause:
-            raise DefinitionError(f"{where}: {label} is not supported")
-    not_null: bool | None = None
-    default = None
-    checks = []
-    for constraint in element.constraints or ():
-        contype = constraint.contype
-        if contype in (ConstrType.CONSTR_NULL, ConstrType.CONSTR_NOTNULL):
-            if not_null is not None and not_null != (contype == ConstrType.CONSTR_NOTNULL):
-                raise DefinitionError(f"{where}: NULL and NOT NULL contradict each other")
-            not_null = contype == ConstrType.CONSTR_NOTNULL
-        elif contype == ConstrType.CONSTR_DEFAULT:
-            if default is not None:
-                raise DefinitionError(f"{where}: DEFAULT is given twice")
-            default = _default(constraint.raw_expr, where)
-        elif contype == ConstrType.CONSTR_CHECK:
-            checks.append(_check(constraint, {name}, where, "column"))
-        else:
-            raise DefinitionError(
-                f"{where}: {_constraint_label(constraint)} is not supported; a stream column takes NOT NULL, NULL, "
-                "DEFAULT and CHECK"
-            )
-    if not_null and default is not None and default.upper() == "NULL":
-        raise DefinitionError(f"{where}: DEFAULT NULL on a NOT NULL column")
-    return Column(name, RawStream()(element.typeName), kind, bool(not_null), default, typmods, tuple(checks))
-
-
-def _check(constraint: ast.Constraint, columns: set[str], what: str, level: str) -> Check:
-    label = f"CHECK ({RawStream()(constraint.raw_expr)})"
-    if constraint.is_no_inherit or constraint.skip_validation or not constraint.is_enforced:
-        raise DefinitionError(f"{what}: {label}: NO INHERIT, NOT VALID and NOT ENFORCED are not supported")
-    name = _identifier(constraint.conname, f"{what}: constraint") if constraint.conname else None
-    for child in _walk(constraint.raw_expr):
-        if isinstance(child, ast.ColumnRef):
-            ref = ".".join(f.sval if isinstance(f, ast.String) else "*" for f in child.fields)
-            if ref not in columns:
-                scope = (
-                    f"a column CHECK may use only its own column ({next(iter(columns))}); write a table CHECK"
-                    if level == "column"
-                    else f"columns: {', '.join(sorted(columns))}"
-                )
-                raise DefinitionError(f"{what}: {label} uses {ref}, which it may not ({scope})")
-    return Check(name, RawStream()(constraint.raw_expr))
-
-
-def _default(node: ast.Node, what: str) -> str:
-    """A DEFAULT's SQL text, when it is something decoding can evaluate without a database."""
-    function = (
-        isinstance(node, ast.FuncCall)
-        and node.funcname[-1].sval in _DEFAULT_FUNCTIONS
-        and (len(node.funcname) == 1 or node.funcname[0].sval == "pg_catalog")
-        and not (node.args or node.agg_star or node.agg_distinct or node.over or node.agg_filter)
-    )
-    value_function = isinstance(node, ast.SQLValueFunction) and node.op in _DEFAULT_VALUE_FUNCTIONS
-    if not (function or value_function or _is_constant(node)):
-        raise DefinitionError(
-            f"{what}: DEFAULT {RawStream()(node)} is not supported; a default is a constant (optionally cast), "
-            "now(), current_timestamp, clock_timestamp() or current_date"
-        )
-    return RawStream()(node)
-
-
-def _is_constant(node: object) -> bool:
-    """A literal, maybe cast and negated: `5`, `'x'`, `NULL`, `'{}'::jsonb`, `-5::bigint`."""
-    if isinstance(node, ast.A_Const):
-        return True
-    if isinstance(node, ast.TypeCast):
-        return _is_constant(node.arg)
-    return _is_negation(node) and _is_constant(node.rexpr)
-
-
-def _is_negation(node: object) -> bool:
-    return isinstance(node, ast.A_Expr) and node.lexpr is None and node.name[-1].sval == "-"
-
-
-def _column_option(by_name: dict[str, Column], name: str, option: str, what: str) -> Column:
-    if name not in by_name:
-        raise DefinitionError(f"{what}: {option} {name!r} is not a column ({', '.join(by_name)})")
-    return by_name[name]
-
-
-def _key(options: dict[str, str], by_name: dict[str, Column], what: str) -> tuple[str, ...] | None:
-    if "key" not in options:
-        return None
-    key = tuple(part.strip() for part in options["key"].split(",") if part.strip())
-    unknown = [k for k in key if k not in by_name]
-    if not key or unknown:
-        raise DefinitionError(f"{what}: key names unknown columns {unknown or options['key']!r}")
-    if len(set(key)) != len(key):
-        raise DefinitionError(f"{what}: key names a column twice ({options['key']})")
-    for name in key:
-        if by_name[name].kind == "jsonb":
-            raise DefinitionError(f"{what}: key column {name} is jsonb, which has no equality to key rows by")
-    return key
-
-
-def _kafka_key(options: dict[str, str], by_name: dict[str, Column], stream_format: str, what: str) -> str | None:
-    if "kafka_key" not in options:
-        return None
-    if stream_format == "debezium":
-        raise DefinitionError(f"{what}: kafka_key does not apply to format debezium (its keys are the table's key)")
-    column = _column_option(by_name, options["kafka_key"], "kafka_key", what)
-    if column.kind not in KEY_KINDS:
-        raise DefinitionError(
-            f"{what}: kafka_key {column.name} is {column.type}; a record key is compared with an integer, text or "
-            "uuid column"
-        )
-    if not column.not_null:
-        raise DefinitionError(f"{what}: kafka_key {column.name} must be NOT NULL (or a key column)")
-    return column.name
-
-
-def _actions(
-    options: dict[str, str],
-    by_name: dict[str, Column],
-    stream_format: str,
-    key: tuple[str, ...] | None,
-    what: str,
-) -> tuple[str | None, tuple[str, ...], tuple[str, ...]]:
-    field_name = options.get("action_field")
-    given = [o for o in ("insert_actions", "delete_actions") if o in options]
-    if field_name is None:
-        if given:
-            raise DefinitionError(f"{what}: {' and '.join(given)} need action_field")
-        return None, (), ()
-    if stream_format != "json":
-        raise DefinitionError(f"{what}: action_field applies to format json only, not {stream_format}")
-    if not field_name:
-        raise DefinitionError(f"{what}: action_field is empty")
-    if field_name in by_name:
-        raise DefinitionError(f"{what}: action_field {field_name!r} is a column; it must be a field of its own")
-    if len(given) < 2:
-        raise DefinitionError(f"{what}: action_field needs both insert_actions and delete_actions")
-    inserts, deletes = (_names(options[o], o, what) for o in ("insert_actions", "delete_actions"))
-    both = sorted(set(inserts) & set(deletes))
-    if both:
-        raise DefinitionError(f"{what}: {', '.join(map(repr, both))} is both an insert and a delete action")
-    if key is None and "into" not in options:
-        raise DefinitionError(f"{what}: delete actions need a key (or into a keyed stream); this stream is append-only")
-    return field_name, inserts, deletes
-
-
-def _names(text: str, option: str, what: str) -> tuple[str, ...]:
-    names = tuple(part.strip() for part in text.split(","))
-    if not all(names):
-        raise DefinitionError(f"{what}: {option} {text!r} has an empty name")
-    if len(set(names)) != len(names):
-        raise DefinitionError(f"{what}: {option} {text!r} names a value twice")
-    return names
-
-
-def _integer_option(options: dict[str, str], option: str, limit: int, what: str) -> int | None:
-    if option not in options:
-        return None
-    text = options[option].strip()
-    if not re.fullmatch(r"[0-9]+", text) or not 1 <= int(text) <= limit:
-        raise DefinitionError(f"{what}: {option} {options[option]!r} is not an integer in 1 .. {limit}")
-    return int(text)
-
-
-def _view(node: ast.ViewStmt, text: str, streams: dict[str, StreamDef]) -> ViewDef:
-    schema = _identifier(node.view.schemaname or "public", "CREATE CONTINUOUS VIEW")
-    name = _identifier(node.view.relname, "CREATE CONTINUOUS VIEW")
-    what = f"continuous view {schema}.{name}"
-    options = _options(node.options, {"ttl"}, what)
-    select = node.query
-    if not isinstance(select, ast.SelectStmt) or select.op != SetOperation.SETOP_NONE:
-        raise DefinitionError(f"{what}: the query must be a single SELECT (no UNION/INTERSECT/EXCEPT)")
-    for clause, label in (
-        (select.withClause, "WITH"),
-        (select.havingClause, "HAVING"),
-        (select.sortClause, "ORDER BY"),
-        (select.limitCount, "LIMIT"),
-        (select.limitOffset, "OFFSET"),
-        (select.windowClause, "WINDOW"),
-        (select.distinctClause, "SELECT DISTINCT"),
-        (select.lockingClause, "FOR UPDATE/SHARE"),
-        (node.aliases, "column aliases"),
-    ):
-        if clause:
-            raise DefinitionError(f"{what}: {label} is not supported in a continuous view")
-    stream = _from_stream(select, streams, what)
-    columns = set(stream.column_names)
-    targets = {}
-    aggregates, plain = [], []
-    for target in select.targetList:
-        if isinstance(target.val, ast.ColumnRef) and isinstance(target.val.fields[-1], ast.A_Star):
-            raise DefinitionError(f"{what}: SELECT * is not supported; name the columns")
-        aggregate = _aggregate(target, what)
-        if aggregate:
-            _check_expression(target.val.args or (), columns, what)
-            aggregates.append(aggregate)
-        else:
-            _check_expression((target.val,), columns, what)
-            plain.append(target)
-        out = aggregate.name if aggregate else _output_name(target, what)
-        if out in targets:
-            raise DefinitionError(f"{what}: two output columns are named {out!r}")
-        targets[out] = target
-    if not aggregates:
-        raise DefinitionError(f"{what}: no aggregate; a continuous view aggregates its stream")
-    groups = _groups(select, plain, columns, what)
-    if select.whereClause is not None:
-        _check_expression((select.whereClause,), columns, what)
-    view = ViewDef(
-        schema=schema,
-        name=name,
-        stream=stream.name,
-        groups=groups,
-        aggregates=tuple(aggregates),
-        where_sql=RawStream()(select.whereClause) if select.whereClause is not None else None,
-        ttl=options.get("ttl"),
-        definition=text,
-        options=options,
-    )
-    _check_semantics(view, stream, what)
-    return view
-
-
-def _from_stream(select: ast.SelectStmt, streams: dict[str, StreamDef], what: str) -> StreamDef:
-    if not select.fromClause or len(select.fromClause) != 1 or not isinstance(select.fromClause[0], ast.RangeVar):
-        raise DefinitionError(f"{what}: FROM must name exactly one stream (no joins or subqueries)")
-    relation = select.fromClause[0]
-    if relation.alias is not None:
-        raise DefinitionError(f"{what}: aliases on the stream are not supported")
-    stream = streams.get(relation.relname)
-    if relation.schemaname or stream is None:
-        known = ", ".join(sorted(streams)) or "none"
-        raise DefinitionError(f"{what}: {RawStream()(relation)} is not a stream (streams: {known})")
-    return stream
-
-
-SUPPORTED_AGGREGATES = (
-    "count(*), count(x), count(DISTINCT x), sum(x), min(x), max(x), array_agg(DISTINCT x), hll_add_agg(x)"
-)
-MAINTAINED_AGGREGATES = frozenset({"count", "sum", "min", "max", "array_agg", "hll_add_agg"})
-# PostgreSQL aggregates the engine cannot maintain incrementally: named so the error says "not supported".
-OTHER_AGGREGATES = frozenset(
-    {
-        "avg",
-        "bit_and",
-        "bit_or",
-        "bit_xor",
-        "bool_and",
-        "bool_or",
-        "every",
-        "json_agg",
-        "jsonb_agg",
-        "json_object_agg",
-        "jsonb_object_agg",
-        "string_agg",
-        "xmlagg",
-        "range_agg",
-        "range_intersect_agg",
-        "stddev",
-        "stddev_pop",
-        "stddev_samp",
-        "variance",
-        "var_pop",
-        "var_samp",
-        "corr",
-        "covar_pop",
-        "covar_samp",
-        "regr_avgx",
-        "regr_avgy",
-        "regr_count",
-        "regr_intercept",
-        "regr_r2",
-        "regr_slope",
-        "regr_sxx",
-        "regr_sxy",
-        "regr_syy",
-        "mode",
-        "percentile_cont",
-        "percentile_disc",
-        "rank",
-        "dense_rank",
-        "percent_rank",
-        "cume_dist",
-        "hll_union_agg",
-        "any_value",
-    }
-)
-
-
-def _aggregate(target: ast.ResTarget, what: str) -> Aggregate | None:
-    call = target.val
-    if not isinstance(call, ast.FuncCall):
-        return None
-    fname = ".".join(n.sval for n in call.funcname).lower().removeprefix("pg_catalog.")
-    label = RawStream()(call)
-    if call.over is not None:
-        raise DefinitionError(f"{what}: {label}: window functions are not supported")
-    if fname in OTHER_AGGREGATES:
-        raise DefinitionError(f"{what}: {label} is not supported; supported: {SUPPORTED_AGGREGATES}")
-    if fname not in MAINTAINED_AGGREGATES:
-        return None
-    if call.over is not None or call.agg_filter is not None or call.agg_order or call.agg_within_group:
-        raise DefinitionError(f"{what}: {label}: OVER, FILTER, ORDER BY and WITHIN GROUP are not supported")
-    if not target.name:
-        raise DefinitionError(f"{what}: {label} needs a name: {label} AS <column>")
-    name = _identifier(target.name, what)
-    args = call.args or ()
-    if call.agg_star:
-        if fname != "count":
-            raise DefinitionError(f"{what}: {label}: only count takes *")
-        return Aggregate(name, "count")
-    if len(args) != 1:
-        raise DefinitionError(f"{what}: {label} takes exactly one argument")
-    arg = RawStream()(args[0])
-    kinds = {
-        ("count", False): "count",
-        ("count", True): "count_distinct",
-        ("sum", False): "sum",
-        ("min", False): "min",
-        ("max", False): "max",
-        ("array_agg", True): "set",
-        ("hll_add_agg", False): "hll",
-    }
-    kind = kinds.get((fname, bool(call.agg_distinct)))
-    if kind is None:
-        hint = " (only array_agg(DISTINCT x) keeps a set)" if fname == "array_agg" else ""
-        raise DefinitionError(f"{what}: {label} is not supported{hint}; supported: {SUPPORTED_AGGREGATES}")
-    if kind == "count":
-        return Aggregate(name, "count", arg)
-    return Aggregate(name, kind, arg)  # type: ignore[arg-type]
-
-
-def _output_name(target: ast.ResTarget, what: str) -> str:
-    if target.name:
-        return _identifier(target.name, what)
-    if isinstance(target.val, ast.ColumnRef) and len(target.val.fields) == 1:
-        return target.val.fields[0].sval
-    raise DefinitionError(f"{what}: {RawStream()(target.val)} needs a name: ... AS <column>")
-
-
-def _groups(
-    select: ast.SelectStmt, plain: list[ast.ResTarget], columns: set[str], what: str
-) -> tuple[GroupColumn, ...]:
-    by_name = {_output_name(t, what): t for t in plain}
-    by_text = {RawStream()(t.val): t for t in plain}
-    grouped = []
-    for item in select.groupClause or ():
-        if not isinstance(item, ast.Node) or isinstance(item, ast.GroupingSet):
-            raise DefinitionError(f"{what}: GROUPING SETS, ROLLUP and CUBE are not supported")
-        text = RawStream()(item)
-        target = by_text.get(text)
-        is_name = isinstance(item, ast.ColumnRef) and len(item.fields) == 1
-        if target is None and is_name and item.fields[0].sval not in columns:
-            # As in PostgreSQL, a name is a stream column first and only otherwise an output alias.
-            target = by_name.get(item.fields[0].sval)
-        if target is None:
-            raise DefinitionError(f"{what}: GROUP BY {text} must also be an output column")
-        if target in grouped:
-            raise DefinitionError(f"{what}: GROUP BY names {text} twice")
-        grouped.append(target)
-    missing = [RawStream()(t.val) for t in plain if t not in grouped]
-    if missing:
-        raise DefinitionError(f"{what}: {', '.join(missing)} must appear in GROUP BY or be aggregated")
-    if not grouped:
-        raise DefinitionError(f"{what}: GROUP BY is required (a view is keyed by its groups)")
-    result = []
-    for target in grouped:
-        name = _output_name(target, what)
-        source = target.val.fields[0].sval if isinstance(target.val, ast.ColumnRef) else None
-        result.append(GroupColumn(name, RawStream()(target.val), source, _bucket_unit(target.val, columns)))
-    return tuple(result)
-
-
-def _bucket_unit(node: ast.Node, columns: set[str]) -> str | None:
-    """`date_trunc('hour', ts)` over a stream column is a time bucket of unit 'hour'."""
-    if not isinstance(node, ast.FuncCall) or [n.sval for n in node.funcname][-1] != "date_trunc":
-        return None
-    args = node.args or ()
-    if len(args) == 2 and isinstance(args[0], ast.A_Const) and isinstance(args[0].val, ast.String):
-        unit = args[0].val.sval.lower()
-        if unit in BUCKET_UNITS and isinstance(args[1], ast.ColumnRef) and args[1].fields[-1].sval in columns:
-            return unit
-    return None
-
-
-def _check_expression(nodes: tuple, columns: set[str], what: str) -> None:
-    """Only stream columns, constants, operators and non-aggregate function calls may appear."""
-    for node in nodes:
-        for child in _walk(node):
-            if isinstance(child, ast.ColumnRef):
-                ref = ".".join(f.sval for f in child.fields if isinstance(f, ast.String))
-                if len(child.fields) != 1 or ref not in columns:
-                    raise DefinitionError(f"{what}: {ref} is not a column of the stream ({', '.join(sorted(columns))})")
-            elif isinstance(child, (ast.SubLink, ast.RangeSubselect)):
-                raise DefinitionError(f"{what}: subqueries are not supported in a continuous view")
-            elif isinstance(child, ast.FuncCall) and child.over is not None:
-                raise DefinitionError(f"{what}: window functions are not supported")
-            elif isinstance(child, ast.FuncCall) and child.funcname[-1].sval.lower() in (
-                MAINTAINED_AGGREGATES | OTHER_AGGREGATES
-            ):
-                raise DefinitionError(
-                    f"{what}: {RawStream()(child)}: an aggregate must be a whole output column, not part of an "
-                    "expression, a WHERE clause or another aggregate's argument"
-                )
-            elif isinstance(child, ast.ParamRef):
-                raise DefinitionError(f"{what}: parameters ($n) are not supported")
-
-
-def _walk(node: object):
+def walk(node: object) -> Iterator[ast.Node]:
+    """The node and every node below it."""
     if isinstance(node, ast.Node):
         yield node
         for name in node:
-            yield from _walk(getattr(node, name))
+            yield from walk(getattr(node, name))
     elif isinstance(node, tuple):
         for item in node:
-            yield from _walk(item)
-
-
-def _check_semantics(view: ViewDef, stream: StreamDef, what: str) -> None:
-    keyed = stream.key is not None
-    for aggregate in view.aggregates:
-        if aggregate.kind in {"min", "max"} and keyed:
-            raise DefinitionError(
-                f"{what}: {aggregate.kind}() needs an append-only stream; {stream.name} has a key, "
-                "so rows can be retracted and the old extreme would be unknown"
-            )
-    distinct_args = {a.arg_sql for a in view.aggregates if a.kind in DISTINCT_KINDS}
-    if len(distinct_args) > 1:
-        raise DefinitionError(
-            f"{what}: DISTINCT aggregates over different expressions ({', '.join(sorted(distinct_args))}) in one "
-            "view are not supported; define one view per expression"
-        )
-    if view.ttl is not None and view.bucket is None:
-        raise DefinitionError(f"{what}: ttl needs a time bucket in GROUP BY, e.g. date_trunc('hour', ts)")
+            yield from walk(item)

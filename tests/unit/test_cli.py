@@ -1,4 +1,4 @@
-"""The `streamviews` command without services: arguments, input, statements, one-line errors, exit codes."""
+"""The `streamviews` command without services: arguments, input, one-line errors, exit codes, status."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import psycopg
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from pipelines.cv import cli
+from pipelines.cv import cli, cli_common, status
+from pipelines.cv.cli_common import CommandError
 from pipelines.cv.definitions import DefinitionError
 
 STREAM = "CREATE STREAM clicks (oid bigint, ts timestamptz) WITH (topic = 'clicks')"
@@ -96,7 +97,7 @@ def test_each_command_has_help(capsys):
         assert f"usage: streamviews {command}" in capsys.readouterr().out
 
 
-# --- input and statements -----------------------------------------------------------------------------
+# --- input ------------------------------------------------------------------------------------------------
 
 
 def test_read_input(tmp_path):
@@ -109,38 +110,22 @@ def test_read_input(tmp_path):
 
 
 def test_a_missing_file_is_a_usage_error(tmp_path):
-    with pytest.raises(cli.CommandError, match=r"cannot read .*missing\.sql: No such file or directory") as error:
+    with pytest.raises(CommandError, match=r"cannot read .*missing\.sql: No such file or directory") as error:
         cli.read_input(None, str(tmp_path / "missing.sql"), io.StringIO())
     assert error.value.status == 2
-
-
-def test_split_input_numbers_statements_and_their_lines():
-    text = f"-- clicks\n{STREAM};\n/* nothing */;\n/* a view; with a semicolon */\n{VIEW}\n  ;\n"
-    statements = cli.split_input(text)
-    assert [(s.number, s.line, s.text) for s in statements] == [(1, 2, STREAM), (2, 5, VIEW)]
-    assert [s.label for s in statements] == ["CREATE STREAM clicks", "CREATE CONTINUOUS VIEW per_object"]
-
-
-def test_a_semicolon_in_a_string_does_not_split():
-    statement = "CREATE STREAM s (a text) WITH (topic = 'a;b')"
-    assert [s.text for s in cli.split_input(statement)] == [statement]
 
 
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        (UNBALANCED, "CREATE STREAM oops: syntax error"),
-        (f"{UNBALANCED};\n{STREAM};", "CREATE STREAM oops: syntax error"),
-        (f"{STREAM};\n\n{UNBALANCED};", r"statement 2 \(line 3\): CREATE STREAM oops: syntax error"),
-        (f"{STREAM};\n)", r"statement 2 \(line 2\): "),
-        ("CREATE STREAM x (a text) WITH (topic = 'x", "unterminated quoted string"),
-        ("", "no statements in the input"),
-        ("-- only a comment\n;", "no statements in the input"),
+        ("", "no statements in the command line"),
+        ("-- only a comment\n;", "no statements in the command line"),
+        (f"{STREAM};\n\n{UNBALANCED};", "statement 2 (line 3): CREATE STREAM oops: syntax error: "),
+        ("CREATE STREAM x (a text) WITH (topic = 'x", "syntax error: unterminated quoted string"),
     ],
 )
-def test_incomplete_input_is_an_error_never_a_silent_success(text, message):
-    with pytest.raises(DefinitionError, match=message):
-        cli.split_input(text)
+def test_incomplete_input_is_an_error_never_a_silent_success(capsys, text, message):
+    assert error_line(capsys, 2, cli.main(["define", text])).startswith(message)
 
 
 # --- one-line errors and exit codes -------------------------------------------------------------------
@@ -204,8 +189,8 @@ def test_prog_names_the_alias(capsys):
 @pytest.mark.parametrize(
     ("error", "status", "message"),
     [
-        (cli.CommandError("no topic", 1), 1, "no topic"),
-        (cli.CommandError("bad file", 2), 2, "bad file"),
+        (CommandError("no topic", 1), 1, "no topic"),
+        (CommandError("bad file", 2), 2, "bad file"),
         (DefinitionError("view x: bad\nthing"), 2, "view x: bad thing"),
         (psycopg.errors.InvalidSchemaName('schema "x" does not exist'), 2, 'schema "x" does not exist'),
         (psycopg.errors.UndefinedColumn("no column y"), 2, "no column y"),
@@ -226,12 +211,12 @@ def test_connection_reason_drops_what_the_caller_says():
         'connection failed: connection to server at "127.0.0.1", port 1 failed: Connection refused\n'
         "\tIs the server running on that host and accepting TCP/IP connections?"
     )
-    assert cli.connection_reason(error) == "Connection refused"
+    assert cli_common.connection_reason(error) == "Connection refused"
     error = psycopg.OperationalError(
         'connection failed: connection to server at "127.0.0.1", port 5432 failed: '
         'FATAL:  password authentication failed for user "x"'
     )
-    assert cli.connection_reason(error) == 'password authentication failed for user "x"'
+    assert cli_common.connection_reason(error) == 'password authentication failed for user "x"'
 
 
 # --- run ----------------------------------------------------------------------------------------------
@@ -263,13 +248,13 @@ def test_default_group_is_the_runners():
     [(0, 10, None, 10), (4, 10, None, 6), (0, 10, 7, 3), (5, 10, 2, 5), (0, 10, 10, 0), (0, 10, 12, 0)],
 )
 def test_partition_lag(low, high, next_offset, lag):
-    assert cli.partition_lag(low, high, next_offset) == lag
+    assert status.partition_lag(low, high, next_offset) == lag
 
 
 def test_stream_statuses():
     at = datetime(2030, 1, 1, 12, tzinfo=UTC)
     later = datetime(2030, 1, 1, 13, tzinfo=UTC)
-    statuses = cli.stream_statuses(
+    statuses = status.stream_statuses(
         [("clicks", "clicks"), ("gone", "gone")],
         {"clicks": {0: (0, 10), 1: (0, 5)}},
         [("clicks", 0, 8, at), ("clicks", 1, 5, later)],
@@ -281,7 +266,7 @@ def test_stream_statuses():
     assert clicks.dead_letters == {"invalid_json": 3, "check_violation": 1}
     assert (gone.partitions, gone.lag, gone.last_commit, gone.dead_letters) == (None, None, None, {})
     assert clicks.as_json()["last_commit"] == "2030-01-01T13:00:00+00:00"
-    table = cli.status_table("g", statuses).splitlines()
+    table = status.status_table("g", statuses).splitlines()
     assert table[0] == "consumer group g"
     assert table[1].split() == ["STREAM", "TOPIC", "PARTITIONS", "LAG", "LAST", "COMMIT", "DEAD", "LETTERS"]
     assert table[2].split() == [
@@ -299,7 +284,7 @@ def test_stream_statuses():
 
 
 def test_table_aligns_columns():
-    assert cli.table(("A", "LONGER"), [("xyz", 1), ("b", "")]) == "A    LONGER\nxyz  1\nb"
+    assert cli_common.table(("A", "LONGER"), [("xyz", 1), ("b", "")]) == "A    LONGER\nxyz  1\nb"
 
 
 def test_view_name_defaults_to_public():

@@ -15,6 +15,7 @@ from pipelines.cv.definitions import (
     GroupColumn,
     StreamDef,
     ViewDef,
+    numbered_statements,
     parse,
     split_statements,
 )
@@ -24,6 +25,7 @@ SOCIAL_SQL = Path(__file__).resolve().parents[2] / "sql" / "views" / "social.sql
 
 CLICKS = "CREATE STREAM clicks (oid bigint, uid bigint, amount numeric, ts timestamptz) WITH (topic = 'clicks')"
 LIKES = "CREATE STREAM likes (oid bigint, uid bigint, ts timestamptz) WITH (topic = 'likes', key = 'oid, uid')"
+VIEW_ON_LIKES = "CREATE CONTINUOUS VIEW t.per_object AS SELECT oid, count(*) AS n FROM likes GROUP BY oid"
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +157,59 @@ def test_split_statements_drops_comments_and_the_trailing_semicolons():
 
 def test_split_statements_keeps_each_statement_as_written():
     assert split_statements(LIKES + ";\n" + CLICKS + ";") == [LIKES, CLICKS]
+
+
+def test_statements_are_numbered_with_their_lines_and_labelled():
+    text = f"-- likes\n{LIKES};\n/* nothing */;\n/* a view; with a semicolon */\n{VIEW_ON_LIKES}\n  ;\n"
+    statements = numbered_statements(text)
+    assert [(s.number, s.line, s.text) for s in statements] == [(1, 2, LIKES), (2, 5, VIEW_ON_LIKES)]
+    assert [s.label for s in statements] == ["CREATE STREAM likes", "CREATE CONTINUOUS VIEW t.per_object"]
+    assert split_statements(text) == [LIKES, VIEW_ON_LIKES]
+    assert numbered_statements("-- only a comment\n;") == []
+
+
+def test_a_semicolon_in_a_string_does_not_split():
+    statement = "CREATE STREAM s (a text) WITH (topic = 'a;b')"
+    assert split_statements(statement) == [statement]
+
+
+UNBALANCED = "CREATE STREAM oops (a bigint) WITH (topic = 'oops'"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (UNBALANCED, "^CREATE STREAM oops: syntax error: syntax error at end of input$"),
+        (f"{UNBALANCED};\n{LIKES};", "^CREATE STREAM oops: syntax error"),
+        (f"{LIKES};\n\n{UNBALANCED};", r"^statement 2 \(line 3\): CREATE STREAM oops: syntax error"),
+        (f"{LIKES};\njunk here;\n{CLICKS};", r"^statement 2 \(line 2\): expected CREATE STREAM"),
+        (f"{LIKES};\n)", r"^statement 2 \(line 2\): expected CREATE STREAM"),
+    ],
+)
+def test_text_that_is_no_complete_statement_is_an_error_naming_it_never_dropped(text, message):
+    with pytest.raises(DefinitionError, match=message):
+        split_statements(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("CREATE STREAM x (a text DEFAULT 'oops", "unterminated quoted string"),
+        ("CREATE STREAM x (a text) /* no end", "unterminated /\\* comment"),
+        ("CREATE STREAM x (a text DEFAULT $$oops", "unterminated dollar-quoted string"),
+    ],
+)
+def test_an_unterminated_quote_or_comment_is_a_definition_error(text, message):
+    for read in (split_statements, lambda t: parse(t, {})):
+        with pytest.raises(DefinitionError, match=f"^syntax error: {message}"):
+            read(text)
+
+
+@pytest.mark.parametrize("comment", ["/* c */ ", "/* c */\n-- d\n", "-- c\n", "-- c\n/* d; e */\n"])
+def test_comments_before_a_statement_are_skipped(comment):
+    stream = parse(comment + LIKES, {})
+    assert (stream.name, stream.definition) == ("likes", LIKES)
+    assert split_statements(comment + LIKES + ";") == [LIKES]
 
 
 # --- streams --------------------------------------------------------------------------------------
@@ -397,7 +452,11 @@ def test_stream_options_say_how_events_are_read(options, expected):
 @pytest.mark.parametrize(
     ("options", "match"),
     [
-        ("n = '3'", "unknown option 'n'; known: action_field, delete_actions, format, insert_actions, into, kafka_key"),
+        (
+            "n = '3'",
+            "unknown option 'n'; known: action_field, consumer_group, delete_actions, format, insert_actions, into, "
+            "kafka_key",
+        ),
         ("topic = s", "option topic takes a quoted string or an integer"),
         ("partitions = 1.5", "option partitions takes a quoted string or an integer"),
         ("topic = 'a', topic = 'b'", "option topic is given twice"),

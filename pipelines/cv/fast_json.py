@@ -1,0 +1,291 @@
+"""decode_batch's fast path for json streams: msgspec decodes, whole columns are checked at once.
+
+msgspec decodes each record into a Struct generated for the stream (strict types; CHECKs of the form
+`column <op> integer` become msgspec constraints), then whole columns are finished and checked with
+list comprehensions. When a step fails, only that step is redone record by record to find which
+records failed, and the reference decoder (StreamDecoder.decode) explains those: a bad record costs
+its own reference decoding, not its batch's speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from decimal import Decimal
+from itertools import compress
+from operator import attrgetter
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import msgspec
+
+from pipelines.cv.checks import CompiledCheck
+from pipelines.cv.definitions import StreamDef
+from pipelines.cv.fields import Field
+from pipelines.cv.values import ANY_JSON, INT_RANGES, INTEGER, NUMBER, as_real
+from pipelines.runtime.events import INSERT, InvalidEvent, from_epoch_ms
+
+if TYPE_CHECKING:
+    from pipelines.cv.decoding import RecordLike
+
+_UNSET = msgspec.UNSET
+
+
+class _Fallback(Exception):
+    """The fast path cannot vouch for a value: the reference decodes its record (and says why)."""
+
+
+class FastJson:
+    """decode_batch's fast path for json streams: msgspec Structs, then whole columns at once.
+
+    It decodes what it can vouch for and hands back the positions of the records it cannot (for the
+    reference to explain): a failure is located by redoing only the step that failed one record at a
+    time, so one bad record does not slow its batch down.
+
+    Args:
+        stream: The stream, of format json.
+        fields: Its columns as the reference decoder reads them, in declared order.
+        table_checks: Its table-level CHECKs.
+        actions: Each value of its `action_field`: INSERT or DELETE.
+        key_index: The position of its `kafka_key` column, if it has one.
+        out: The positions of the columns the caller wants, in that order.
+    """
+
+    @classmethod
+    def of(cls, *args: Any) -> FastJson | None:
+        """`FastJson(*args)`, or None when a column can hold no value at all."""
+        try:
+            return cls(*args)
+        except _Fallback:
+            return None
+
+    def __init__(
+        self,
+        stream: StreamDef,
+        fields: tuple[Field, ...],
+        table_checks: tuple[CompiledCheck, ...],
+        actions: dict[str, int],
+        key_index: int | None,
+        out: tuple[int, ...],
+    ) -> None:
+        self.fields = fields
+        self.limit = stream.max_event_bytes
+        self.check_utf8 = stream.unknown_fields == "ignore"  # msgspec skips unknown fields unread
+        types: list[tuple[Any, ...]] = []
+        rename = {}
+        for f in self.fields:
+            fast_type = _fast_type(f)
+            rename[f"f{f.index}"] = f.name  # a column may be named like a Python keyword
+            if f.default is not None or f.is_timestamp:
+                types.append((f"f{f.index}", fast_type | msgspec.UnsetType, _UNSET))
+            elif not f.not_null:
+                types.append((f"f{f.index}", fast_type, None))
+            else:
+                types.append((f"f{f.index}", fast_type))
+        self.actions: dict[Any, int] | None = None
+        if stream.action_field:
+            rename["action"] = stream.action_field
+            choices = Literal[tuple(actions)]  # type: ignore[valid-type]
+            types.append(("action", choices | msgspec.UnsetType, _UNSET))
+            self.actions = {_UNSET: INSERT, **actions}
+        event = msgspec.defstruct(
+            f"{stream.name}_event",
+            types,
+            kw_only=True,
+            forbid_unknown_fields=stream.unknown_fields == "reject",
+            rename=rename,
+            gc=False,
+        )
+        self.parse = msgspec.json.Decoder(event).decode
+        self.placeholder = event(**{f"f{f.index}": None for f in self.fields})  # for a record it could not parse
+        self.getters = [attrgetter(f"f{f.index}") for f in self.fields]
+        self.converters = [_fast_converter(f) for f in self.fields]
+        # The CHECKs msgspec enforces as bounds of the field type need no second look.
+        self.checks = [c for f in self.fields for c in f.checks if c.bounds is None] + list(table_checks)
+        self.key_index = key_index
+        self.out = out
+
+    def decode(self, records: Sequence[RecordLike]) -> tuple[list[int], list[list[Any]], list[int]]:
+        """The ops and output columns of the records it vouches for, and the positions of the others."""
+        values = [r.value() for r in records]
+        try:
+            unreadable = max(map(len, values), default=0) > self.limit or not all(values)
+        except TypeError:  # len(None): a null value
+            unreadable = True
+        if unreadable or (self.check_utf8 and not all(map(bytes.isascii, values))):
+            values = [v if self._readable(v) else b"!" for v in values]  # b"!": parsing fails at once
+        bad: set[int] = set()  # positions of the records the reference must see
+        events: list[Any] = []
+        remaining = iter(values)
+        while True:
+            try:
+                # list.extend keeps what it appended before an exception, and the iterator is past
+                # the failed value: parsing resumes right after it.
+                events.extend(map(self.parse, remaining))
+            except Exception:
+                bad.add(len(events))
+                events.append(self.placeholder)  # all None: flows through every step unnoticed
+                continue
+            break
+        columns = [self._column(f, get, convert, events, records, bad) for f, get, convert in self.column_plan]
+        for check in self.checks:
+            args = [columns[i] for i in check.columns]
+            try:
+                results = list(map(check.test, *args))
+            except Exception:
+                results = _each(check.test, list(zip(*args, strict=True)), bad, star=True)
+            if False in results:
+                bad.update(p for p, passed in enumerate(results) if passed is False)
+        if self.key_index is not None:
+            keys = [r.key() for r in records]
+            expected = [str(v).encode() for v in columns[self.key_index]]
+            if keys != expected:
+                bad.update(p for p, (k, e) in enumerate(zip(keys, expected, strict=True)) if k != e)
+        if self.actions is None:
+            ops = [INSERT] * len(events)
+        else:
+            actions = self.actions
+            ops = [actions[e.action] for e in events]
+        out = [columns[i] for i in self.out]
+        if not bad:
+            return ops, out, []
+        keep = [True] * len(events)
+        for p in bad:
+            keep[p] = False
+        return list(compress(ops, keep)), [list(compress(column, keep)) for column in out], sorted(bad)
+
+    @property
+    def column_plan(self) -> zip:
+        """Each field with its getter and converter."""
+        return zip(self.fields, self.getters, self.converters, strict=True)
+
+    def _readable(self, value: bytes | None) -> bool:
+        if not value or len(value) > self.limit:
+            return False
+        if self.check_utf8 and not value.isascii():
+            try:
+                value.decode()
+            except UnicodeDecodeError:
+                return False
+        return True
+
+    def _column(
+        self,
+        f: Field,
+        get: Callable[[Any], Any],
+        convert: Callable[[Any], Any] | None,
+        events: list[Any],
+        records: Sequence[RecordLike],
+        bad: set[int],
+    ) -> list[Any]:
+        column = list(map(get, events))
+        if convert is not None:
+            try:
+                column = [v if v is None or v is _UNSET else convert(v) for v in column]
+            except Exception:
+                column = _each(lambda v: v if v is None or v is _UNSET else convert(v), column, bad)
+        if f.kind in ("text", "varchar"):
+            try:
+                text = "".join(column)
+            except TypeError:  # NULLs or absent values
+                text = "".join([v for v in column if type(v) is str])
+            if "\x00" in text:
+                bad.update(p for p, v in enumerate(column) if type(v) is str and "\x00" in v)
+        if not (f.is_timestamp or f.default is not None):
+            return column
+        count = column.count(_UNSET)
+        if not count:
+            return column
+        if f.default is not None:
+            default = f.default()
+            return [default if v is _UNSET else v for v in column]
+        # The record timestamp: read only for the events that need it, converted once per millisecond.
+        if count == len(column):
+            ms: list[int | None] = [r.timestamp()[1] for r in records]
+        else:
+            ms = [r.timestamp()[1] if v is _UNSET else None for v, r in zip(column, records, strict=True)]
+        what = f"{f.name} is missing and the record timestamp"
+        times: dict[int | None, datetime | None] = {}
+        for m in set(ms).difference([None]):
+            try:
+                times[m] = from_epoch_ms(m, what)  # type: ignore[arg-type]
+            except InvalidEvent:
+                times[m] = None
+        if None in times.values():
+            bad.update(p for p, m in enumerate(ms) if m is not None and times[m] is None)
+        if count == len(column):
+            return [times[m] for m in ms]
+        return [v if m is None else times[m] for v, m in zip(column, ms, strict=True)]
+
+
+def _each(fn: Callable[..., Any], items: list[Any], bad: set[int], star: bool = False) -> list[Any]:
+    """`fn` of each item, marking in `bad` the positions where it raises (their result: None)."""
+    results = []
+    for position, item in enumerate(items):
+        try:
+            results.append(fn(*item) if star else fn(item))
+        except Exception:
+            bad.add(position)
+            results.append(None)
+    return results
+
+
+def _fast_type(f: Field) -> Any:
+    """The msgspec type of a column's field: exactly the JSON values `from_json` accepts, or fewer."""
+    kind = f.kind
+    if kind in ("numeric", "jsonb"):
+        return msgspec.Raw  # read by the reference's own converter (a JSON null included)
+    if kind in INT_RANGES:
+        low, high = INT_RANGES[kind]
+        for check in f.checks:
+            if check.bounds is not None:
+                low = max(low, check.bounds[0] if check.bounds[0] is not None else low)
+                high = min(high, check.bounds[1] if check.bounds[1] is not None else high)
+        if low > high:
+            raise _Fallback  # every value fails a CHECK: leave the reference to say so
+        fast: Any = Annotated[int, msgspec.Meta(ge=low, le=high)]
+    elif kind == "varchar" and f.column.typmods:
+        fast = Annotated[str, msgspec.Meta(max_length=f.column.typmods[0])]
+    else:
+        fast = {
+            "double": float,
+            "real": float,
+            "boolean": bool,
+            "text": str,
+            "varchar": str,
+            "timestamptz": str | int,
+            "date": str,
+            "uuid": str,
+        }[kind]
+    return fast if f.not_null else fast | None
+
+
+def _fast_converter(f: Field) -> Callable[[Any], Any] | None:
+    """What turns a present, non-null value as msgspec decoded it into the column's value (None: as is)."""
+    kind, convert = f.kind, f.from_json
+    if kind in INT_RANGES or kind in ("boolean", "double", "text", "varchar"):
+        return None  # msgspec checked it all (text: but NUL, checked for the whole column)
+    if kind == "real":
+        return as_real
+    if kind == "numeric":
+        nullable = not f.not_null
+
+        def numeric(raw: msgspec.Raw) -> Any:
+            text = bytes(raw).decode()
+            if text == "null" and nullable:
+                return None
+            if not NUMBER.fullmatch(text):
+                raise _Fallback  # not a number: the reference names the type
+            return convert(int(text) if INTEGER.fullmatch(text) else Decimal(text))
+
+        return numeric
+    if kind == "jsonb":
+        nullable = not f.not_null
+
+        def jsonb(raw: msgspec.Raw) -> Any:
+            value = ANY_JSON.decode(raw)
+            if value is None and not nullable:
+                raise _Fallback
+            return None if value is None else convert(value)
+
+        return jsonb
+    return convert

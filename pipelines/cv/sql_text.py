@@ -1,0 +1,25 @@
+"""Pieces of the maintenance SQL, composed with psycopg.sql: names, definition expressions, lists."""
+
+from __future__ import annotations
+
+from psycopg import sql
+
+
+def ident(*parts: str) -> sql.Identifier:
+    """A quoted name: `ident("cv", "state_likes")` is `"cv"."state_likes"`."""
+    return sql.Identifier(*parts)
+
+
+def raw(text: str) -> sql.SQL:
+    """An expression of a view or stream definition (or a type name), as SQL text."""
+    # Expressions come from the view definition, parsed and deparsed by pglast and checked to
+    # reference stream columns only; they are SQL text written by the view's author, never event data.
+    # A `%` (modulo, LIKE patterns) is doubled: maintenance statements run with parameters, where
+    # psycopg reads `%` as a placeholder, so every statement holding an expression is executed with a
+    # parameter list (empty if need be).
+    return sql.SQL(text.replace("%", "%%"))
+
+
+def comma_list(items: list[sql.Composable]) -> sql.Composed:
+    """The items, separated by commas."""
+    return sql.SQL(", ").join(items)

@@ -1,0 +1,122 @@
+"""`streamviews status`: how far the runner's consumer group is behind on each stream.
+
+The lag of a partition counts from the group's next offset, as stored in PostgreSQL with the views
+(ops.kafka_offsets), to the partition's high watermark in Kafka; dead letters are counted per reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from pipelines.cv.cli_common import KAFKA_TIMEOUT_S, CommandError, kafka_message, kafka_topics, table
+from pipelines.settings import KafkaSettings
+
+
+@dataclass
+class StreamStatus:
+    """How far the runner's consumer group is behind on one stream's topic."""
+
+    stream: str
+    topic: str
+    partitions: int | None = None  # None: the topic does not exist
+    lag: int | None = None
+    lag_by_partition: dict[int, int] = field(default_factory=dict)
+    last_commit: datetime | None = None
+    dead_letters: dict[str, int] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (times in ISO 8601)."""
+        return {
+            "stream": self.stream,
+            "topic": self.topic,
+            "partitions": self.partitions,
+            "lag": self.lag,
+            "lag_by_partition": {str(p): n for p, n in sorted(self.lag_by_partition.items())},
+            "last_commit": self.last_commit.isoformat() if self.last_commit else None,
+            "dead_letters": self.dead_letters,
+        }
+
+
+def partition_lag(low: int, high: int, next_offset: int | None) -> int:
+    """Records a group has still to read in a partition: from its next offset (or the low watermark) to the high one.
+
+    Records below the low watermark are gone (retention), so they never count.
+    """
+    start = low if next_offset is None else max(next_offset, low)
+    return max(0, high - start)
+
+
+def watermarks(admin: AdminClient, kafka: KafkaSettings, topics: set[str]) -> dict[str, dict[int, tuple[int, int]]]:
+    """(low, high) watermark per partition of each existing topic among `topics`.
+
+    Raises:
+        CommandError: The brokers did not answer within KAFKA_TIMEOUT_S.
+    """
+    metadata = kafka_topics(admin, kafka)
+    parts = [
+        TopicPartition(topic, partition)
+        for topic in sorted(topics)
+        if topic in metadata and metadata[topic].error is None
+        for partition in sorted(metadata[topic].partitions)
+    ]
+    result: dict[str, dict[int, tuple[int, int]]] = {t: {} for t in topics if t in metadata}
+    if not parts:
+        return result
+    try:
+        low = admin.list_offsets({tp: OffsetSpec.earliest() for tp in parts}, request_timeout=KAFKA_TIMEOUT_S)
+        high = admin.list_offsets({tp: OffsetSpec.latest() for tp in parts}, request_timeout=KAFKA_TIMEOUT_S)
+        lows = {(tp.topic, tp.partition): f.result(KAFKA_TIMEOUT_S).offset for tp, f in low.items()}
+        highs = {(tp.topic, tp.partition): f.result(KAFKA_TIMEOUT_S).offset for tp, f in high.items()}
+    except KafkaException as e:
+        raise CommandError(f"cannot read offsets from Kafka at {kafka.bootstrap_servers}: {kafka_message(e)}") from e
+    for (topic, partition), low_offset in lows.items():
+        result[topic][partition] = (low_offset, highs[(topic, partition)])
+    return result
+
+
+def stream_statuses(
+    streams: list[tuple[str, str]],
+    marks: dict[str, dict[int, tuple[int, int]]],
+    offsets: list[tuple[str, int, int, datetime]],
+    dead: list[tuple[str, str, int]],
+) -> list[StreamStatus]:
+    """Combine the catalog's streams, Kafka's watermarks and the group's stored offsets and dead letters."""
+    committed: dict[str, dict[int, int]] = {}
+    last: dict[str, datetime] = {}
+    for topic, partition, next_offset, updated_at in offsets:
+        committed.setdefault(topic, {})[partition] = next_offset
+        last[topic] = max(last.get(topic, updated_at), updated_at)
+    dead_by_topic: dict[str, dict[str, int]] = {}
+    for topic, reason, count in dead:
+        dead_by_topic.setdefault(topic, {})[reason] = count
+    statuses = []
+    for name, topic in streams:
+        status = StreamStatus(name, topic, last_commit=last.get(topic), dead_letters=dead_by_topic.get(topic, {}))
+        if topic in marks:
+            status.partitions = len(marks[topic])
+            status.lag_by_partition = {
+                p: partition_lag(low, high, committed.get(topic, {}).get(p)) for p, (low, high) in marks[topic].items()
+            }
+            status.lag = sum(status.lag_by_partition.values())
+        statuses.append(status)
+    return statuses
+
+
+def status_table(group: str, statuses: list[StreamStatus]) -> str:
+    """The statuses for people: one row per stream."""
+    rows = []
+    for s in statuses:
+        commit = s.last_commit.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if s.last_commit else "never"
+        dead = ", ".join(f"{reason}={n}" for reason, n in sorted(s.dead_letters.items())) or "0"
+        partitions = "-" if s.partitions is None else s.partitions
+        lag = "topic missing" if s.lag is None else s.lag
+        rows.append((s.stream, s.topic, partitions, lag, commit, dead))
+    header = f"consumer group {group}"
+    if not rows:
+        return f"{header}\nno streams"
+    return header + "\n" + table(("STREAM", "TOPIC", "PARTITIONS", "LAG", "LAST COMMIT", "DEAD LETTERS"), rows)

@@ -1,0 +1,260 @@
+"""A stream column's values read from JSON and from text, as strictly as PostgreSQL would store them.
+
+Nothing is coerced silently. JSON types are strict (an integer column takes a JSON integer, not
+`7.0`, `"7"` or `true`); a value outside its type's range is `out_of_range`, or the name of the
+column's named CHECK if it has one; text cannot hold NUL; timestamps are RFC 3339 with an offset or
+epoch milliseconds, as `parse_rfc3339` / `from_epoch_ms` accept them. Text (a CSV field, a constant
+in a CHECK or DEFAULT) is read as strictly as JSON: integers `-?(0|[1-9][0-9]*)`, numbers in JSON's
+grammar, `true`/`false`, jsonb as JSON text.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Callable
+from datetime import date, datetime
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, DecimalException
+from typing import Any
+from uuid import UUID
+
+import msgspec
+from psycopg.types.json import Jsonb
+
+from pipelines.cv.definitions import Column
+from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent, check_text, from_epoch_ms, json_text, parse_rfc3339
+
+INT_RANGES = {"smallint": (-(2**15), 2**15 - 1), "integer": (-(2**31), 2**31 - 1), "bigint": (-(2**63), 2**63 - 1)}
+# PostgreSQL's limits of an unconstrained numeric: digits before and after the decimal point.
+NUMERIC_WHOLE_DIGITS, NUMERIC_FRACTION_DIGITS = 131_072, 16_383
+# Generic JSON, numbers exact: a fraction or exponent is a Decimal of its text, an integer an int.
+ANY_JSON = msgspec.json.Decoder(float_hook=Decimal)
+EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)  # numeric + - * never rounds
+INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
+NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_FLOAT32 = struct.Struct("f")
+_INFINITY = float("inf")
+_DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def wrong_type(name: str, expected: str, value: Any) -> InvalidEvent:
+    """The rejection of a value of the wrong JSON type."""
+    return InvalidEvent("wrong_type", f"{name} must be {expected}, got {as_written(value)}")
+
+
+def json_converter(column: Column, range_reason: str) -> tuple[str, Callable[[Any], Any]]:
+    """What a JSON value of the column must be, and the function turning it into the column's value.
+
+    The function takes a present, non-null value as the generic decoder returns it (an integer as
+    int, any other number as Decimal) and raises InvalidEvent.
+    """
+    name, kind, typmods = column.name, column.kind, column.typmods
+
+    def out_of_range(value: Any, what: str) -> InvalidEvent:
+        return InvalidEvent(range_reason, f"{name} {as_written(value)} is out of range for {what}")
+
+    if kind in INT_RANGES:
+        low, high = INT_RANGES[kind]
+
+        def integer(value: Any) -> int:
+            if type(value) is not int:
+                raise wrong_type(name, "a JSON integer", value)
+            if not low <= value <= high:
+                raise out_of_range(value, f"{kind} ({low} .. {high})")
+            return value
+
+        return "a JSON integer", integer
+    if kind == "numeric":
+        fits = _numeric_fit(typmods)
+
+        def numeric(value: Any) -> Decimal:
+            if type(value) is int:
+                value = Decimal(value)
+            elif type(value) is not Decimal:
+                raise wrong_type(name, "a JSON number", value)
+            if value.is_zero() and value.is_signed():
+                value = value.copy_abs()  # PostgreSQL has no negative zero numeric
+            if not fits(value):
+                raise out_of_range(value, column.type)
+            return value
+
+        return "a JSON number", numeric
+    if kind in ("double", "real"):
+        single = kind == "real"
+
+        def number(value: Any) -> float:
+            if type(value) is not int and type(value) is not Decimal:
+                raise wrong_type(name, "a JSON number", value)
+            try:
+                result = as_real(float(value)) if single else float(value)
+            except OverflowError:
+                raise out_of_range(value, column.type) from None
+            if result in (float("inf"), float("-inf")):
+                raise out_of_range(value, column.type)
+            return result
+
+        return "a JSON number", number
+    if kind == "boolean":
+
+        def boolean(value: Any) -> bool:
+            if type(value) is not bool:
+                raise wrong_type(name, "true or false", value)
+            return value
+
+        return "true or false", boolean
+    if kind in ("text", "varchar"):
+        limit = typmods[0] if typmods else None
+
+        def text(value: Any) -> str:
+            if type(value) is not str:
+                raise wrong_type(name, "a JSON string", value)
+            check_text(name, value)
+            if limit is not None and len(value) > limit:
+                raise InvalidEvent("too_long", f"{name} is {len(value)} characters, over {column.type}")
+            return value
+
+        return "a JSON string", text
+    if kind == "timestamptz":
+        expected = "an RFC 3339 string or epoch milliseconds"
+
+        def timestamp(value: Any) -> datetime:
+            if type(value) is str:
+                return _rfc3339(name, value)
+            if type(value) is int:
+                return from_epoch_ms(value, name)
+            raise wrong_type(name, expected, value)
+
+        return expected, timestamp
+    if kind == "date":
+
+        def day(value: Any) -> date:
+            if type(value) is not str:
+                raise wrong_type(name, "a JSON string (YYYY-MM-DD)", value)
+            try:
+                if _DATE.fullmatch(value):
+                    return date.fromisoformat(value)
+            except ValueError:
+                pass
+            raise InvalidEvent("bad_date", f"{name} {as_written(value)} is not a date (YYYY-MM-DD)")
+
+        return "a JSON string (YYYY-MM-DD)", day
+    if kind == "uuid":
+
+        def uuid(value: Any) -> UUID:
+            if type(value) is not str:
+                raise wrong_type(name, "a JSON string", value)
+            if not _UUID.fullmatch(value):
+                raise InvalidEvent("bad_uuid", f"{name} {as_written(value)} is not a UUID (8-4-4-4-12 hex digits)")
+            return UUID(value)
+
+        return "a JSON string (a UUID)", uuid
+    assert kind == "jsonb", kind
+
+    def jsonb(value: Any) -> Jsonb:
+        return Jsonb(_plain_json(name, value, range_reason))
+
+    return "a JSON value other than null", jsonb
+
+
+def as_real(value: float) -> float:
+    """A double as PostgreSQL stores it in a real: rounded, and neither overflowing nor lost to zero."""
+    rounded = _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    if (rounded == 0.0 and value != 0.0) or abs(rounded) == _INFINITY:
+        raise OverflowError  # PostgreSQL's cast from double rejects an underflow too
+    return rounded
+
+
+def _plain_json(name: str, value: Any, range_reason: str) -> Any:
+    """A jsonb value as psycopg dumps it: numbers as float (finite), no NUL in strings or keys."""
+    kind = type(value)
+    if kind is str:
+        check_text(name, value)
+    elif kind is Decimal:
+        result = float(value)
+        if result in (float("inf"), float("-inf")):
+            raise InvalidEvent(range_reason, f"{name} holds {value}, out of range for a JSON number")
+        return result
+    elif kind is list:
+        return [_plain_json(name, item, range_reason) for item in value]
+    elif kind is dict:
+        for item in value:
+            check_text(name, item)
+        return {k: _plain_json(name, v, range_reason) for k, v in value.items()}
+    return value
+
+
+def _numeric_fit(typmods: tuple[int, ...]) -> Callable[[Decimal], bool]:
+    precision, scale = (*typmods, 0)[:2] if typmods else (None, None)
+
+    def fits(value: Decimal) -> bool:
+        if value.is_zero():
+            return True
+        try:
+            _, digits, exponent = value.normalize(EXACT).as_tuple()
+        except DecimalException:
+            return False
+        whole, fraction = max(0, len(digits) + exponent), max(0, -exponent)
+        if precision is None:
+            return whole <= NUMERIC_WHOLE_DIGITS and fraction <= NUMERIC_FRACTION_DIGITS
+        # No rounding to the scale: a value with more decimals than the column keeps is not its value.
+        return fraction <= scale and whole <= precision - scale
+
+    return fits
+
+
+def text_converter(column: Column, from_json: Callable[[Any], Any], range_reason: str) -> Callable[[str], Any]:
+    """The function reading a column's value from text (a CSV field, a constant), as strictly as JSON."""
+    name, kind = column.name, column.kind
+
+    def integer(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:  # more digits than int() converts: far beyond any column's range
+            raise InvalidEvent(range_reason, f"{name} has {len(text)} digits, out of range") from None
+
+    def read(text: str) -> Any:
+        if kind in INT_RANGES:
+            if not INTEGER.fullmatch(text):
+                raise InvalidEvent("wrong_type", f"{name} must be an integer, got {text[:DETAIL_LIMIT]!r}")
+            return from_json(integer(text))
+        if kind in ("numeric", "double", "real"):
+            if not NUMBER.fullmatch(text):
+                raise InvalidEvent("wrong_type", f"{name} must be a number, got {text[:DETAIL_LIMIT]!r}")
+            return from_json(integer(text) if INTEGER.fullmatch(text) else Decimal(text))
+        if kind == "boolean":
+            if text not in ("true", "false"):
+                raise InvalidEvent("wrong_type", f"{name} must be true or false, got {text[:DETAIL_LIMIT]!r}")
+            return text == "true"
+        if kind == "timestamptz":
+            return from_json(integer(text) if INTEGER.fullmatch(text) else text)
+        if kind == "jsonb":
+            try:
+                value = ANY_JSON.decode(text.encode())
+            except (msgspec.DecodeError, msgspec.ValidationError) as e:
+                raise InvalidEvent("wrong_type", f"{name} must be JSON text: {e}") from None
+            if value is None:
+                raise InvalidEvent("wrong_type", f"{name} must be {column.type} other than null, got null")
+            return from_json(value)
+        return from_json(text)
+
+    return read
+
+
+def _rfc3339(name: str, text: str) -> datetime:
+    try:
+        return parse_rfc3339(text)
+    except InvalidEvent as e:
+        if name == "ts" or not e.detail.startswith("ts "):
+            raise
+        raise InvalidEvent(e.reason, name + e.detail[2:]) from None  # name the column, not "ts"
+
+
+def as_written(value: Any) -> str:
+    """The offending value as the producer wrote it (`true`, `"42"`, `4.2`), bounded."""
+    if type(value) is Decimal or type(value) is int:
+        return str(value)[:DETAIL_LIMIT]
+    try:
+        return json_text(value)
+    except TypeError:  # a Decimal or a big integer inside: msgspec writes them
+        return msgspec.json.encode(value).decode()[:DETAIL_LIMIT]
