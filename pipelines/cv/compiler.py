@@ -100,10 +100,10 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
     order first.
     """
     names = [ident(c.name) for c in stream.columns]
-    # Binary parameters (%b): a batch's arrays are most of what goes over the wire, and the binary
-    # form costs the client a quarter of the text form (timestamps: a tenth) and the server no parsing.
-    arrays = [sql.SQL("%b::{}[]").format(raw(c.type)) for c in stream.columns]
-    batch = sql.SQL("SELECT * FROM unnest(%b::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
+    # Each column is one array literal (pipelines.cv.arrays): PostgreSQL parses it in C, where
+    # psycopg's array dumpers would spend a Python call per value in the committing thread.
+    arrays = [sql.SQL("%t::{}[]").format(raw(c.type)) for c in stream.columns]
+    batch = sql.SQL("SELECT * FROM unnest(%t::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
         comma_list(arrays), comma_list(names)
     )
     if stream.key is None:
@@ -172,7 +172,7 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
 def batch_source(stream: StreamDef, shipped: tuple[str, ...]) -> sql.Composed:
     """An append-only stream's batch read straight from its parameters, as deltas of sign +1.
 
-    Only `shipped` columns (those some view reads) travel, one binary array parameter each; the others
+    Only `shipped` columns (those some view reads) travel, one array literal each; the others
     are typed NULLs, so the source has the same columns as the delta table it stands in for. No
     temporary table is written: each view aggregates the parameters in its own upsert.
     """
@@ -182,7 +182,7 @@ def batch_source(stream: StreamDef, shipped: tuple[str, ...]) -> sql.Composed:
         for c in stream.columns
     ]
     types = {c.name: c.type for c in stream.columns}
-    arrays = [sql.SQL("%b::{}[]").format(raw(types[c])) for c in shipped]
+    arrays = [sql.SQL("%t::{}[]").format(raw(types[c])) for c in shipped]
     return sql.SQL("(SELECT 1::int2 AS sign, {} FROM unnest({}) AS b({}))").format(
         comma_list(columns), comma_list(arrays), comma_list(names)
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from pipelines.cv import catalog, compiler
+from pipelines.cv import arrays, catalog, compiler
 from pipelines.cv.definitions import StreamDef, ViewDef
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
@@ -74,11 +74,14 @@ class StreamMaintainer:
             for statement in plan.temp_tables:
                 conn.execute(statement)
             self._sessions_ready.add(session)
+        stream_columns = plan.stream.columns
         if plan.to_deltas is not None:
-            deltas = conn.execute(plan.to_deltas, [list(ops), *[list(c) for c in columns]]).rowcount
+            literals = [arrays.ops_literal(ops), *arrays.column_literals(columns, stream_columns)]
+            deltas = conn.execute(plan.to_deltas, literals).rowcount
             params: list[object] = []  # the views read the deltas' temporary table
         else:
-            params, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
+            shipped, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
+            params = arrays.column_literals(shipped, [stream_columns[i] for i in plan.shipped])
         if deltas:
             for statements in plan.per_view:
                 for statement in statements.before:
@@ -154,9 +157,9 @@ class StreamMaintainer:
         return _Plan(version, stream, views, to_deltas, tuple(per_view), tuple(temp_tables), shipped)
 
 
-def _inserts_only(ops: Sequence[int], columns: list[Sequence[object]]) -> tuple[list[object], int]:
-    """An append-only stream's batch as parameters: a delete has no row to take away, so it is dropped."""
+def _inserts_only(ops: Sequence[int], columns: list[Sequence[object]]) -> tuple[list[Sequence[object]], int]:
+    """An append-only stream's batch: a delete has no row to take away, so it is dropped."""
     if -1 not in ops:  # a scan in C; deletes are rare on append-only streams
-        return [list(c) if not isinstance(c, list) else c for c in columns], len(ops)
+        return columns, len(ops)
     keep = [i for i, op in enumerate(ops) if op == 1]
     return [[c[i] for i in keep] for c in columns], len(keep)

@@ -144,15 +144,8 @@ class StreamRunner:
             return False
         return self.only is None or stream.name in self.only or stream.into in self.only
 
-    def decode(self, messages: list[Message]) -> Decoded:
+    def decode(self, by_topic: dict[str, list[Message]]) -> Decoded:
         """A poll's messages, topic by topic through each stream's decoder, into changes per target stream."""
-        by_topic: dict[str, list[Message]] = {}
-        for message in messages:
-            topic = message.topic()
-            group = by_topic.get(topic)
-            if group is None:
-                group = by_topic[topic] = []
-            group.append(message)
         payload: dict[str, StreamChanges] = {}
         rejected: list[tuple[Message, InvalidEvent]] = []
         size = 0

@@ -60,9 +60,9 @@ class Decoded:
 
 
 class BatchDecoder(Protocol):
-    """Decodes a poll's valid messages (in poll order) for the sink."""
+    """Decodes a poll's valid messages for the sink, given by topic (each topic's in poll order)."""
 
-    def __call__(self, messages: list[Message]) -> Decoded:
+    def __call__(self, by_topic: dict[str, list[Message]]) -> Decoded:
         """Decode; a message that breaks its contract is returned in `rejected`, never raised."""
         ...
 
@@ -70,10 +70,10 @@ class BatchDecoder(Protocol):
 def per_record(decode: RecordDecoder) -> BatchDecoder:
     """A batch decoder calling `decode` for each message; the payload is a list of `Record`s."""
 
-    def decode_batch(messages: list[Message]) -> Decoded:
+    def decode_batch(by_topic: dict[str, list[Message]]) -> Decoded:
         records: list[Record] = []
         rejected: list[tuple[Message, InvalidEvent]] = []
-        for message in messages:
+        for message in (m for messages in by_topic.values() for m in messages):
             try:
                 record = decode(message.key(), message.value(), message.timestamp()[1])
             except InvalidEvent as e:
@@ -287,35 +287,48 @@ class Pipeline:
         return True
 
     def _decode(self, messages: list[Message]) -> Batch:
-        # The bookkeeping runs for every message: offsets are tracked per (topic, partition) here, and
-        # the decoder gets the valid messages at once.
+        # This loop runs for every message, so it does as little as it can per message: a poll holds
+        # runs of messages of one partition, and the partition's bookkeeping (is it still ours, where
+        # did the batch start, where does it end) is done once per run, not once per message.
         batch = Batch()
         positions = self.positions
-        last: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset of its last message in the batch
-        valid: list[Message] = []
+        by_topic: dict[str, list[Message]] = {}
+        run: list[Message] | None = None  # where the current run's messages go; None: a revoked partition
+        topic = partition = None
+        last: Message | None = None  # the last message kept of the current run
+        ends: dict[tuple[str, int], int] = {}
         for message in messages:
             if message.error() is not None:
                 if message.error().code() != KafkaError._PARTITION_EOF:
                     log.warning("consumer error", error=str(message.error()))
                 continue
-            tp = (message.topic(), message.partition())
-            if tp not in positions:
-                continue  # revoked while this poll was in flight
-            if tp not in last:
-                batch.start[tp] = positions[tp]
-            last[tp] = message.offset()
-            valid.append(message)
-        if valid:
+            if message.partition() != partition or message.topic() != topic:
+                if last is not None:
+                    ends[(topic, partition)] = last.offset()
+                topic, partition, last = message.topic(), message.partition(), None
+                tp = (topic, partition)
+                if tp in positions:  # else: revoked while this poll was in flight
+                    batch.start.setdefault(tp, positions[tp])
+                    run = by_topic.setdefault(topic, [])
+                else:
+                    run = None
+            if run is not None:
+                run.append(message)
+                last = message
+        if last is not None:
+            ends[(topic, partition)] = last.offset()
+        if by_topic:
             try:
-                decoded = self.decode(valid)
+                decoded = self.decode(by_topic)
             except Exception as e:  # a decoder bug: dead-letter the poll rather than crash-loop on it
-                log.exception("batch decoder failed", pipeline=self.name, records=len(valid))
-                decoded = Decoded(None, 0, [(m, InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}")) for m in valid])
+                log.exception("batch decoder failed", pipeline=self.name)
+                error = InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}")
+                decoded = Decoded(None, 0, [(m, error) for group in by_topic.values() for m in group])
             batch.payload, batch.size = decoded.payload, decoded.size
             for message, error in decoded.rejected:
                 self.dead_letters.send(message, error)
                 batch.dead_letters[(message.topic(), error.reason)] += 1
-        for tp, offset in last.items():
+        for tp, offset in ends.items():
             batch.end[tp] = offset + 1
             positions[tp] = offset + 1  # where the next batch starts, once this one commits
         return batch
