@@ -159,8 +159,10 @@ class PipelineSettings(_Settings):
 
     # Empty: `streamviews-<pipeline name>`.
     group_id: str = ""
-    # Upper bound of records per batch (one PostgreSQL transaction).
-    batch_max: int = Field(20_000, gt=0)
+    # Upper bound of records per batch (one PostgreSQL transaction). Batches only fill up while there
+    # is a backlog; then fewer, larger ones cost less per event (a view's groups are upserted once per
+    # batch): page views through one runner did 269k events/s at 20,000 and 291k-315k at 50,000.
+    batch_max: int = Field(50_000, gt=0)
     # How long one poll waits for records before the batch is applied anyway: bounds freshness at low rates.
     batch_wait_ms: int = Field(100, gt=0)
     # Partitions of the topics a pipeline creates when they are missing (its input and dead-letter
