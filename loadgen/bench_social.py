@@ -121,7 +121,7 @@ def measure_pipeline(
 ) -> PipelineFigures:
     """The likes pipeline end to end: likes/s from Kafka until visible in PostgreSQL, then freshness.
 
-    `workers` `python -m pipelines.likes` processes (one consumer group of their own, default batch
+    `workers` `python -m pipelines.cv.runner` processes (one consumer group of their own, default batch
     settings) consume `topic`, which already holds `events`, into copies of the likes views in a
     throwaway schema `bench_<id>`. Throughput is timed by polling `ops.kafka_offsets` every 50 ms
     until the group reaches the topic's end; the headline excludes process start-up (it counts from

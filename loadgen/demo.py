@@ -109,7 +109,7 @@ def show_a_dead_letter(kafka: KafkaSettings, producer: Producer) -> None:
         if headers.get("demo") == marker:
             print(
                 f"\nA malformed like went to likes.dlq: reason {headers['dlq.reason'].decode()!r}, "
-                f"{headers['dlq.detail'].decode()}; the pipeline kept going."
+                f"{headers['dlq.detail'].decode()}; the stream runner kept going."
             )
             break
     dlq.close()

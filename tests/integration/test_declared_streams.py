@@ -33,6 +33,12 @@ def streamviews(stack, *args: str, stdin: str | None = None) -> subprocess.Compl
     )
 
 
+def define(stack, statements: str) -> None:
+    """`streamviews define -` with these statements on standard input; they must all be accepted."""
+    defined = streamviews(stack, "define", "-", stdin=statements)
+    assert defined.returncode == 0, defined.stderr
+
+
 @pytest.fixture
 def names(stack, pg, admin):
     """A stream and a view name of this test; both dropped afterwards, with their topics."""
@@ -71,11 +77,9 @@ def test_a_stream_and_view_defined_on_the_running_stack_fill_from_a_new_topic_wi
     runner_pid = Supervisor(stack.paths).processes()["streams"].pid
     stream, view, topic = names["stream"], names["view"], names["topic"]
 
-    defined = streamviews(
+    define(
         stack,
-        "define",
-        "-",
-        stdin=f"""
+        f"""
             CREATE STREAM {stream} (url text NOT NULL, uid bigint, latency double precision, ts timestamptz)
                 WITH (topic = '{topic}', timestamp_column = 'ts');
             CREATE CONTINUOUS VIEW {view} AS
@@ -83,7 +87,6 @@ def test_a_stream_and_view_defined_on_the_running_stack_fill_from_a_new_topic_wi
                 FROM {stream} GROUP BY url;
         """,
     )
-    assert defined.returncode == 0, defined.stderr
     events = [
         json.dumps({"url": f"/p/{i % 3}", "uid": i % 7, "latency": float(i), "ts": "2026-11-23T10:00:00Z"}).encode()
         for i in range(100)
@@ -101,11 +104,9 @@ def test_a_stream_and_view_defined_on_the_running_stack_fill_from_a_new_topic_wi
 
 def test_events_breaking_the_declaration_go_to_the_dead_letter_topic_and_the_rest_count(stack, kafka, pg, names):
     stream, view, topic = names["stream"], names["view"], names["topic"]
-    defined = streamviews(
+    define(
         stack,
-        "define",
-        "-",
-        stdin=f"""
+        f"""
             CREATE STREAM {stream} (
                 url text NOT NULL,
                 uid bigint NOT NULL CONSTRAINT bad_uid CHECK (uid > 0),
@@ -115,7 +116,6 @@ def test_events_breaking_the_declaration_go_to_the_dead_letter_topic_and_the_res
                 SELECT url, count(*) AS views, sum(latency) AS total FROM {stream} GROUP BY url;
         """,
     )
-    assert defined.returncode == 0, defined.stderr
     good = [json.dumps({"url": "/a", "uid": 1, "latency": 2.5}), json.dumps({"url": "/a", "uid": 2})]
     bad = {
         json.dumps({"url": "/a", "uid": "42"}): "wrong_type",  # a string is not a bigint
