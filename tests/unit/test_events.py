@@ -210,7 +210,7 @@ def test_an_event_breaking_the_contract_is_rejected_with_its_reason(decode, key,
 
 def test_every_reason_code_has_an_example():
     from tests.unit.test_audit_events import AUDIT_REJECTIONS
-    from tests.unit.test_stream_decoding import REJECTIONS as STREAM_REJECTIONS
+    from tests.unit.test_stream_formats import REJECTIONS as STREAM_REJECTIONS
 
     # ts_out_of_range depends on the clock: test_audit_events shows it with timestamps relative to now.
     audit_reasons = {param.values[2] for param in AUDIT_REJECTIONS} | {"ts_out_of_range"}
