@@ -250,6 +250,34 @@ class StreamDecoder:
 
     # --- batches ---------------------------------------------------------------------------------
 
+    def decode_each(self, records: Sequence[RecordLike], undecodable: str | None = None) -> DecodedBatch:
+        """What `decode` gives record by record, as a batch: the reference for `decode_batch`.
+
+        Args:
+            records: The records, in order.
+            undecodable: When given, a record on which `decode` fails unexpectedly (a bug, not bad
+                input) is rejected with this reason instead of raising, so the others still count.
+        """
+        batch = DecodedBatch([], [[] for _ in self._out])
+        for index, record in enumerate(records):
+            try:
+                decoded = self.decode(record.key(), record.value(), record.timestamp()[1])
+            except InvalidEvent as e:
+                batch.rejected.append((index, e))
+                continue
+            except Exception as e:
+                if undecodable is None:
+                    raise
+                batch.rejected.append((index, InvalidEvent(undecodable, f"{type(e).__name__}: {e}")))
+                continue
+            if decoded is None:
+                batch.skipped += 1
+                continue
+            batch.ops.append(decoded[0])
+            for column, value in zip(batch.columns, decoded[1], strict=True):
+                column.append(value)
+        return batch
+
     def decode_batch(self, records: Sequence[RecordLike]) -> DecodedBatch:
         """Decode many records at once: exactly what `decode` gives record by record, faster.
 

@@ -28,7 +28,7 @@ import psycopg
 from confluent_kafka import KafkaException, Message
 
 from pipelines.cv import catalog
-from pipelines.cv.decoding import DecodedBatch, StreamDecoder
+from pipelines.cv.decoding import StreamDecoder
 from pipelines.cv.definitions import DefinitionError, StreamDef
 from pipelines.cv.sink import StreamChanges, ViewSink
 from pipelines.errors import StreamviewsError
@@ -157,7 +157,7 @@ class StreamRunner:
                 decoded = source.decoder.decode_batch(group)
             except Exception:  # a decoder bug: only the records it fails on are lost to the dead letters
                 log.exception("batch decoding failed; decoding record by record", stream=source.stream.name)
-                decoded = _one_by_one(source.decoder, group)
+                decoded = source.decoder.decode_each(group, undecodable=UNDECODABLE)
             rejected.extend((group[index], error) for index, error in decoded.rejected)
             if decoded.ops:
                 changes = payload.get(source.target)
@@ -190,28 +190,6 @@ class StreamRunner:
         if self._conn is not None:
             self._conn.close()
         self._conn = None
-
-
-def _one_by_one(decoder: StreamDecoder, records: list[Message]) -> DecodedBatch:
-    """What decode_batch should have given, from the reference decoder, record by record."""
-    batch = DecodedBatch(ops=[], columns=[[] for _ in decoder.output], rejected=[])
-    for index, record in enumerate(records):
-        try:
-            decoded = decoder.decode(record.key(), record.value(), record.timestamp()[1])
-        except InvalidEvent as e:
-            batch.rejected.append((index, e))
-            continue
-        except Exception as e:
-            batch.rejected.append((index, InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}")))
-            continue
-        if decoded is None:
-            batch.skipped += 1
-            continue
-        op, values = decoded
-        batch.ops.append(op)
-        for column, value in zip(batch.columns, values, strict=True):
-            column.append(value)
-    return batch
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from pipelines.cv.decoding import DecodedBatch, StreamDecoder
-from pipelines.runtime.events import DELETE, INSERT, InvalidEvent
+from pipelines.cv.decoding import DecodedBatch
+from pipelines.runtime.events import DELETE, INSERT
 from tests.unit.decoding_helpers import (
     ACTIONS,
     DEBEZIUM_DECODER,
@@ -26,24 +26,6 @@ from tests.unit.decoding_helpers import (
 )
 
 # --- decode_batch is decode, faster ----------------------------------------------------------------
-
-
-def as_decoded(dec: StreamDecoder, records: list[Record]) -> DecodedBatch:
-    """What decode gives record by record, as a batch."""
-    batch = DecodedBatch([], [[] for _ in dec.output])
-    for i, record in enumerate(records):
-        try:
-            decoded = dec.decode(record.key(), record.value(), record.timestamp()[1])
-        except InvalidEvent as e:
-            batch.rejected.append((i, e))
-            continue
-        if decoded is None:
-            batch.skipped += 1
-            continue
-        batch.ops.append(decoded[0])
-        for column, value in zip(batch.columns, decoded[1], strict=True):
-            column.append(value)
-    return batch
 
 
 def comparable(batch: DecodedBatch) -> tuple:
@@ -68,7 +50,7 @@ def test_a_batch_of_good_records_decodes_as_each_record_does():
     assert batch.ops == [INSERT] * 50
     assert batch.columns[0][:2] == ["/p/0", "/p/1"]
     assert batch.columns[3][1] == KAFKA_TS + timedelta(milliseconds=1)
-    assert comparable(batch) == comparable(as_decoded(dec, records))
+    assert comparable(batch) == comparable(dec.decode_each(records))
 
 
 def test_a_batch_reports_its_rejected_records_by_index_and_keeps_the_rest_in_order():
@@ -100,7 +82,7 @@ def test_a_key_given_twice_is_decoded_as_json_reads_it_the_last_one():
     records = [Record(b'{"a": "x", "a": 1}'), Record(b'{"a": 2}')]
     assert (
         comparable(dec.decode_batch(records))
-        == comparable(as_decoded(dec, records))
+        == comparable(dec.decode_each(records))
         == ([1, 1], [[("int", 1), ("int", 2)]], [], 0)
     )
 
@@ -195,7 +177,7 @@ MIX_IGNORING = decoder(MIX[0], MIX[1] + ", unknown_fields = 'ignore'")
 @given(st.lists(records(), max_size=40), st.booleans())
 def test_decode_batch_gives_exactly_what_decode_gives_record_by_record(batch, ignoring):
     dec = MIX_IGNORING if ignoring else MIX_DECODER
-    assert comparable(dec.decode_batch(batch)) == comparable(as_decoded(dec, batch))
+    assert comparable(dec.decode_batch(batch)) == comparable(dec.decode_each(batch))
 
 
 @settings(max_examples=100, deadline=None)
@@ -205,7 +187,7 @@ def test_decode_batch_gives_exactly_what_decode_gives_record_by_record(batch, ig
 def test_decode_batch_of_csv_gives_what_decode_gives(values_):
     dec = decoder("n int NOT NULL, s text", "format = 'csv'")
     batch = [Record(v) for v in values_]
-    assert comparable(dec.decode_batch(batch)) == comparable(as_decoded(dec, batch))
+    assert comparable(dec.decode_batch(batch)) == comparable(dec.decode_each(batch))
 
 
 def test_a_batch_mostly_valid_accepts_the_valid_ones_exactly():
@@ -222,4 +204,4 @@ def test_a_batch_mostly_valid_accepts_the_valid_ones_exactly():
     assert [(i, e.reason) for i, e in decoded.rejected] == [(50, "check_violation"), (199, "invalid_text")]
     assert decoded.columns[0] == list(range(2, 200))
     assert decoded.columns[2][0] == Decimal("1.25")
-    assert comparable(decoded) == comparable(as_decoded(MIX_DECODER, batch))
+    assert comparable(decoded) == comparable(MIX_DECODER.decode_each(batch))
