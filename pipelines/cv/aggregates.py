@@ -35,8 +35,6 @@ class StoredColumn:
     target: str
     batch: sql.Composable
     merge: sql.Composable | None
-    from_transitions: bool = False
-    when_absent: str = "NULL"  # its value for a group without transitions
 
 
 def stored_columns(
@@ -85,20 +83,16 @@ def stored_columns(
             )
         elif aggregate.kind == "count_distinct":
             batch = sql.SQL("coalesce(sum({}) FILTER (WHERE ({}) IS NOT NULL), 0)").format(sign, value)
-            columns.append(StoredColumn(aggregate.name, batch, add, from_transitions=True, when_absent="0"))
+            columns.append(StoredColumn(aggregate.name, batch, add))
         else:  # set
             entering = sql.SQL("coalesce(array_agg({0}) FILTER (WHERE {1} > 0 AND ({0}) IS NOT NULL), '{{}}')")
             merge = sql.SQL(
                 "CASE WHEN excluded.{removed} IS NULL THEN v.{0} || excluded.{0}"
                 " ELSE cv.set_remove(v.{0}, excluded.{removed}) || excluded.{0} END"
             ).format(col, removed=ident(REMOVED))
-            columns.append(
-                StoredColumn(
-                    aggregate.name, entering.format(value, sign), merge, from_transitions=True, when_absent="'{}'"
-                )
-            )
+            columns.append(StoredColumn(aggregate.name, entering.format(value, sign), merge))
     if any(a.kind == "set" for a in view.aggregates):
         leaving = sql.SQL("array_agg({0}) FILTER (WHERE {1} < 0 AND ({0}) IS NOT NULL)").format(value, sign)
-        columns.append(StoredColumn(REMOVED, leaving, sql.SQL("NULL"), from_transitions=True))
+        columns.append(StoredColumn(REMOVED, leaving, sql.SQL("NULL")))
     columns.append(StoredColumn(ROWS, rows, sql.SQL("v.{0} + excluded.{0}").format(ident(ROWS))))
     return columns

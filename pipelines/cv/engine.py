@@ -118,7 +118,8 @@ class StreamMaintainer:
         return self._plan
 
     def _compile(self, conn: psycopg.Connection, version: int) -> _Plan:
-        streams = catalog.load_streams(conn)
+        # Another stream's definition that no longer parses is that stream's problem, not this one's.
+        streams = catalog.load_streams(conn, skip_broken=True)
         stream = streams.get(self.stream_name)
         if stream is None:
             raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")

@@ -337,3 +337,18 @@ def test_a_batch_without_repeated_keys_applies_only_the_effective_changes(writer
     assert changes == 2
     row = writer.execute(f"SELECT n, total, users FROM {streams['schema']}.per_object WHERE oid = %s", (oid,))
     assert row.fetchone() == (2, 5, [2, 3])
+
+
+def test_another_streams_definition_that_no_longer_parses_does_not_stop_this_one(pg, streams):
+    """A stored definition this release refuses (say, written by an older one) is skipped, not fatal."""
+    with pg("sv_owner") as conn:  # one transaction, rolled back: the broken row is never seen by others
+        conn.execute(
+            "INSERT INTO cv.streams (name, topic, definition) VALUES ('aaa_broken', 'aaa_broken', %s)",
+            ("CREATE STREAM aaa_broken (a timestamp) WITH (topic = 'aaa_broken')",),
+        )
+        maintainer = StreamMaintainer(streams["append"])
+        maintainer.apply(conn, [1], [[900_100], [42], [DAY0]])
+
+        row = conn.execute(f"SELECT n, total FROM {streams['schema']}.clicks WHERE oid = 900100").fetchone()
+        conn.rollback()
+    assert row == (1, 42)
