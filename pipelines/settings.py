@@ -26,6 +26,10 @@ ROLE_INDEXER = "sv_indexer"
 ROLE_CDC = "sv_cdc"
 APP_ROLES = (ROLE_OWNER, ROLE_WRITER, ROLE_READER, ROLE_INDEXER, ROLE_CDC)
 
+# The stream runner's consumer group when PIPELINE_GROUP_ID is empty: the supervised runner's, which
+# runs every stream declared without a `consumer_group`.
+STREAM_RUNNER_GROUP = "streamviews-streams"
+
 
 def secret_file_name(role: str) -> str:
     """Name of the file holding a database role's password: `sv_writer` -> `pg_writer_password`."""

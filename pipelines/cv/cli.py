@@ -60,13 +60,11 @@ from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.runtime.topics import ensure_topics
-from pipelines.settings import KafkaSettings, LogSettings, PipelineSettings, PostgresSettings
+from pipelines.settings import STREAM_RUNNER_GROUP, KafkaSettings, LogSettings, PipelineSettings, PostgresSettings
 
 log = get_logger("cli")
 
 PROG = "streamviews"
-# The stream runner's consumer group when PIPELINE_GROUP_ID is empty (pipelines.cv.runner.DEFAULT_GROUP).
-DEFAULT_GROUP = "streamviews-streams"
 
 
 # --- define ---------------------------------------------------------------------------------------------
@@ -240,7 +238,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print each stream's consumer lag, last commit and dead letters for the runner's group."""
-    group = args.group or PipelineSettings().group_id or DEFAULT_GROUP
+    group = args.group or PipelineSettings().group_id or STREAM_RUNNER_GROUP
     settings = PostgresSettings()
     with database(settings, settings.user) as conn:
         streams = conn.execute("SELECT name, topic FROM cv.streams ORDER BY name").fetchall()
@@ -321,7 +319,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", help="per stream: partitions, consumer lag, last commit, dead letters")
     status.add_argument("streams", nargs="*", metavar="STREAM", help="only these streams (default: all)")
-    status.add_argument("--group", help=f"consumer group (default: PIPELINE_GROUP_ID or {DEFAULT_GROUP})")
+    status.add_argument("--group", help=f"consumer group (default: PIPELINE_GROUP_ID or {STREAM_RUNNER_GROUP})")
     status.add_argument("--json", action="store_true", help="print JSON for machines")
     status.set_defaults(handler=cmd_status)
 

@@ -37,12 +37,12 @@ from pipelines.runtime.consumer import UNDECODABLE, Decoded, Pipeline
 from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.runtime.events import InvalidEvent
 from pipelines.runtime.topics import ensure_topics
-from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
+from pipelines.settings import STREAM_RUNNER_GROUP, KafkaSettings, PipelineSettings, PostgresSettings
 
 log = get_logger("cv.runner")
 
 NAME = "streams"
-DEFAULT_GROUP = f"streamviews-{NAME}"
+DEFAULT_GROUP = STREAM_RUNNER_GROUP
 
 
 @dataclass(frozen=True)

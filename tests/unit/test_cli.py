@@ -235,11 +235,6 @@ def test_run_without_a_runner_is_one_line(capsys, monkeypatch):
     assert "stream runner" in error_line(capsys, 1, cli.main(["run"]))
 
 
-def test_default_group_is_the_runners():
-    runner = pytest.importorskip("pipelines.cv.runner", reason="the runner does not import yet")
-    assert runner.DEFAULT_GROUP == cli.DEFAULT_GROUP
-
-
 # --- status and tables --------------------------------------------------------------------------------
 
 
