@@ -5,7 +5,7 @@ docker-compose.yml; every step is idempotent, so it runs on each start.
 
 1. As the superuser: one login role per duty (owner, writer, reader, indexer, cdc), each with its
    password from `SECRETS_DIR`; the database, owned by `sv_owner`, closed to PUBLIC.
-2. As the superuser, in the database: `sql/extensions.sql` (hll, rum, TimescaleDB when offered).
+2. As the superuser, in the database: `sql/extensions.sql` (hll, rum, tdigest, TimescaleDB when offered).
 3. As `sv_owner`: each `sql/migrations/NNNN_*.sql` not yet applied, each in its own transaction with
    its row in `ops.schema_migrations`; an applied migration whose text changed is an error.
 4. As `sv_owner`: the streams and continuous views of `sql/views/*.sql` (an unchanged definition is

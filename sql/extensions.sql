@@ -1,4 +1,4 @@
--- Extensions the schema relies on. Run by the superuser (neither is a trusted extension) before the
+-- Extensions the schema relies on. Run by the superuser (none is a trusted extension) before the
 -- migrations, on every `dbsetup`; each statement is idempotent.
 
 -- hll: approximate distinct counts whose merges are commutative and idempotent (replays are harmless).
@@ -6,6 +6,9 @@ CREATE EXTENSION IF NOT EXISTS hll;
 
 -- rum: GIN-like indexes that also carry ordering information (ranked text search, "@>" on arrays).
 CREATE EXTENSION IF NOT EXISTS rum;
+
+-- tdigest: approximate percentiles (percentile_cont in continuous views) from digests that merge.
+CREATE EXTENSION IF NOT EXISTS tdigest;
 
 -- TimescaleDB when the server offers it (production image) and preloads it; plain PostgreSQL otherwise.
 -- Schema code asks `ops.has_timescaledb()` instead of repeating this test.

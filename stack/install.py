@@ -60,11 +60,12 @@ def install(settings: StackSettings) -> tuple[ServiceUser, Distributions]:
 
 
 def ensure_debian_packages(postgres_major: int) -> None:
-    """PostgreSQL with the hll and rum extensions, a JDK and Maven, from Debian's archive."""
+    """PostgreSQL with the hll, rum and tdigest extensions, a JDK and Maven, from Debian's archive."""
     wanted = {
         f"postgresql-{postgres_major}": None,
         f"postgresql-{postgres_major}-hll": None,
         f"postgresql-{postgres_major}-rum": None,
+        f"postgresql-{postgres_major}-tdigest": None,
         "openjdk-17-jdk-headless": "java",
         "maven": "mvn",
     }
