@@ -1,31 +1,39 @@
-"""A view's aggregates: how each is computed over a batch of deltas and merged into its stored row.
+"""A view's stored aggregates: how each is computed over a batch of deltas and merged into its row.
 
-How each aggregate merges a batch (`v` the stored row, `d` the batch's aggregate for the group):
+How each kind merges a batch (`v` the stored row, `d` the batch's aggregate for the group):
 
-| aggregate            | stored              | merge                                             |
+| kind                 | stored              | merge                                             |
 | count(*) / count(x)  | bigint              | v + d (d may be negative)                         |
 | sum(x)               | type of sum(x)      | v + d (sum over no rows is 0, not NULL)           |
 | min(x) / max(x)      | type of x           | least / greatest (append-only streams only)       |
-| hll_add_agg(x)       | hll                 | hll_union; retractions leave it unchanged         |
-| count(DISTINCT x)    | bigint              | v + (values entering - values leaving the group)  |
-| array_agg(DISTINCT x)| x[]                 | (v - values leaving) || values entering           |
+| hll                  | hll                 | hll_union; retractions leave it unchanged         |
+| count_distinct       | bigint              | v + (values entering - values leaving the group)  |
+| set                  | x[]                 | (v - values leaving) || values entering           |
+| tdigest              | tdigest             | tdigest_union (append-only streams)               |
+| topk                 | jsonb summary       | cv.topk_merge, Misra-Gries (append-only streams)  |
+| state                | the aggregate's     | its combine function (append-only streams)        |
+|                      | transition state    |                                                   |
 
-Each view also keeps the number of stream rows behind a group (ROWS), and, with array_agg(DISTINCT),
-the values a batch removes (REMOVED). See pipelines.cv.compiler for the statements these make up.
+Any kind but the DISTINCT ones takes a FILTER (WHERE ...). Each view also keeps the number of stream
+rows behind a group (ROWS), and, with array_agg(DISTINCT), the values a batch removes (REMOVED). See
+pipelines.cv.compiler for the statements these make up, and `window_merge` for how the stored values
+of a sliding window's steps are merged when it is read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from psycopg import sql
 
-from pipelines.cv.definitions import ViewDef
+from pipelines.cv.definitions import Aggregate, ViewDef
+from pipelines.cv.general import StateFunctions
 from pipelines.cv.sql_text import ident, raw
 
 ROWS = "_cv_rows"  # stream rows behind a group: the group is deleted when it reaches 0
 REMOVED = "_cv_removed"  # scratch column carrying a batch's removals into ON CONFLICT; always NULL at rest
-_DELTA_SIGN = sql.SQL("sign")  # a delta row's sign: +1 entering its group, -1 leaving
+_DELTA_SIGN = sql.SQL("_cv_sign")  # a delta row's sign: +1 entering its group, -1 leaving
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,12 @@ class StoredColumn:
 
 
 def stored_columns(
-    view: ViewDef, sign: sql.Composable, value: sql.Composable | None, rows_sign: sql.Composable = _DELTA_SIGN
+    view: ViewDef,
+    sign: sql.Composable,
+    value: sql.Composable | None,
+    rows_sign: sql.Composable = _DELTA_SIGN,
+    states: Mapping[str, StateFunctions] | None = None,
+    aggregates: tuple[Aggregate, ...] | None = None,
 ) -> list[StoredColumn]:
     """The view's stored columns: each one's aggregate over a batch, and its merge into the stored row.
 
@@ -46,41 +59,63 @@ def stored_columns(
 
     `rows_sign` is what `count(*)` and the group's row count add up: the deltas' sign, or, for views
     aggregated from transitions alone (`counts_from_transitions`), the transitions' sign.
+
+    `states`: the functions of aggregates kept as their transition state, by stored column.
+
+    `aggregates`: the view's, with their arguments and filters as inputs computed beforehand.
     """
     columns = []
     rows = sql.SQL("sum({})").format(rows_sign)
-    for aggregate in view.aggregates:
+    for aggregate in aggregates or view.aggregates:
         col = ident(aggregate.name)
         a = raw(aggregate.arg_sql) if aggregate.arg_sql else None
+        where = raw(aggregate.filter_sql) if aggregate.filter_sql else None
         add = sql.SQL("v.{0} + excluded.{0}").format(col)
-        if aggregate.kind == "count" and a is None:
+        if aggregate.kind == "count" and a is None and where is None:
             columns.append(StoredColumn(aggregate.name, rows, add))
         elif aggregate.kind == "count":
-            columns.append(
-                StoredColumn(
-                    aggregate.name, sql.SQL("coalesce(sum(sign) FILTER (WHERE ({}) IS NOT NULL), 0)").format(a), add
-                )
+            conditions = [sql.SQL("({}) IS NOT NULL").format(a)] if a is not None else []
+            conditions += [sql.SQL("({})").format(where)] if where is not None else []
+            batch = sql.SQL("coalesce(sum({}) FILTER (WHERE {}), 0)").format(
+                rows_sign, sql.SQL(" AND ").join(conditions)
             )
+            columns.append(StoredColumn(aggregate.name, batch, add))
         elif aggregate.kind == "sum":
-            batch = sql.SQL("coalesce(sum(CASE WHEN sign > 0 THEN ({0}) ELSE -({0}) END), 0)").format(a)
+            batch = sql.SQL("coalesce(sum(CASE WHEN _cv_sign > 0 THEN ({0}) ELSE -({0}) END){1}, 0)").format(
+                a, _filter(where)
+            )
             columns.append(StoredColumn(aggregate.name, batch, add))
         elif aggregate.kind in {"min", "max"}:
             extreme = "least" if aggregate.kind == "min" else "greatest"
             columns.append(
                 StoredColumn(
                     aggregate.name,
-                    sql.SQL(f"{aggregate.kind}({{}})").format(a),
+                    sql.SQL(f"{aggregate.kind}({{}}){{}}").format(a, _filter(where)),
                     sql.SQL(f"{extreme}(v.{{0}}, excluded.{{0}})").format(col),
                 )
             )
         elif aggregate.kind == "hll":
-            merge = sql.SQL(
-                "CASE WHEN excluded.{0} IS NULL THEN v.{0} WHEN v.{0} IS NULL THEN excluded.{0}"
-                " ELSE hll_union(v.{0}, excluded.{0}) END"
-            ).format(col)
-            columns.append(
-                StoredColumn(aggregate.name, sql.SQL("hll_add_agg({}) FILTER (WHERE sign > 0)").format(a), merge)
+            merge = _either(col, sql.SQL("hll_union(v.{0}, excluded.{0})").format(col))
+            batch = sql.SQL("hll_add_agg({}) FILTER (WHERE _cv_sign > 0{})").format(a, _and(where))
+            columns.append(StoredColumn(aggregate.name, batch, merge))
+        elif aggregate.kind == "tdigest":
+            merge = _either(col, sql.SQL("tdigest_union(v.{0}, excluded.{0})").format(col))
+            batch = sql.SQL("tdigest({}, {}) FILTER (WHERE _cv_sign > 0{})").format(
+                a, sql.Literal(int(aggregate.params[0])), _and(where)
             )
+            columns.append(StoredColumn(aggregate.name, batch, merge))
+        elif aggregate.kind == "topk":
+            capacity = sql.Literal(int(aggregate.params[0]))
+            batch = sql.SQL("cv.topk_add(NULL, array_agg({}) FILTER (WHERE _cv_sign > 0{}), {})").format(
+                a, _and(where), capacity
+            )
+            merge = sql.SQL("cv.topk_merge(v.{0}, excluded.{0}, {1})").format(col, capacity)
+            columns.append(StoredColumn(aggregate.name, batch, merge))
+        elif aggregate.kind == "state":
+            functions = (states or {})[aggregate.name]
+            batch = sql.SQL("{}({}) FILTER (WHERE _cv_sign > 0{})").format(raw(functions.partial), a, _and(where))
+            merge = _either(col, sql.SQL("{}(v.{}, excluded.{})").format(raw(functions.combine), col, col))
+            columns.append(StoredColumn(aggregate.name, batch, merge))
         elif aggregate.kind == "count_distinct":
             batch = sql.SQL("coalesce(sum({}) FILTER (WHERE ({}) IS NOT NULL), 0)").format(sign, value)
             columns.append(StoredColumn(aggregate.name, batch, add))
@@ -96,3 +131,43 @@ def stored_columns(
         columns.append(StoredColumn(REMOVED, leaving, sql.SQL("NULL")))
     columns.append(StoredColumn(ROWS, rows, sql.SQL("v.{0} + excluded.{0}").format(ident(ROWS))))
     return columns
+
+
+def _either(col: sql.Identifier, both: sql.Composable) -> sql.Composed:
+    """A merge of nullable states: either side when the other is NULL, else `both`."""
+    return sql.SQL(
+        "CASE WHEN excluded.{0} IS NULL THEN v.{0} WHEN v.{0} IS NULL THEN excluded.{0} ELSE {1} END"
+    ).format(col, both)
+
+
+def _filter(where: sql.Composable | None) -> sql.Composable:
+    return sql.SQL(" FILTER (WHERE {})").format(where) if where is not None else sql.SQL("")
+
+
+def _and(where: sql.Composable | None) -> sql.Composable:
+    return sql.SQL(" AND ({})").format(where) if where is not None else sql.SQL("")
+
+
+def stored_value(aggregate: Aggregate, column: str, states: Mapping[str, StateFunctions]) -> str:
+    """How a read view reads a stored aggregate: the column, or a kept state's final value."""
+    if aggregate.kind == "state":
+        return states[aggregate.name].final_of(column)
+    return column
+
+
+def window_merge(aggregate: Aggregate, column: str, type_: str, states: Mapping[str, StateFunctions]) -> str:
+    """The aggregate merging a group's steps of a sliding window at read time (SQL over `column`)."""
+    kind = aggregate.kind
+    if kind in {"count", "sum"}:
+        return f"CAST(sum({column}) AS {type_})"
+    if kind in {"min", "max"}:
+        return f"{kind}({column})"
+    if kind == "hll":
+        return f"hll_union_agg({column})"
+    if kind == "tdigest":
+        return f"tdigest({column})"
+    if kind == "topk":
+        return f"cv.topk_merge_agg({column}, {int(aggregate.params[0])})"
+    if kind == "state":
+        return states[aggregate.name].final_of(f"{states[aggregate.name].combine_aggregate}({column})")
+    raise AssertionError(f"{kind} is not kept in sliding windows")  # DISTINCT kinds: refused by the parser

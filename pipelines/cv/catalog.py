@@ -14,8 +14,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv import compiler
+from pipelines.cv import compiler, general, read_views, view_types
 from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, split_statements, state_table_name
+from pipelines.cv.view_types import ViewTypes
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_READER, ROLE_WRITER
 
@@ -30,7 +31,7 @@ class CompiledView:
     """A view with its types, ready to be maintained."""
 
     view: ViewDef
-    types: compiler.ViewTypes
+    types: ViewTypes
 
 
 def lock_stream(conn: psycopg.Connection, stream: str, *, shared: bool) -> None:
@@ -68,59 +69,18 @@ def load_views(conn: psycopg.Connection, streams: dict[str, StreamDef], stream: 
     """The views of one stream in name order (the order their rows are locked in)."""
     views = []
     rows = conn.execute("SELECT definition, types FROM cv.views WHERE stream = %s ORDER BY name", (stream,))
+    aggregates = general.user_aggregates(conn)
     for definition, types in rows.fetchall():
-        view = parse(definition, streams)
+        view = parse(definition, streams, aggregates)
         assert isinstance(view, ViewDef)
-        views.append(
-            CompiledView(
-                view, compiler.ViewTypes(tuple(types["groups"]), tuple(types["aggregates"]), types["distinct_arg"])
-            )
-        )
+        views.append(CompiledView(view, ViewTypes.from_json(types)))
     return views
-
-
-def resolve_types(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> compiler.ViewTypes:
-    """Ask PostgreSQL the type of every output column, which also checks the expressions."""
-    sample = sql.SQL("(SELECT {}) AS s").format(
-        sql.SQL(", ").join(
-            sql.SQL("NULL::{} AS {}").format(sql.SQL(c.type), sql.Identifier(c.name)) for c in stream.columns
-        )
-    )
-
-    def types_of(expressions: list[str]) -> list[str]:
-        # No WHERE here: it would filter away the one all-NULL sample row. It is type-checked on its own.
-        select = sql.SQL(", ").join(sql.SQL("pg_typeof({})::text").format(sql.SQL(e)) for e in expressions)
-        query = sql.SQL("SELECT {} FROM {}").format(select, sample)
-        try:
-            with conn.transaction():
-                row = conn.execute(query).fetchone()
-        except psycopg.Error as e:
-            raise DefinitionError(f"continuous view {view.qualified_name}: {e.diag.message_primary or e}") from e
-        return list(row)
-
-    group_types = types_of([g.sql for g in view.groups])
-    if view.where_sql:
-        types_of(["(" + view.where_sql + ")::boolean"])
-    aggregate_types = []
-    for aggregate in view.aggregates:
-        if aggregate.kind in {"count", "count_distinct"}:
-            aggregate_types.append("bigint")
-        elif aggregate.kind == "hll":
-            types_of([f"hll_add_agg({aggregate.arg_sql})"])
-            aggregate_types.append("hll")
-        elif aggregate.kind == "sum":
-            aggregate_types.append(types_of([f"sum({aggregate.arg_sql})"])[0])
-        else:
-            (arg_type,) = types_of([aggregate.arg_sql or ""])
-            aggregate_types.append(arg_type + "[]" if aggregate.kind == "set" else arg_type)
-    distinct = types_of([view.distinct_arg])[0] if view.distinct_arg else None
-    return compiler.ViewTypes(tuple(group_types), tuple(aggregate_types), distinct)
 
 
 def define(conn: psycopg.Connection, statement: str) -> str:
     """Create a stream or continuous view from its statement; idempotent for an identical definition."""
     streams = load_streams(conn)
-    definition = parse(statement, streams)
+    definition = parse(statement, streams, general.user_aggregates(conn))
     with conn.transaction():
         if isinstance(definition, StreamDef):
             return _define_stream(conn, definition, streams)
@@ -219,12 +179,20 @@ def _define_view(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> 
     lock_stream(conn, stream.name, shared=False)
     if _same_or_conflict(conn, "views", view.qualified_name, view.definition):
         return f"view {view.qualified_name} unchanged"
-    types = resolve_types(conn, view, stream)
+    types = view_types.resolve(conn, view, stream)
     for statement in compiler.create_view_tables(view, stream, types):
         conn.execute(statement)
-    table = sql.Identifier(view.schema, view.name)
+    table = compiler.storage_table(view)
     conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(table, sql.Identifier(ROLE_WRITER)))
-    conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(table, sql.Identifier(ROLE_READER)))
+    if view.join is not None:  # the pipelines read the joined table's rows at ingest
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.SQL(view.join.table), sql.Identifier(ROLE_WRITER)))
+    conn.execute(read_views.create_read_view(view, types))
+    readable = read_views.read_view(view)
+    conn.execute(
+        sql.SQL("GRANT SELECT ON {} TO {}, {}").format(
+            readable, sql.Identifier(ROLE_READER), sql.Identifier(ROLE_WRITER)
+        )
+    )
     if compiler.uses_refs(view, stream):
         conn.execute(
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
@@ -237,7 +205,7 @@ def _define_view(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> 
         if compiler.uses_refs(view, stream):
             conn.execute(compiler.create_transitions_table(view, types))
             conn.execute(compiler.update_refs(view, source), ())
-        conn.execute(compiler.apply_deltas(view, stream, source), ())
+        conn.execute(compiler.apply_deltas(view, stream, source, types.states), ())
         rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()[0]
         backfilled = f"backfilled {rows} groups from the current state of {stream.name}"
     conn.execute(
@@ -246,7 +214,7 @@ def _define_view(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> 
             view.qualified_name,
             stream.name,
             view.definition,
-            Jsonb({"groups": types.groups, "aggregates": types.aggregates, "distinct_arg": types.distinct_arg}),
+            Jsonb(types.to_json()),
         ),
     )
     _bump(conn)
@@ -261,9 +229,10 @@ def drop_view(conn: psycopg.Connection, name: str) -> str:
         if row is None:
             raise DefinitionError(f"no continuous view named {name}")
         lock_stream(conn, row[0], shared=False)
-        schema, _, table = name.partition(".")
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(schema, table)))
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.refs_table_of(schema, table)))
+        schema, _, view = name.partition(".")
+        conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(sql.Identifier(schema, view)))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.storage_table_of(schema, view)))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.refs_table_of(schema, view)))
         conn.execute("DELETE FROM cv.views WHERE name = %s", (name,))
         _bump(conn)
     return f"view {name} dropped"

@@ -16,26 +16,21 @@ each value and reports them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import replace
 
 import pglast
 from pglast import ast
 from psycopg import sql
 
+from pipelines.cv import windows
 from pipelines.cv.aggregates import REMOVED, ROWS, stored_columns
-from pipelines.cv.definitions import StreamDef, ViewDef, walk
+from pipelines.cv.definitions import Aggregate, StreamDef, ViewDef, split_arguments, storage_name, walk
+from pipelines.cv.general import StateFunctions
 from pipelines.cv.sql_text import comma_list, ident, raw
+from pipelines.cv.view_types import ViewTypes
 
 CV_SCHEMA = "cv"
-
-
-@dataclass(frozen=True)
-class ViewTypes:
-    """Column types of a view, resolved by PostgreSQL (see catalog.resolve_types)."""
-
-    groups: tuple[str, ...]
-    aggregates: tuple[str, ...]
-    distinct_arg: str | None
 
 
 def delta_table(stream: StreamDef) -> sql.Identifier:
@@ -48,14 +43,24 @@ def state_table(stream: StreamDef) -> sql.Identifier:
     return ident(CV_SCHEMA, stream.state_table)
 
 
+def storage_table(view: ViewDef) -> sql.Identifier:
+    """Where a view's groups and stored aggregates live: `cv.<schema>__<view>`, apart from what users read."""
+    return storage_table_of(view.schema, view.name)
+
+
+def storage_table_of(schema: str, view: str) -> sql.Identifier:
+    """The storage table of a view given by name."""
+    return ident(CV_SCHEMA, storage_name(schema, view))
+
+
 def refs_table(view: ViewDef) -> sql.Identifier:
     """Reference counts behind a view's DISTINCT aggregates, when they are needed."""
     return refs_table_of(view.schema, view.name)
 
 
 def refs_table_of(schema: str, view: str) -> sql.Identifier:
-    """The reference-count table's name for a view given by name (`<view>__refs`)."""
-    return ident(schema, f"{view}__refs")
+    """The reference-count table's name for a view given by name (`cv.<schema>__<view>__refs`)."""
+    return ident(CV_SCHEMA, f"{storage_name(schema, view)}__refs")
 
 
 def transitions_table(view: ViewDef) -> sql.Identifier:
@@ -81,7 +86,7 @@ def create_state_table(stream: StreamDef) -> sql.Composed:
 def create_delta_table(stream: StreamDef) -> sql.Composed:
     """DDL of the session's delta table; emptied at every commit."""
     columns = [sql.SQL("{} {}").format(ident(c.name), raw(c.type)) for c in stream.columns]
-    return sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (sign int2 NOT NULL, {}) ON COMMIT DELETE ROWS").format(
+    return sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (_cv_sign int2 NOT NULL, {}) ON COMMIT DELETE ROWS").format(
         delta_table(stream), comma_list(columns)
     )
 
@@ -107,7 +112,7 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
         comma_list(arrays), comma_list(names)
     )
     if stream.key is None:
-        return sql.SQL("INSERT INTO {} (sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
+        return sql.SQL("INSERT INTO {} (_cv_sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
             delta_table(stream), comma_list(names), comma_list(names), batch
         )
     keys = [ident(k) for k in stream.key]
@@ -151,7 +156,7 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
         " ins AS (INSERT INTO {state} ({cols}) SELECT {cols} FROM fin WHERE op = 1 AND NOT stored ORDER BY {key}),"
         "{update}"
         " del AS (DELETE FROM {state} AS st USING fin WHERE fin.op = -1 AND fin.stored AND {st_fin})"
-        " INSERT INTO {delta} (sign, {cols}) SELECT op, {cols} FROM tv"
+        " INSERT INTO {delta} (_cv_sign, {cols}) SELECT op, {cols} FROM tv"
     ).format(
         batch=batch,
         state=state_table(stream),
@@ -183,16 +188,19 @@ def batch_source(stream: StreamDef, shipped: tuple[str, ...]) -> sql.Composed:
     ]
     types = {c.name: c.type for c in stream.columns}
     arrays = [sql.SQL("%t::{}[]").format(raw(types[c])) for c in shipped]
-    return sql.SQL("(SELECT 1::int2 AS sign, {} FROM unnest({}) AS b({}))").format(
+    return sql.SQL("(SELECT 1::int2 AS _cv_sign, {} FROM unnest({}) AS b({}))").format(
         comma_list(columns), comma_list(arrays), comma_list(names)
     )
 
 
 def referenced_columns(view: ViewDef) -> set[str]:
-    """The stream columns a view's groups, aggregates and filter read."""
+    """The stream columns a view's groups, aggregates, filters and join read (a superset: any such name)."""
     expressions = [g.sql for g in view.groups] + [a.arg_sql for a in view.aggregates if a.arg_sql]
+    expressions += [a.filter_sql for a in view.aggregates if a.filter_sql]
     if view.where_sql:
         expressions.append(view.where_sql)
+    if view.join is not None:
+        expressions.append(view.join.on_sql)
     names: set[str] = set()
     for expression in expressions:
         for node in walk(pglast.parse_sql(f"SELECT {expression}")[0].stmt.targetList):
@@ -203,7 +211,7 @@ def referenced_columns(view: ViewDef) -> set[str]:
 
 def backfill_source(stream: StreamDef) -> sql.Composed:
     """The current state seen as deltas: what a new view over a keyed stream starts from."""
-    return sql.SQL("(SELECT 1::int2 AS sign, * FROM {})").format(state_table(stream))
+    return sql.SQL("(SELECT 1::int2 AS _cv_sign, * FROM {})").format(state_table(stream))
 
 
 # --- views ----------------------------------------------------------------------------------------
@@ -220,7 +228,7 @@ def distinct_is_covered(view: ViewDef, stream: StreamDef) -> bool:
 
 
 def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> list[sql.Composed]:
-    """DDL: the view's table (plus its reference counts when DISTINCT needs them)."""
+    """DDL: the view's storage table in schema cv (plus its reference counts when DISTINCT needs them)."""
     columns = _group_columns(view, types)
     for aggregate, type_ in zip(view.aggregates, types.aggregates, strict=True):
         default = {"count": "0", "count_distinct": "0", "set": "'{}'"}.get(aggregate.kind)
@@ -236,13 +244,12 @@ def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> li
     statements = [
         # fillfactor leaves room on each page so that updates of a group can stay on its page (HOT).
         sql.SQL("CREATE TABLE {} ({}, UNIQUE NULLS NOT DISTINCT ({})) WITH (fillfactor = 80)").format(
-            ident(view.schema, view.name), comma_list(columns), groups
+            storage_table(view), comma_list(columns), groups
         )
     ]
-    if view.ttl and view.bucket:
-        statements.append(
-            sql.SQL("CREATE INDEX ON {} ({})").format(ident(view.schema, view.name), ident(view.bucket.name))
-        )
+    expired_by = view.bucket.name if view.ttl and view.bucket else windows.STEP_COLUMN if view.window else None
+    if expired_by:  # retention deletes by time
+        statements.append(sql.SQL("CREATE INDEX ON {} ({})").format(storage_table(view), ident(expired_by)))
     if view.distinct_arg is not None and not distinct_is_covered(view, stream):
         statements.append(
             sql.SQL(
@@ -283,6 +290,8 @@ def _delta_filter(view: ViewDef) -> sql.Composable:
     if view.ttl and view.bucket:
         # Deltas for buckets already past retention would resurrect deleted groups: skip them.
         conditions.append(sql.SQL("{} >= now() - {}::interval").format(raw(view.bucket.sql), sql.Literal(view.ttl)))
+    if view.window is not None:  # likewise, rows older than the window's oldest step
+        conditions.append(windows.in_window(view))
     if not conditions:
         return sql.SQL("")
     return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
@@ -306,7 +315,7 @@ def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
     arg = raw(view.distinct_arg or "")
     return sql.SQL(
         "WITH up AS (INSERT INTO {refs} AS r ({gnames}, value, n, last_delta)"
-        " SELECT {gexprs}, {arg} AS value, sum(sign), sum(sign) FROM {source} AS d{where}"
+        " SELECT {gexprs}, {arg} AS value, sum(_cv_sign), sum(_cv_sign) FROM {source}{where}"
         " GROUP BY {pos} ORDER BY {pos}"
         " ON CONFLICT ({gnames}, value) DO UPDATE SET n = r.n + excluded.n, last_delta = excluded.n RETURNING r.*)"
         " INSERT INTO {trans} (sign, {gnames}, value)"
@@ -316,7 +325,7 @@ def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
         gnames=comma_list(group_names),
         gexprs=comma_list(group_exprs),
         arg=arg,
-        source=source,
+        source=_from(view, source),
         where=_distinct_filter(view),
         pos=_positions(len(view.groups) + 1),
         trans=transitions_table(view),
@@ -352,7 +361,8 @@ def counts_from_transitions(view: ViewDef, stream: StreamDef) -> bool:
         and stream.key is not None
         and view.distinct_arg in stream.key
         and all(
-            a.kind in {"set", "count_distinct"} or (a.kind == "count" and a.arg_sql is None) for a in view.aggregates
+            a.kind in {"set", "count_distinct"} or (a.kind == "count" and a.arg_sql is None and a.filter_sql is None)
+            for a in view.aggregates
         )
     )
 
@@ -361,18 +371,20 @@ def _netted_transitions(view: ViewDef, source: sql.Composable) -> sql.Composed:
     """Covered DISTINCT: the deltas netted per (group, value) are the transitions (+1 in, -1 out)."""
     groups = _group_exprs(view)
     return sql.SQL(
-        "(SELECT {groups}, {arg} AS value, sum(sign)::int AS sign FROM {source} AS d{where}"
-        " GROUP BY {pos} HAVING sum(sign) <> 0)"
+        "(SELECT {groups}, {arg} AS value, sum(_cv_sign)::int AS sign FROM {source}{where}"
+        " GROUP BY {pos} HAVING sum(_cv_sign) <> 0)"
     ).format(
         groups=comma_list(groups),
         arg=raw(view.distinct_arg or ""),
-        source=source,
+        source=_from(view, source),
         where=_distinct_filter(view),
         pos=_positions(len(view.groups) + 1),
     )
 
 
-def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sql.Composed:
+def apply_deltas(
+    view: ViewDef, stream: StreamDef, source: sql.Composable, states: Mapping[str, StateFunctions] | None = None
+) -> sql.Composed:
     """One upsert of a batch's deltas into the view, rows sorted by group (the lock order).
 
     Views that drop empty groups get back one row: the ctids of groups this batch emptied (see
@@ -383,19 +395,19 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
     group_names = [ident(g.name) for g in view.groups]
     by_position = _positions(len(view.groups))
     if view.distinct_arg is None:
-        columns = stored_columns(view, sql.SQL("sign"), None)
+        columns = stored_columns(view, sql.SQL("_cv_sign"), None, states=states)
         group_exprs = _group_exprs(view)
-        body = sql.SQL("SELECT {groups}, {batch} FROM {source} AS d{where} GROUP BY {pos} ORDER BY {pos}").format(
+        body = sql.SQL("SELECT {groups}, {batch} FROM {source}{where} GROUP BY {pos} ORDER BY {pos}").format(
             groups=comma_list(group_exprs),
             batch=comma_list([c.batch for c in columns]),
-            source=source,
+            source=_from(view, source),
             where=_delta_filter(view),
             pos=by_position,
         )
     elif counts_from_transitions(view, stream):
         # One pass over the netted transitions instead of two over the deltas (see the function).
         sign = sql.SQL("t.sign")
-        columns = stored_columns(view, sign, sql.SQL("t.value"), rows_sign=sign)
+        columns = stored_columns(view, sign, sql.SQL("t.value"), rows_sign=sign, states=states)
         body = sql.SQL("SELECT {groups}, {batch} FROM {trans} AS t GROUP BY {pos} ORDER BY {pos}").format(
             groups=comma_list([sql.SQL("t.{}").format(n) for n in group_names]),
             batch=comma_list([c.batch for c in columns]),
@@ -403,13 +415,16 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
             pos=by_position,
         )
     else:
+        # The deltas' side computes each aggregate's inputs (its arguments and filter) under names of
+        # its own, so that the outer aggregation needs no stream or joined table column.
+        inputs, renamed = _aggregate_inputs(view)
         transitions = transitions_table(view) if uses_refs(view, stream) else _netted_transitions(view, source)
-        columns = stored_columns(view, sql.SQL("_cv_tsign"), sql.SQL("_cv_value"))
+        columns = stored_columns(view, sql.SQL("_cv_tsign"), sql.SQL("_cv_value"), states=states, aggregates=renamed)
         slots = [ident(f"_cv_g{i}") for i in range(len(view.groups))]
         body = sql.SQL(
             "SELECT {slots}, {batch} FROM ("
-            "SELECT {group_exprs}, d.*, NULL AS _cv_value, NULL::int AS _cv_tsign FROM {source} AS d{where}"
-            " UNION ALL SELECT {t_groups}, NULL, {nulls}, t.value, t.sign FROM {trans} AS t"
+            "SELECT {group_exprs}, _cv_sign, {inputs}NULL AS _cv_value, NULL::int AS _cv_tsign FROM {source}{where}"
+            " UNION ALL SELECT {t_groups}, NULL, {nulls}t.value, t.sign FROM {trans} AS t"
             ") AS u GROUP BY {pos} ORDER BY {pos}"
         ).format(
             slots=comma_list(slots),
@@ -417,17 +432,18 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
             group_exprs=comma_list(
                 [sql.SQL("{} AS {}").format(raw(g.sql), n) for g, n in zip(view.groups, slots, strict=True)]
             ),
-            source=source,
+            inputs=sql.SQL("").join(sql.SQL("{} AS {}, ").format(raw(e), ident(n)) for n, e in inputs),
+            source=_from(view, source),
             where=_delta_filter(view),
             t_groups=comma_list([sql.SQL("t.{}").format(n) for n in group_names]),
-            nulls=comma_list([sql.SQL("NULL") for _ in stream.columns]),
+            nulls=sql.SQL("NULL, " * len(inputs)),
             trans=transitions,
             pos=by_position,
         )
     upsert = sql.SQL(
         "INSERT INTO {view} AS v ({groups}, {targets}) {body} ON CONFLICT ({groups}) DO UPDATE SET {merges}"
     ).format(
-        view=ident(view.schema, view.name),
+        view=storage_table(view),
         groups=comma_list(group_names),
         targets=comma_list([ident(c.target) for c in columns]),
         body=body,
@@ -441,15 +457,48 @@ def apply_deltas(view: ViewDef, stream: StreamDef, source: sql.Composable) -> sq
     ).format(upsert=upsert, rows=ident(ROWS))
 
 
+def _aggregate_inputs(view: ViewDef) -> tuple[list[tuple[str, str]], tuple[Aggregate, ...]]:
+    """Each aggregate's arguments and filter as named inputs, and the aggregates reading them by name."""
+    inputs: list[tuple[str, str]] = []
+    renamed = []
+    for i, aggregate in enumerate(view.aggregates):
+        args = split_arguments(aggregate.arg_sql) if aggregate.arg_sql else []
+        names = [f"_cv_in{i}_{j}" for j in range(len(args))]
+        inputs += zip(names, args, strict=True)
+        where = None
+        if aggregate.filter_sql:
+            where = f"_cv_if{i}"
+            inputs.append((where, aggregate.filter_sql))
+        renamed.append(replace(aggregate, arg_sql=", ".join(names) or None, filter_sql=where))
+    return inputs, tuple(renamed)
+
+
+def _from(view: ViewDef, source: sql.Composable) -> sql.Composed:
+    """The FROM clause of a view's maintenance: the deltas, joined with the view's table if it has one."""
+    if view.join is None:
+        return sql.SQL("{} AS d").format(source)
+    join = view.join
+    return sql.SQL("{} AS {} {} JOIN {} AS {} ON {}").format(
+        source,
+        ident(join.stream_alias),
+        sql.SQL("LEFT" if join.left else ""),
+        raw(join.table),
+        ident(join.table_alias),
+        raw(join.on_sql),
+    )
+
+
 def delete_rows(view: ViewDef) -> sql.Composed:
     """Delete the groups a batch emptied, by the ctids `apply_deltas` returned (rows it has locked)."""
-    return sql.SQL("DELETE FROM {} WHERE ctid = ANY(%s::tid[])").format(ident(view.schema, view.name))
+    return sql.SQL("DELETE FROM {} WHERE ctid = ANY(%s::tid[])").format(storage_table(view))
 
 
 def expire(view: ViewDef) -> sql.Composed | None:
-    """Retention: delete time buckets older than the view's TTL (and their reference counts)."""
+    """Retention: delete time buckets older than the view's TTL, or a window's steps past it."""
+    if view.window is not None:
+        return windows.expire(view, storage_table(view))
     if not view.ttl or not view.bucket:
         return None
     return sql.SQL("DELETE FROM {} WHERE {} < now() - {}::interval").format(
-        ident(view.schema, view.name), ident(view.bucket.name), sql.Literal(view.ttl)
+        storage_table(view), ident(view.bucket.name), sql.Literal(view.ttl)
     )

@@ -32,12 +32,13 @@ from typing import Literal
 
 import pglast
 from pglast import ast
+from pglast.stream import RawStream
 
 from pipelines.errors import StreamviewsError
 
-AggregateKind = Literal["count", "count_distinct", "sum", "min", "max", "set", "hll"]
+AggregateKind = Literal["count", "count_distinct", "sum", "min", "max", "set", "hll", "tdigest", "topk", "state"]
 # Aggregates that cannot forget a value: a retraction leaves them as they are.
-MONOTONIC: frozenset[str] = frozenset({"min", "max", "hll"})
+MONOTONIC: frozenset[str] = frozenset({"min", "max", "hll", "tdigest", "topk", "state"})
 DISTINCT_KINDS: frozenset[str] = frozenset({"count_distinct", "set"})
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 
@@ -102,6 +103,15 @@ class Column:
     checks: tuple[Check, ...] = ()
 
 
+# A view's storage and its reference counts (`<storage>__refs`) must fit PostgreSQL's 63-byte names.
+MAX_VIEW_NAME = 63 - len("__") - len("__refs")
+
+
+def storage_name(schema: str, view: str) -> str:
+    """The storage table of view `schema.view`, in schema cv."""
+    return f"{schema}__{view}"
+
+
 def state_table_name(stream: str) -> str:
     """Where a keyed stream keeps its current rows: `cv.state_<stream>`."""
     return f"state_{stream}"
@@ -153,11 +163,87 @@ class GroupColumn:
 
 @dataclass(frozen=True)
 class Aggregate:
-    """An aggregate output column."""
+    """A stored aggregate: a column of the view's storage that every batch is merged into.
+
+    Attributes:
+        name: The storage column (the output's name when the output is this aggregate itself).
+        kind: How it is computed and merged (see pipelines.cv.aggregates).
+        arg_sql: Its argument over stream columns (None: count(*)).
+        filter_sql: FILTER (WHERE ...): only rows passing it count.
+        params: Kind-specific constants: a t-digest's compression, a top-K summary's capacity, the
+            aggregate function kept as its state.
+    """
 
     name: str
     kind: AggregateKind
     arg_sql: str | None = None
+    filter_sql: str | None = None
+    params: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AggregateCall:
+    """An aggregate call of the select list, e.g. `avg(latency)`, read from stored aggregates.
+
+    Attributes:
+        function: The function as the engine knows it (`avg`, `var_samp`, `percentile_cont`, ...).
+        sql: The call as written: PostgreSQL resolves its result type from it.
+        stored: The names of the stored aggregates it reads, in the order its reader takes them.
+    """
+
+    function: str
+    sql: str
+    stored: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Output:
+    """A column of the read view, in select-list order.
+
+    `sql` is a group column's name, or an expression over aggregate calls in which call i appears
+    as the placeholder `call_placeholder(i)` (the compiler puts each call's reader there).
+    """
+
+    name: str
+    sql: str
+    is_group: bool = False
+
+
+def call_placeholder(index: int) -> str:
+    """The stand-in for aggregate call `index` in an output expression (no stream column can be named so)."""
+    return f"_cv_call_{index}_"
+
+
+@dataclass(frozen=True)
+class Window:
+    """A sliding window: the view reads as its aggregates over the rows of the last `width`.
+
+    Attributes:
+        column: The stream's timestamptz column the window slides over.
+        width: The window as PostgreSQL interval text, e.g. `5 minutes`.
+    """
+
+    column: str
+    width: str
+
+
+@dataclass(frozen=True)
+class Join:
+    """`FROM stream [AS s] [LEFT] JOIN table [AS t] ON ...`: each event enriched at ingest from the table.
+
+    Attributes:
+        stream_alias: What the view's expressions call the stream (its alias, or its name).
+        table: The table, schema-qualified as written (SQL text).
+        table_alias: What they call the table (its alias, or its name).
+        left: LEFT JOIN: events without a matching row count with NULLs; otherwise they are skipped.
+        on_sql: The join condition.
+    """
+
+    stream_alias: str
+    table: str
+    table_alias: str
+    left: bool
+    on_sql: str
 
 
 @dataclass(frozen=True)
@@ -173,11 +259,20 @@ class ViewDef:
     ttl: str | None
     definition: str
     options: dict[str, str] = field(default_factory=dict)
+    outputs: tuple[Output, ...] = ()
+    calls: tuple[AggregateCall, ...] = ()
+    window: Window | None = None  # WHERE ts > now() - interval '...': a sliding window
+    join: Join | None = None  # FROM stream JOIN table ON ...
 
     @property
     def qualified_name(self) -> str:
         """`schema.name` as stored in the catalog."""
         return f"{self.schema}.{self.name}"
+
+    @property
+    def storage_name(self) -> str:
+        """Its storage table in schema cv: `<schema>__<name>` (users read the view `<schema>.<name>`)."""
+        return storage_name(self.schema, self.name)
 
     @property
     def bucket(self) -> GroupColumn | None:
@@ -295,12 +390,15 @@ def _line(text: str, position: int) -> int:
     return text.count("\n", 0, position) + 1
 
 
-def parse(statement: str, streams: dict[str, StreamDef]) -> StreamDef | ViewDef:
+def parse(
+    statement: str, streams: dict[str, StreamDef], user_aggregates: frozenset[str] = frozenset()
+) -> StreamDef | ViewDef:
     """Parse one CREATE STREAM or CREATE CONTINUOUS VIEW statement (comments before it are skipped).
 
     Args:
         statement: The statement, optionally ending with a semicolon.
         streams: The streams defined so far, by name (what a view may read).
+        user_aggregates: Aggregates the database defines beyond the built-in ones (by name).
 
     Raises:
         DefinitionError: The statement is not one of the two, not valid, or not supported; the
@@ -309,10 +407,12 @@ def parse(statement: str, streams: dict[str, StreamDef]) -> StreamDef | ViewDef:
     statements, _ = _split(statement)  # text in no statement: PostgreSQL's parser names the error below
     if len(statements) > 1:
         raise DefinitionError("give one statement at a time")
-    return _parse_one(statement, streams)
+    return _parse_one(statement, streams, user_aggregates)
 
 
-def _parse_one(statement: str, streams: dict[str, StreamDef]) -> StreamDef | ViewDef:
+def _parse_one(
+    statement: str, streams: dict[str, StreamDef], user_aggregates: frozenset[str] = frozenset()
+) -> StreamDef | ViewDef:
     # Imported here: the two parsers import this module's model and helpers.
     from pipelines.cv.stream_definitions import parse_stream
     from pipelines.cv.view_definitions import parse_view
@@ -335,7 +435,7 @@ def _parse_one(statement: str, streams: dict[str, StreamDef]) -> StreamDef | Vie
     if isinstance(node, ast.CreateStmt):
         return parse_stream(node, original)
     if isinstance(node, ast.ViewStmt):
-        return parse_view(node, original, streams)
+        return parse_view(node, original, streams, user_aggregates)
     raise DefinitionError(_EXPECTED)
 
 
@@ -378,6 +478,12 @@ def reject_unsupported(clauses: tuple[tuple[object, str], ...], what: str, where
     for clause, label in clauses:
         if clause:
             raise DefinitionError(f"{what}: {label} is not supported{where}")
+
+
+def split_arguments(text: str) -> list[str]:
+    """The argument expressions of an argument list's text, `a, f(b, c)` -> [`a`, `f(b, c)`]."""
+    call = pglast.parse_sql(f"SELECT f({text})")[0].stmt.targetList[0].val
+    return [RawStream()(a) for a in call.args or ()]
 
 
 def walk(node: object) -> Iterator[ast.Node]:

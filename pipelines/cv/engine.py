@@ -143,7 +143,7 @@ class StreamMaintainer:
                 _ViewStatements(
                     view=view,
                     before=(compiler.update_refs(view, source),) if refs else (),
-                    apply=compiler.apply_deltas(view, stream, source),
+                    apply=compiler.apply_deltas(view, stream, source, compiled.types.states),
                     after=(compiler.drop_dead_refs(view),) if refs else (),
                     delete_rows=compiler.delete_rows(view),
                 )

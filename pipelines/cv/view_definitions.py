@@ -5,37 +5,55 @@
         FROM likes [WHERE ...] GROUP BY oid;
 
 Everything is checked that can be without a database: the expressions may use only the stream's
-columns, and every output column is a GROUP BY column or an aggregate the engine maintains (see
-SUPPORTED_AGGREGATES). Their types are resolved later, by PostgreSQL, when the view is compiled.
+columns, and every output column is a GROUP BY column or an expression over aggregate calls the
+engine can keep (pipelines.cv.aggregate_calls turns each call into stored aggregates and a reader).
+Types are resolved later, by PostgreSQL, when the view is compiled.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pglast import ast
-from pglast.enums import SetOperation
+from pglast.enums import JoinType, SetOperation
 from pglast.stream import RawStream
 
+from pipelines.cv.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
 from pipelines.cv.definitions import (
     DISTINCT_KINDS,
+    MAX_VIEW_NAME,
     Aggregate,
+    AggregateCall,
     DefinitionError,
     GroupColumn,
+    Join,
+    Output,
     StreamDef,
     ViewDef,
+    call_placeholder,
     options_of,
     plain_identifier,
     reject_unsupported,
     walk,
 )
+from pipelines.cv.windows import split_window, step_group
 
 BUCKET_UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
 
 
-def parse_view(node: ast.ViewStmt, text: str, streams: dict[str, StreamDef]) -> ViewDef:
-    """The view a CREATE CONTINUOUS VIEW declares (parsed as CREATE VIEW) over one of `streams`."""
+def parse_view(
+    node: ast.ViewStmt, text: str, streams: dict[str, StreamDef], user_aggregates: frozenset[str] = frozenset()
+) -> ViewDef:
+    """The view a CREATE CONTINUOUS VIEW declares (parsed as CREATE VIEW) over one of `streams`.
+
+    `user_aggregates`: names of aggregates defined in the database beyond the built-in ones (kept as
+    their transition state; see pipelines.cv.aggregate_calls).
+    """
     schema = plain_identifier(node.view.schemaname or "public", "CREATE CONTINUOUS VIEW")
     name = plain_identifier(node.view.relname, "CREATE CONTINUOUS VIEW")
     what = f"continuous view {schema}.{name}"
+    if len(schema) + len(name) > MAX_VIEW_NAME:
+        raise DefinitionError(f"{what}: schema and view names together may take {MAX_VIEW_NAME} characters")
     options = options_of(node.options, {"ttl"}, what)
     select = node.query
     if not isinstance(select, ast.SelectStmt) or select.op != SetOperation.SETOP_NONE:
@@ -55,163 +73,219 @@ def parse_view(node: ast.ViewStmt, text: str, streams: dict[str, StreamDef]) -> 
         what,
         " in a continuous view",
     )
-    stream = _from_stream(select, streams, what)
+    stream, join = _from_stream(select, streams, what)
     columns = set(stream.column_names)
-    targets = {}
-    aggregates, plain = [], []
+    scope = _Scope(columns, join)
+    if join is not None:
+        _check_expression((select.fromClause[0].quals,), scope, what, user_aggregates)
+    outputs: list[tuple[str, ast.ResTarget, bool]] = []  # (name, target, is an aggregate expression)
+    plain = []
     for target in select.targetList:
         if isinstance(target.val, ast.ColumnRef) and isinstance(target.val.fields[-1], ast.A_Star):
             raise DefinitionError(f"{what}: SELECT * is not supported; name the columns")
-        aggregate = _aggregate(target, what)
-        if aggregate:
-            _check_expression(target.val.args or (), columns, what)
-            aggregates.append(aggregate)
-        else:
-            _check_expression((target.val,), columns, what)
+        calls = _aggregate_calls(target.val, user_aggregates)
+        if not calls:
+            _check_expression((target.val,), scope, what, user_aggregates)
             plain.append(target)
-        out = aggregate.name if aggregate else _output_name(target, what)
-        if out in targets:
+        out = _output_name(target, what, bool(calls))
+        if any(out == o for o, _, _ in outputs):
             raise DefinitionError(f"{what}: two output columns are named {out!r}")
-        targets[out] = target
-    if not aggregates:
+        outputs.append((out, target, bool(calls)))
+    if not any(is_aggregate for _, _, is_aggregate in outputs):
         raise DefinitionError(f"{what}: no aggregate; a continuous view aggregates its stream")
-    groups = _groups(select, plain, columns, what)
-    if select.whereClause is not None:
-        _check_expression((select.whereClause,), columns, what)
+    window, where = split_window(select.whereClause, stream, what)
+    kept = _KeptCalls(what, scope, user_aggregates, stream, windowed=window is not None)
+    expressions = {out: kept.replace(target.val, out) for out, target, is_aggregate in outputs if is_aggregate}
+    groups = _groups(select, plain, columns, set(expressions), what, window is not None)
+    if window is not None:
+        if "ttl" in options:
+            raise DefinitionError(f"{what}: a sliding window keeps only its width; ttl does not apply")
+        groups = (*groups, step_group(window))
+    if where is not None:
+        _check_expression((where,), scope, what, user_aggregates)
+    read: list[Output] = []
+    group_names = {g.name for g in groups}
+    for out, _, is_aggregate in outputs:
+        if is_aggregate:
+            _check_over_groups(expressions[out], group_names, out, what)
+            read.append(Output(out, RawStream()(expressions[out])))
+        else:
+            read.append(Output(out, out, is_group=True))
+    stored, calls = kept.stored, kept.calls
+    aggregates = tuple(
+        Aggregate(column, item.kind, item.arg_sql, item.filter_sql, item.params) for item, column in stored.items()
+    )
     view = ViewDef(
         schema=schema,
         name=name,
         stream=stream.name,
         groups=groups,
-        aggregates=tuple(aggregates),
-        where_sql=RawStream()(select.whereClause) if select.whereClause is not None else None,
+        aggregates=aggregates,
+        where_sql=RawStream()(where) if where is not None else None,
         ttl=options.get("ttl"),
         definition=text,
         options=options,
+        outputs=tuple(read),
+        calls=tuple(calls),
+        window=window,
+        join=join,
     )
-    _check_semantics(view, stream, what)
+    _check_semantics(view, what)
     return view
 
 
-def _from_stream(select: ast.SelectStmt, streams: dict[str, StreamDef], what: str) -> StreamDef:
-    if not select.fromClause or len(select.fromClause) != 1 or not isinstance(select.fromClause[0], ast.RangeVar):
-        raise DefinitionError(f"{what}: FROM must name exactly one stream (no joins or subqueries)")
-    relation = select.fromClause[0]
-    if relation.alias is not None:
-        raise DefinitionError(f"{what}: aliases on the stream are not supported")
+class _KeptCalls:
+    """The aggregate calls of a view's outputs, translated: what each stores (once) and reads."""
+
+    def __init__(
+        self, what: str, scope: _Scope, user_aggregates: frozenset[str], stream: StreamDef, *, windowed: bool
+    ) -> None:
+        self.what, self.scope, self.user_aggregates, self.stream = what, scope, user_aggregates, stream
+        self.windowed = windowed
+        self.stored: dict[Stored, str] = {}  # each stored aggregate once, however many calls read it
+        self.calls: list[AggregateCall] = []
+
+    def replace(self, expression: ast.Node, out: str) -> ast.Node:
+        """The output expression with each call replaced by its placeholder."""
+        whole = isinstance(expression, ast.FuncCall)
+        return _replace_calls(expression, self.user_aggregates, lambda call: self.keep(call, out, whole))
+
+    def keep(self, call: ast.FuncCall, out: str, whole: bool) -> ast.ColumnRef:
+        """Translate one call, record what it stores and reads; its placeholder takes its place."""
+        what = self.what
+        for child in (*(call.args or ()), call.agg_filter, *(s.node for s in call.agg_order or ())):
+            if child is not None:
+                _check_expression((child,), self.scope, what, self.user_aggregates)
+        translation = translate(call, what, windowed=self.windowed)
+        if self.stream.key is not None and not translation.retractable and translation.function != "hll_add_agg":
+            raise DefinitionError(_not_retractable(RawStream()(call), translation.function, self.stream.name, what))
+        names = []
+        for item in translation.stored:
+            if item not in self.stored:
+                own = whole and translation.reader is read_as_stored and out not in self.stored.values()
+                self.stored[item] = out if own else f"_cv_{out}_{len(self.stored)}"
+            names.append(self.stored[item])
+        self.calls.append(AggregateCall(translation.function, RawStream()(call), tuple(names)))
+        return ast.ColumnRef(fields=(ast.String(sval=call_placeholder(len(self.calls) - 1)),))
+
+
+def _from_stream(select: ast.SelectStmt, streams: dict[str, StreamDef], what: str) -> tuple[StreamDef, Join | None]:
+    """The stream a view reads, and the table it joins each event with, if any."""
+    items = select.fromClause or ()
+    if len(items) != 1 or not isinstance(items[0], (ast.RangeVar, ast.JoinExpr)):
+        raise DefinitionError(f"{what}: FROM must name one stream, maybe joined with one table (no subqueries)")
+    item = items[0]
+    relation = item if isinstance(item, ast.RangeVar) else item.larg
+    if not isinstance(relation, ast.RangeVar):
+        raise DefinitionError(f"{what}: FROM must start with the stream: FROM stream [AS s] JOIN table ...")
     stream = streams.get(relation.relname)
     if relation.schemaname or stream is None:
         known = ", ".join(sorted(streams)) or "none"
         raise DefinitionError(f"{what}: {RawStream()(relation)} is not a stream (streams: {known})")
-    return stream
+    alias = relation.alias.aliasname if relation.alias is not None else stream.name
+    if isinstance(item, ast.RangeVar):
+        if relation.alias is not None:
+            raise DefinitionError(f"{what}: an alias on the stream is only needed with a join; name its columns")
+        return stream, None
+    return stream, _join(item, stream, alias, what)
 
 
-SUPPORTED_AGGREGATES = (
-    "count(*), count(x), count(DISTINCT x), sum(x), min(x), max(x), array_agg(DISTINCT x), hll_add_agg(x)"
-)
-MAINTAINED_AGGREGATES = frozenset({"count", "sum", "min", "max", "array_agg", "hll_add_agg"})
-# PostgreSQL aggregates the engine cannot maintain incrementally: named so the error says "not supported".
-OTHER_AGGREGATES = frozenset(
-    {
-        "avg",
-        "bit_and",
-        "bit_or",
-        "bit_xor",
-        "bool_and",
-        "bool_or",
-        "every",
-        "json_agg",
-        "jsonb_agg",
-        "json_object_agg",
-        "jsonb_object_agg",
-        "string_agg",
-        "xmlagg",
-        "range_agg",
-        "range_intersect_agg",
-        "stddev",
-        "stddev_pop",
-        "stddev_samp",
-        "variance",
-        "var_pop",
-        "var_samp",
-        "corr",
-        "covar_pop",
-        "covar_samp",
-        "regr_avgx",
-        "regr_avgy",
-        "regr_count",
-        "regr_intercept",
-        "regr_r2",
-        "regr_slope",
-        "regr_sxx",
-        "regr_sxy",
-        "regr_syy",
-        "mode",
-        "percentile_cont",
-        "percentile_disc",
-        "rank",
-        "dense_rank",
-        "percent_rank",
-        "cume_dist",
-        "hll_union_agg",
-        "any_value",
-    }
-)
+def _join(item: ast.JoinExpr, stream: StreamDef, alias: str, what: str) -> Join:
+    table = item.rarg
+    if not isinstance(table, ast.RangeVar):
+        raise DefinitionError(f"{what}: a stream joins one table (no subqueries or second joins)")
+    if item.jointype not in (JoinType.JOIN_INNER, JoinType.JOIN_LEFT) or item.isNatural or item.usingClause:
+        raise DefinitionError(f"{what}: a stream joins a table with JOIN or LEFT JOIN ... ON <condition>")
+    if item.quals is None:
+        raise DefinitionError(f"{what}: JOIN needs ON <condition>")
+    if stream.key is not None:
+        raise DefinitionError(
+            f"{what}: {stream.name} has a key: a retraction would be joined with the table's rows of now, not "
+            "those its row was counted with; join an append-only stream"
+        )
+    table_alias = table.alias.aliasname if table.alias is not None else table.relname
+    if table_alias == alias:
+        raise DefinitionError(f"{what}: the stream and the table need different names (aliases)")
+    return Join(
+        stream_alias=alias,
+        table=RawStream()(ast.RangeVar(schemaname=table.schemaname, relname=table.relname, inh=True)),
+        table_alias=table_alias,
+        left=item.jointype == JoinType.JOIN_LEFT,
+        on_sql=RawStream()(item.quals),
+    )
 
 
-def _aggregate(target: ast.ResTarget, what: str) -> Aggregate | None:
-    call = target.val
-    if not isinstance(call, ast.FuncCall):
-        return None
-    fname = ".".join(n.sval for n in call.funcname).lower().removeprefix("pg_catalog.")
-    label = RawStream()(call)
-    if call.over is not None:
-        raise DefinitionError(f"{what}: {label}: window functions are not supported")
-    if fname in OTHER_AGGREGATES:
-        raise DefinitionError(f"{what}: {label} is not supported; supported: {SUPPORTED_AGGREGATES}")
-    if fname not in MAINTAINED_AGGREGATES:
-        return None
-    if call.over is not None or call.agg_filter is not None or call.agg_order or call.agg_within_group:
-        raise DefinitionError(f"{what}: {label}: OVER, FILTER, ORDER BY and WITHIN GROUP are not supported")
-    if not target.name:
-        raise DefinitionError(f"{what}: {label} needs a name: {label} AS <column>")
-    name = plain_identifier(target.name, what)
-    args = call.args or ()
-    if call.agg_star:
-        if fname != "count":
-            raise DefinitionError(f"{what}: {label}: only count takes *")
-        return Aggregate(name, "count")
-    if len(args) != 1:
-        raise DefinitionError(f"{what}: {label} takes exactly one argument")
-    arg = RawStream()(args[0])
-    kinds = {
-        ("count", False): "count",
-        ("count", True): "count_distinct",
-        ("sum", False): "sum",
-        ("min", False): "min",
-        ("max", False): "max",
-        ("array_agg", True): "set",
-        ("hll_add_agg", False): "hll",
-    }
-    kind = kinds.get((fname, bool(call.agg_distinct)))
-    if kind is None:
-        hint = " (only array_agg(DISTINCT x) keeps a set)" if fname == "array_agg" else ""
-        raise DefinitionError(f"{what}: {label} is not supported{hint}; supported: {SUPPORTED_AGGREGATES}")
-    if kind == "count":
-        return Aggregate(name, "count", arg)
-    return Aggregate(name, kind, arg)  # type: ignore[arg-type]
+def _aggregate_calls(node: ast.Node, user_aggregates: frozenset[str]) -> list[ast.FuncCall]:
+    """The aggregate calls of an expression (not looking inside them)."""
+    if is_aggregate_call(node, user_aggregates):
+        return [node]
+    if isinstance(node, ast.Node):
+        return [c for name in node for c in _aggregate_calls(getattr(node, name), user_aggregates)]
+    if isinstance(node, tuple):
+        return [c for item in node for c in _aggregate_calls(item, user_aggregates)]
+    return []
 
 
-def _output_name(target: ast.ResTarget, what: str) -> str:
+def _replace_calls(node: object, user_aggregates: frozenset[str], replace) -> object:
+    """The expression with each aggregate call replaced by `replace(call)` (the tree is changed in place)."""
+    if is_aggregate_call(node, user_aggregates):
+        return replace(node)
+    if isinstance(node, ast.Node):
+        for name in node:
+            setattr(node, name, _replace_calls(getattr(node, name), user_aggregates, replace))
+        return node
+    if isinstance(node, tuple):
+        return tuple(_replace_calls(item, user_aggregates, replace) for item in node)
+    return node
+
+
+def _check_over_groups(node: ast.Node, group_names: set[str], out: str, what: str) -> None:
+    """Outside its aggregate calls, an output may use only group columns (by their output names)."""
+    for child in walk(node):
+        if isinstance(child, ast.ColumnRef):
+            ref = ".".join(f.sval for f in child.fields if isinstance(f, ast.String))
+            if ref.startswith("_cv_call_") or ref in group_names:
+                continue
+            raise DefinitionError(
+                f"{what}: {out}: {ref} must be inside an aggregate or be a GROUP BY output column"
+                f" ({', '.join(sorted(group_names))})"
+            )
+        if isinstance(child, (ast.SubLink, ast.RangeSubselect)):
+            raise DefinitionError(f"{what}: subqueries are not supported in a continuous view")
+
+
+def _not_retractable(label: str, function: str, stream: str, what: str) -> str:
+    if function in {"min", "max"}:
+        return (
+            f"{what}: {label}: {function}() over a keyed stream is not supported yet: {stream}'s rows can be "
+            "retracted and the next extreme would have to be kept; use an append-only stream"
+        )
+    return (
+        f"{what}: {label} cannot forget a retracted row, and {stream} has a key (its rows can be retracted); "
+        "use it over an append-only stream"
+    )
+
+
+def _output_name(target: ast.ResTarget, what: str, is_aggregate: bool = False) -> str:
+    """The column's name: its alias, a column's own name, or (as PostgreSQL names it) the function's."""
     if target.name:
+        if target.name.startswith("_cv_"):
+            raise DefinitionError(f"{what}: names starting with _cv_ are the engine's")
         return plain_identifier(target.name, what)
-    if isinstance(target.val, ast.ColumnRef) and len(target.val.fields) == 1:
-        return target.val.fields[0].sval
+    if isinstance(target.val, ast.ColumnRef) and isinstance(target.val.fields[-1], ast.String):
+        return target.val.fields[-1].sval  # `p.section` is named section, as in PostgreSQL
+    if is_aggregate and isinstance(target.val, ast.FuncCall):
+        return target.val.funcname[-1].sval.lower()
     raise DefinitionError(f"{what}: {RawStream()(target.val)} needs a name: ... AS <column>")
 
 
 def _groups(
-    select: ast.SelectStmt, plain: list[ast.ResTarget], columns: set[str], what: str
+    select: ast.SelectStmt,
+    plain: list[ast.ResTarget],
+    columns: set[str],
+    aggregated: set[str],
+    what: str,
+    windowed: bool = False,
 ) -> tuple[GroupColumn, ...]:
     by_name = {_output_name(t, what): t for t in plain}
     by_text = {RawStream()(t.val): t for t in plain}
@@ -225,6 +299,8 @@ def _groups(
         if target is None and is_name and item.fields[0].sval not in columns:
             # As in PostgreSQL, a name is a stream column first and only otherwise an output alias.
             target = by_name.get(item.fields[0].sval)
+        if target is None and is_name and item.fields[0].sval in aggregated:
+            raise DefinitionError(f"{what}: GROUP BY {text}: {text} is an aggregate")
         if target is None:
             raise DefinitionError(f"{what}: GROUP BY {text} must also be an output column")
         if target in grouped:
@@ -233,7 +309,7 @@ def _groups(
     missing = [RawStream()(t.val) for t in plain if t not in grouped]
     if missing:
         raise DefinitionError(f"{what}: {', '.join(missing)} must appear in GROUP BY or be aggregated")
-    if not grouped:
+    if not grouped and not windowed:  # a window's steps are groups of their own
         raise DefinitionError(f"{what}: GROUP BY is required (a view is keyed by its groups)")
     result = []
     for target in grouped:
@@ -255,37 +331,50 @@ def _bucket_unit(node: ast.Node, columns: set[str]) -> str | None:
     return None
 
 
-def _check_expression(nodes: tuple, columns: set[str], what: str) -> None:
-    """Only stream columns, constants, operators and non-aggregate function calls may appear."""
+@dataclass(frozen=True)
+class _Scope:
+    """The names a view's expressions may use: the stream's columns, and with a join the table's."""
+
+    columns: set[str]
+    join: Join | None
+
+    def check(self, ref: ast.ColumnRef, what: str) -> None:
+        names = [f.sval for f in ref.fields if isinstance(f, ast.String)]
+        text = ".".join(names)
+        known = f"{what}: {text} is not a column of the stream ({', '.join(sorted(self.columns))})"
+        if self.join is None:
+            if len(ref.fields) != 1 or text not in self.columns:
+                raise DefinitionError(known)
+            return
+        # With a join, PostgreSQL checks the table's columns (and ambiguous names) when the view is defined.
+        if len(names) != len(ref.fields) or len(names) > 2:
+            raise DefinitionError(f"{what}: {text}: name a column as column, alias.column")
+        if len(names) == 2 and names[0] == self.join.stream_alias and names[1] not in self.columns:
+            raise DefinitionError(known)
+        if len(names) == 2 and names[0] not in (self.join.stream_alias, self.join.table_alias):
+            raise DefinitionError(f"{what}: {text}: {names[0]} is neither the stream nor the joined table")
+
+
+def _check_expression(nodes: tuple, scope: _Scope, what: str, user_aggregates: frozenset[str]) -> None:
+    """Only the stream's (or joined table's) columns, constants, operators and non-aggregate calls may appear."""
     for node in nodes:
         for child in walk(node):
             if isinstance(child, ast.ColumnRef):
-                ref = ".".join(f.sval for f in child.fields if isinstance(f, ast.String))
-                if len(child.fields) != 1 or ref not in columns:
-                    raise DefinitionError(f"{what}: {ref} is not a column of the stream ({', '.join(sorted(columns))})")
+                scope.check(child, what)
             elif isinstance(child, (ast.SubLink, ast.RangeSubselect)):
                 raise DefinitionError(f"{what}: subqueries are not supported in a continuous view")
             elif isinstance(child, ast.FuncCall) and child.over is not None:
                 raise DefinitionError(f"{what}: window functions are not supported")
-            elif isinstance(child, ast.FuncCall) and child.funcname[-1].sval.lower() in (
-                MAINTAINED_AGGREGATES | OTHER_AGGREGATES
-            ):
+            elif is_aggregate_call(child, user_aggregates):
                 raise DefinitionError(
-                    f"{what}: {RawStream()(child)}: an aggregate must be a whole output column, not part of an "
-                    "expression, a WHERE clause or another aggregate's argument"
+                    f"{what}: {RawStream()(child)}: aggregates are not allowed in WHERE, GROUP BY, FILTER or "
+                    "another aggregate's arguments"
                 )
             elif isinstance(child, ast.ParamRef):
                 raise DefinitionError(f"{what}: parameters ($n) are not supported")
 
 
-def _check_semantics(view: ViewDef, stream: StreamDef, what: str) -> None:
-    keyed = stream.key is not None
-    for aggregate in view.aggregates:
-        if aggregate.kind in {"min", "max"} and keyed:
-            raise DefinitionError(
-                f"{what}: {aggregate.kind}() needs an append-only stream; {stream.name} has a key, "
-                "so rows can be retracted and the old extreme would be unknown"
-            )
+def _check_semantics(view: ViewDef, what: str) -> None:
     distinct_args = {a.arg_sql for a in view.aggregates if a.kind in DISTINCT_KINDS}
     if len(distinct_args) > 1:
         raise DefinitionError(

@@ -22,6 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from elasticsearch import Elasticsearch
 
 from pipelines.cv import catalog
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.settings import ConnectSettings, ElasticsearchSettings, KafkaSettings, PostgresSettings
 from stack.configure import client_settings
 from stack.settings import StackSettings
@@ -115,10 +116,18 @@ def pipeline_env(stack: StackSettings, **overrides: str) -> dict[str, str]:
 
 
 @contextmanager
-def throwaway_views(pg: Callable[..., psycopg.Connection], schema: str, streams: list[str], definitions: str):
+def throwaway_views(
+    pg: Callable[..., psycopg.Connection],
+    schema: str,
+    streams: list[str],
+    definitions: str,
+    *,
+    schema_exists: bool = False,
+):
     """A schema holding the continuous views `definitions` declares (with `streams`); all dropped after."""
     with pg("sv_owner", autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
+        if not schema_exists:
+            conn.execute(f"CREATE SCHEMA {schema}")
         conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO sv_writer, sv_reader")
         catalog.define_file(conn, definitions)
     try:
@@ -130,3 +139,19 @@ def throwaway_views(pg: Callable[..., psycopg.Connection], schema: str, streams:
             for stream in streams:
                 catalog.drop_stream(conn, stream)
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
+@pytest.fixture(scope="module")
+def writer(pg: Callable[..., psycopg.Connection], streams: object) -> Iterator[psycopg.Connection]:
+    """The pipelines' role, once the module's `streams` fixture has defined its streams and views.
+
+    Autocommit, so each `transaction()` block is a real transaction.
+    """
+    with pg("sv_writer", autocommit=True) as conn:
+        yield conn
+
+
+def apply_rows(conn: psycopg.Connection, stream: str, ops: list[int], rows: list[tuple]) -> None:
+    """One batch of stream rows (+1 insert / -1 delete each) through the engine, in one transaction."""
+    with conn.transaction():
+        StreamMaintainer(stream).apply(conn, ops, [list(c) for c in zip(*rows, strict=True)])

@@ -138,7 +138,7 @@ def test_unknown_ids_read_as_zero_and_empty(reader, ids):
 
 
 def test_the_read_only_role_reads_the_views_but_cannot_change_them(reader):
-    with pytest.raises(errors.ReadOnlySqlTransaction):
+    with pytest.raises((errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege)):
         reader.execute("DELETE FROM social.object_likes")
     reader.execute("SET default_transaction_read_only = off")
     try:

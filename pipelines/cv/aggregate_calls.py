@@ -1,0 +1,344 @@
+"""What a view keeps for each aggregate call of its select list, and how the call is read back.
+
+A view does not store `avg(x)`: it stores what any later batch can be added to and any retraction
+taken from (count(x) and sum(x)), and its read view computes the average from them. Each call
+becomes one or more *stored aggregates* (kinds in pipelines.cv.aggregates) and a *reader*: SQL over
+the stored values, given the call's result type as PostgreSQL resolves it.
+
+| call                                        | stored                                   | exact |
+| count, min, max, array_agg(DISTINCT)        | itself                                   | yes   |
+| sum(x)                                      | count(x), sum(x): NULL over no values    | yes   |
+| avg(x)                                      | count(x), sum(x)                         | yes   |
+| var_*, variance, stddev_*                   | count(x), sum(x), sum(x*x), in numeric   | yes   |
+| corr, covar_*, regr_* (y, x)                | n, sums of x, y, x*x, y*y, x*y, numeric  | yes   |
+| bool_and / every / bool_or                  | count(x), count(x) FILTER (WHERE x)      | yes   |
+| percentile_cont(p or array) WITHIN GROUP    | a t-digest (extension tdigest)           | ~     |
+| topk_agg(x, k)                              | a mergeable Misra-Gries summary          | ~     |
+| any aggregate with a combine function       | its transition state (pg_aggregate)      | yes   |
+
+Sums of powers are kept in numeric, so variances and regressions equal PostgreSQL's own up to the
+last digits of a division, and a retraction takes a value away exactly. The last three cannot forget
+a value, so they need an append-only stream.
+
+In a sliding-window view the stored values of a group's steps are merged at read time, and
+count(DISTINCT x) is kept as a HyperLogLog sketch (an exact distinct count cannot be merged).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pglast import ast
+from pglast.stream import RawStream
+
+from pipelines.cv.definitions import AggregateKind, DefinitionError
+
+# A reader turns the stored values (SQL, in the call's order) and the call's result type into SQL.
+Reader = Callable[[list[str], str], str]
+
+TDIGEST_COMPRESSION = 100  # centroids per digest: p99 within ~0.1% of rank on smooth data
+# How many values a top-K summary keeps per k asked for; cv.topk_capacity() in SQL is the same rule.
+TOPK_MIN_CAPACITY = 100
+TOPK_CAPACITY_PER_K = 10
+
+
+def topk_capacity(k: int) -> int:
+    """Values a top-`k` summary keeps: the error of each count is at most N / (capacity + 1)."""
+    return max(TOPK_CAPACITY_PER_K * k, TOPK_MIN_CAPACITY)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One value a call needs kept: an aggregate kind over an argument, under an optional filter."""
+
+    kind: AggregateKind
+    arg_sql: str | None = None
+    filter_sql: str | None = None
+    params: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Translation:
+    """A call as the engine keeps it: the stored values and how to read the call from them."""
+
+    function: str
+    stored: tuple[Stored, ...]
+    reader: Reader
+    retractable: bool = True  # False: the stored values cannot forget a row (append-only streams)
+
+
+def read_as_stored(refs: list[str], _type: str) -> str:
+    """The reader of a call kept as one stored aggregate whose value is the call's."""
+    return refs[0]
+
+
+def _cast(expression: str, type_: str) -> str:
+    return f"CAST({expression} AS {type_})"
+
+
+def _avg(refs: list[str], type_: str) -> str:
+    n, s = refs
+    return f"CASE WHEN {n} = 0 THEN NULL ELSE {_cast(f'{_cast(s, type_)} / {n}', type_)} END"
+
+
+def _moments(function: str) -> Reader:
+    """var_pop, var_samp, stddev_pop, stddev_samp from n, sum(x), sum(x*x) (numeric)."""
+    sample = function.endswith("samp")
+    root = function.startswith("stddev")
+
+    def read(refs: list[str], type_: str) -> str:
+        n, sx, sxx = refs
+        denominator = f"({n}::numeric * ({n} - 1))" if sample else f"({n}::numeric * {n})"
+        value = f"greatest(({n}::numeric * {sxx} - {sx} * {sx}) / {denominator}, 0)"
+        if root:
+            value = f"sqrt({value})"
+        return f"CASE WHEN {n} <= {1 if sample else 0} THEN NULL ELSE {_cast(value, type_)} END"
+
+    return read
+
+
+def _regression(function: str) -> Reader:
+    """The corr / covar / regr family (y, x) from n and the sums of x, y, x*x, y*y, x*y (numeric)."""
+
+    def read(refs: list[str], type_: str) -> str:
+        n, sx, sy, sxx, syy, sxy = refs
+        n_ = f"{n}::numeric"
+        dxx = f"({n_} * {sxx} - {sx} * {sx})"
+        dyy = f"({n_} * {syy} - {sy} * {sy})"
+        dxy = f"({n_} * {sxy} - {sx} * {sy})"
+        formulas = {
+            "regr_count": (f"{n}", "true"),
+            "regr_avgx": (f"{sx} / {n_}", f"{n} >= 1"),
+            "regr_avgy": (f"{sy} / {n_}", f"{n} >= 1"),
+            "regr_sxx": (f"{dxx} / {n_}", f"{n} >= 1"),
+            "regr_syy": (f"{dyy} / {n_}", f"{n} >= 1"),
+            "regr_sxy": (f"{dxy} / {n_}", f"{n} >= 1"),
+            "covar_pop": (f"{dxy} / ({n_} * {n})", f"{n} >= 1"),
+            "covar_samp": (f"{dxy} / ({n_} * ({n} - 1))", f"{n} >= 2"),
+            "corr": (f"{dxy} / sqrt({dxx} * {dyy})", f"{n} >= 1 AND {dxx} <> 0 AND {dyy} <> 0"),
+            "regr_slope": (f"{dxy} / {dxx}", f"{n} >= 1 AND {dxx} <> 0"),
+            "regr_intercept": (f"({sy} * {sxx} - {sx} * {sxy}) / {dxx}", f"{n} >= 1 AND {dxx} <> 0"),
+            "regr_r2": (
+                f"CASE WHEN {dyy} = 0 THEN 1 ELSE ({dxy} * {dxy}) / ({dxx} * {dyy}) END",
+                f"{n} >= 1 AND {dxx} <> 0",
+            ),
+        }
+        value, defined = formulas[function]
+        return f"CASE WHEN {defined} THEN {_cast(value, type_)} END"
+
+    return read
+
+
+def _bool(function: str) -> Reader:
+    def read(refs: list[str], _type: str) -> str:
+        n, true = refs
+        test = f"{true} = {n}" if function == "bool_and" else f"{true} > 0"
+        return f"CASE WHEN {n} = 0 THEN NULL ELSE {test} END"
+
+    return read
+
+
+REGRESSION = frozenset(
+    {
+        "corr",
+        "covar_pop",
+        "covar_samp",
+        "regr_avgx",
+        "regr_avgy",
+        "regr_count",
+        "regr_intercept",
+        "regr_r2",
+        "regr_slope",
+        "regr_sxx",
+        "regr_sxy",
+        "regr_syy",
+    }
+)
+MOMENTS = {
+    "variance": "var_samp",
+    "var_samp": "var_samp",
+    "var_pop": "var_pop",
+    "stddev": "stddev_samp",
+    "stddev_samp": "stddev_samp",
+    "stddev_pop": "stddev_pop",
+}
+# Aggregates kept as their PostgreSQL transition state (pg_aggregate); see pipelines.cv.general.
+GENERAL_BUILTINS = frozenset({"bit_and", "bit_or", "bit_xor"})
+# Calls refused, with the reason a user needs.
+REFUSED = {
+    "percentile_disc": "use percentile_cont (kept as a t-digest: approximate)",
+    "mode": "an online mode is not kept; topk_agg(x, 1) gives the most frequent value approximately",
+    "json_agg": "it keeps every value of the stream",
+    "jsonb_agg": "it keeps every value of the stream",
+    "json_object_agg": "it keeps every value of the stream",
+    "jsonb_object_agg": "it keeps every value of the stream",
+    "string_agg": "it keeps every value of the stream",
+    "xmlagg": "it keeps every value of the stream",
+    "range_agg": "it keeps every value of the stream",
+    "range_intersect_agg": "its state cannot be combined",
+    "rank": "hypothetical-set aggregates are not kept",
+    "dense_rank": "hypothetical-set aggregates are not kept",
+    "percent_rank": "hypothetical-set aggregates are not kept",
+    "cume_dist": "hypothetical-set aggregates are not kept",
+    "hll_union_agg": "it reads sketches, not stream values; use hll_add_agg(x)",
+    "any_value": "its value depends on batch order",
+}
+KNOWN = frozenset(
+    {"count", "sum", "min", "max", "array_agg", "hll_add_agg", "avg", "bool_and", "bool_or", "every"}
+    | set(MOMENTS)
+    | REGRESSION
+    | GENERAL_BUILTINS
+    | set(REFUSED)
+    | {"percentile_cont", "topk_agg"}
+)
+SUPPORTED = (
+    "count, sum, min, max, avg, stddev/variance (_samp, _pop), corr, covar_*, regr_*, bool_and/bool_or/every, "
+    "bit_and/bit_or/bit_xor, count(DISTINCT x), array_agg(DISTINCT x), hll_add_agg, "
+    "percentile_cont(...) WITHIN GROUP (ORDER BY x), topk_agg(x, k), and aggregates with a combine function"
+)
+
+
+def function_name(call: ast.FuncCall) -> str:
+    """The call's function name, lower case, without pg_catalog."""
+    return ".".join(n.sval for n in call.funcname).lower().removeprefix("pg_catalog.")
+
+
+def is_aggregate_call(node: ast.Node, user_aggregates: frozenset[str]) -> bool:
+    """True for a call of an aggregate (a known one, a user-defined one, or any with WITHIN GROUP)."""
+    if not isinstance(node, ast.FuncCall):
+        return False
+    name = function_name(node)
+    return name in KNOWN or name in user_aggregates or bool(node.agg_within_group) or bool(node.agg_star)
+
+
+def translate(call: ast.FuncCall, what: str, *, windowed: bool) -> Translation:
+    """What a view keeps for `call` and how it reads it back.
+
+    Raises:
+        DefinitionError: The call is not supported, with the reason and what is.
+    """
+    name = function_name(call)
+    label = RawStream()(call)
+    if call.over is not None:
+        raise DefinitionError(f"{what}: {label}: window functions (OVER) are not supported in a continuous view")
+    if name in REFUSED:
+        raise DefinitionError(f"{what}: {label} is not supported: {REFUSED[name]}")
+    if call.agg_order and not call.agg_within_group:
+        raise DefinitionError(f"{what}: {label}: ORDER BY inside an aggregate is not supported")
+    args = tuple(RawStream()(a) for a in call.args or ())
+    where = RawStream()(call.agg_filter) if call.agg_filter is not None else None
+    if call.agg_distinct:
+        return _distinct(name, args, where, label, what, windowed)
+    if call.agg_within_group:
+        return _within_group(name, call, where, label, what)
+    if call.agg_star:
+        if name != "count":
+            raise DefinitionError(f"{what}: {label}: only count takes *")
+        return Translation("count", (Stored("count", None, where),), read_as_stored)
+    if name == "topk_agg":
+        return _topk(call, args, where, label, what)
+    arity = 2 if name in REGRESSION else 1
+    if name not in GENERAL_BUILTINS and name in KNOWN and len(args) != arity:
+        raise DefinitionError(f"{what}: {label} takes {'two arguments (y, x)' if arity == 2 else 'one argument'}")
+    if name == "sum":  # NULL over no values, as in PostgreSQL: the count says when there are none
+        stored = (Stored("count", args[0], where), Stored("sum", args[0], where))
+        return Translation(name, stored, lambda refs, _t: f"CASE WHEN {refs[0]} = 0 THEN NULL ELSE {refs[1]} END")
+    if name in {"count", "min", "max", "hll_add_agg"}:
+        kind = "hll" if name == "hll_add_agg" else name
+        return Translation(
+            name, (Stored(kind, args[0], where),), read_as_stored, retractable=kind not in {"min", "max", "hll"}
+        )
+    if name == "array_agg":
+        raise DefinitionError(f"{what}: {label} is not supported (only array_agg(DISTINCT x) keeps a set)")
+    if name == "avg":
+        x = args[0]
+        return Translation(name, (Stored("count", x, where), Stored("sum", x, where)), _avg)
+    if name in MOMENTS:
+        x = f"({args[0]})::numeric"
+        stored = (Stored("count", args[0], where), Stored("sum", x, where), Stored("sum", f"{x} * {x}", where))
+        return Translation(MOMENTS[name], stored, _moments(MOMENTS[name]))
+    if name in REGRESSION:
+        y, x = (f"({a})::float8::numeric" for a in args)
+        both = f"({args[0]}) IS NOT NULL AND ({args[1]}) IS NOT NULL"
+        pair = f"{both} AND ({where})" if where else both
+        sums = (x, y, f"{x} * {x}", f"{y} * {y}", f"{x} * {y}")
+        stored = (Stored("count", None, pair), *(Stored("sum", s, pair) for s in sums))
+        return Translation(name, stored, _regression(name))
+    if name in {"bool_and", "bool_or", "every"}:
+        x = args[0]
+        true = f"({where}) AND ({x})" if where else f"({x})"
+        function = "bool_or" if name == "bool_or" else "bool_and"
+        return Translation(function, (Stored("count", x, where), Stored("count", x, true)), _bool(function))
+    # Any other aggregate: kept as its PostgreSQL transition state when it has a combine function.
+    return Translation(name, (Stored("state", ", ".join(args), where, (name,)),), read_as_stored, retractable=False)
+
+
+def _distinct(
+    name: str, args: tuple[str, ...], where: str | None, label: str, what: str, windowed: bool
+) -> Translation:
+    if where is not None:
+        raise DefinitionError(f"{what}: {label}: FILTER on a DISTINCT aggregate is not supported")
+    if len(args) != 1:
+        raise DefinitionError(f"{what}: {label} takes exactly one argument")
+    if name == "count":
+        if windowed:  # distinct counts of steps cannot be added up; sketches can be merged
+            stored = Stored("hll", f"hll_hash_any({args[0]})")
+            return Translation(
+                "count_distinct", (stored,), lambda refs, _t: f"round(hll_cardinality({refs[0]}))::bigint", False
+            )
+        return Translation("count_distinct", (Stored("count_distinct", args[0]),), read_as_stored)
+    if name == "array_agg":
+        if windowed:
+            raise DefinitionError(f"{what}: {label} is not supported in a sliding-window view")
+        return Translation("array_agg", (Stored("set", args[0]),), read_as_stored)
+    hint = " (only array_agg(DISTINCT x) keeps a set)" if name == "array_agg" else ""
+    raise DefinitionError(f"{what}: {label} is not supported{hint}; DISTINCT works with count and array_agg")
+
+
+def _within_group(name: str, call: ast.FuncCall, where: str | None, label: str, what: str) -> Translation:
+    if name != "percentile_cont":
+        raise DefinitionError(f"{what}: {label} is not supported; of the ordered-set aggregates, percentile_cont is")
+    args = call.args or ()
+    order = call.agg_order or ()
+    if len(args) != 1 or len(order) != 1:
+        raise DefinitionError(f"{what}: {label}: percentile_cont(fraction) WITHIN GROUP (ORDER BY x)")
+    if order[0].sortby_dir != 0 or order[0].sortby_nulls != 0:
+        raise DefinitionError(f"{what}: {label}: ASC/DESC and NULLS FIRST/LAST are not supported here")
+    fraction = args[0]
+    if not _is_constant(fraction):
+        raise DefinitionError(f"{what}: {label}: the fraction must be a constant (or an ARRAY of constants)")
+    is_array = isinstance(fraction, ast.A_ArrayExpr) or (
+        isinstance(fraction, ast.TypeCast) and bool(fraction.typeName.arrayBounds)
+    )
+    p = f"({RawStream()(fraction)})::float8" + ("[]" if is_array else "")
+    x = RawStream()(order[0].node)
+    not_null = f"({x}) IS NOT NULL" + (f" AND ({where})" if where else "")
+    stored = Stored("tdigest", f"({x})::float8", not_null, (str(TDIGEST_COMPRESSION),))
+
+    # tdigest_percentile is an aggregate: over a one-row subquery, so that it belongs to that level.
+    # (The SQL is the view's own definition, parsed and deparsed, never event data.)
+    def read(refs: list[str], type_: str) -> str:
+        return _cast(f"(SELECT tdigest_percentile(d, {p}) FROM (SELECT {refs[0]}) AS one(d))", type_)  # noqa: S608
+
+    return Translation(name, (stored,), read, False)
+
+
+def _topk(call: ast.FuncCall, args: tuple[str, ...], where: str | None, label: str, what: str) -> Translation:
+    k_node = (call.args or (None, None))[1] if len(args) == 2 else None
+    if not (isinstance(k_node, ast.A_Const) and isinstance(k_node.val, ast.Integer) and k_node.val.ival > 0):
+        raise DefinitionError(f"{what}: {label}: topk_agg(x, k) with k a positive integer constant")
+    k = k_node.val.ival
+    capacity = str(topk_capacity(k))
+    stored = Stored("topk", args[0], where, (capacity,))
+    return Translation("topk_agg", (stored,), lambda refs, _t: f"cv.topk_top({refs[0]}, {k})", False)
+
+
+def _is_constant(node: ast.Node) -> bool:
+    if isinstance(node, ast.A_Const):
+        return True
+    if isinstance(node, ast.TypeCast):
+        return _is_constant(node.arg)
+    if isinstance(node, ast.A_ArrayExpr):
+        return all(_is_constant(e) for e in node.elements or ())
+    return False

@@ -1,0 +1,79 @@
+"""The relation users read: `<schema>.<view>`, a plain view of the declared columns over the storage.
+
+Storage (`cv.<schema>__<view>`) holds the groups, the stored aggregates and the engine's bookkeeping;
+the read view computes each output from them (an average from its count and sum, a percentile from
+its digest) and shows nothing else. PostgreSQL inlines a plain view, so a read by group key is still
+a lookup in the storage's unique index.
+"""
+
+from __future__ import annotations
+
+import pglast
+from psycopg import sql
+
+from pipelines.cv.aggregate_calls import Reader, translate
+from pipelines.cv.aggregates import stored_value, window_merge
+from pipelines.cv.compiler import storage_table
+from pipelines.cv.definitions import AggregateCall, ViewDef, call_placeholder
+from pipelines.cv.sql_text import comma_list, ident
+from pipelines.cv.view_types import ViewTypes
+from pipelines.cv.windows import STEP_COLUMN, horizon
+
+
+def read_view(view: ViewDef) -> sql.Identifier:
+    """The relation users read: `<schema>.<view>`, only the declared columns."""
+    return ident(view.schema, view.name)
+
+
+def create_read_view(view: ViewDef, types: ViewTypes) -> sql.Composed:
+    """DDL of the relation users read: the declared columns in select-list order, nothing else.
+
+    A plain view over the storage table: PostgreSQL inlines it, so a read by group key is still a
+    lookup in the storage's unique index. A sliding window's view merges the steps that overlap the
+    window, grouped by the declared groups; a condition on a group column is pushed below the
+    grouping, so a read by group key is an index range scan over that group's steps.
+    """
+    columns = comma_list([sql.SQL(c) for c in output_columns(view, types)])
+    if view.window is None:
+        return sql.SQL("CREATE VIEW {} AS SELECT {} FROM {} AS s").format(read_view(view), columns, storage_table(view))
+    groups = [sql.SQL("s.{}").format(ident(g.name)) for g in view.groups if g.name != STEP_COLUMN]
+    group_by = sql.SQL(" GROUP BY {}").format(comma_list(groups)) if groups else sql.SQL("")
+    return sql.SQL("CREATE VIEW {} AS SELECT {} FROM {} AS s WHERE s.{} > {}{}").format(
+        read_view(view), columns, storage_table(view), ident(STEP_COLUMN), horizon(view.window), group_by
+    )
+
+
+def output_columns(view: ViewDef, types: ViewTypes) -> list[str]:
+    """Each output as `<SQL> AS <name>`: a group column, or its expression with each call's reader in place."""
+    refs = {}
+    for aggregate, type_ in zip(view.aggregates, types.aggregates, strict=True):
+        column = f"s.{_quoted(aggregate.name)}"
+        if view.window is None:
+            refs[aggregate.name] = stored_value(aggregate, column, types.states)
+        else:
+            refs[aggregate.name] = window_merge(aggregate, column, type_, types.states)
+    columns = []
+    for output in view.outputs:
+        if output.is_group:
+            columns.append(f"s.{_quoted(output.sql)} AS {_quoted(output.name)}")
+            continue
+        text = output.sql
+        # Placeholders end with "_": _cv_call_1_ is never part of _cv_call_10_.
+        for index, call in enumerate(view.calls):
+            placeholder = call_placeholder(index)
+            if placeholder in text:
+                reader = reader_of(call, view)
+                result_type = types.calls[index] if index < len(types.calls) else ""
+                text = text.replace(placeholder, f"({reader([refs[n] for n in call.stored], result_type)})")
+        columns.append(f"{text} AS {_quoted(output.name)}")
+    return columns
+
+
+def reader_of(call: AggregateCall, view: ViewDef) -> Reader:
+    """The reader of a call (re-translated from its text: readers are code, not catalog data)."""
+    node = pglast.parse_sql(f"SELECT {call.sql}")[0].stmt.targetList[0].val
+    return translate(node, view.qualified_name, windowed=view.window is not None).reader
+
+
+def _quoted(name: str) -> str:
+    return sql.Identifier(name).as_string(None)

@@ -1,0 +1,117 @@
+"""The types of a view's columns, as PostgreSQL resolves them when the view is defined.
+
+They are kept in the catalog (cv.views.types) with the view: the storage table's DDL and the read
+view's casts need them, and resolving them once keeps the runner from asking at every plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pipelines.cv import general
+from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, split_arguments
+from pipelines.cv.general import StateFunctions
+
+
+@dataclass(frozen=True)
+class ViewTypes:
+    """Column types of a view, resolved by PostgreSQL (see catalog.resolve_types).
+
+    `calls`: each aggregate call's result type; `states`: how aggregates kept as their transition
+    state are merged and finalized, by stored column (see pipelines.cv.general).
+    """
+
+    groups: tuple[str, ...]
+    aggregates: tuple[str, ...]
+    distinct_arg: str | None
+    calls: tuple[str, ...] = ()
+    states: Mapping[str, StateFunctions] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        """As kept in cv.views.types."""
+        return {
+            "groups": list(self.groups),
+            "aggregates": list(self.aggregates),
+            "distinct_arg": self.distinct_arg,
+            "calls": list(self.calls),
+            "states": {name: f.to_json() for name, f in self.states.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ViewTypes:
+        """From cv.views.types (views defined before calls and states were recorded have neither)."""
+        return cls(
+            tuple(data["groups"]),
+            tuple(data["aggregates"]),
+            data["distinct_arg"],
+            tuple(data.get("calls", ())),
+            {name: StateFunctions.from_json(f) for name, f in data.get("states", {}).items()},
+        )
+
+
+def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewTypes:
+    """Ask PostgreSQL the type of every output column, which also checks the expressions."""
+    sample = sql.SQL("(SELECT {}) AS {}").format(
+        sql.SQL(", ").join(
+            sql.SQL("NULL::{} AS {}").format(sql.SQL(c.type), sql.Identifier(c.name)) for c in stream.columns
+        ),
+        sql.Identifier(view.join.stream_alias if view.join else "s"),
+    )
+    if view.join is not None:  # one row still: the table's side all NULL, as an unmatched LEFT JOIN
+        sample = sql.SQL("{} LEFT JOIN (SELECT * FROM {} LIMIT 0) AS {} ON true").format(
+            sample, sql.SQL(view.join.table), sql.Identifier(view.join.table_alias)
+        )
+
+    def types_of(expressions: list[str]) -> list[str]:
+        # No WHERE here: it would filter away the one all-NULL sample row. It is type-checked on its own.
+        select = sql.SQL(", ").join(sql.SQL("pg_typeof({})::text").format(sql.SQL(e)) for e in expressions)
+        query = sql.SQL("SELECT {} FROM {}").format(select, sample)
+        try:
+            with conn.transaction():
+                row = conn.execute(query).fetchone()
+        except psycopg.Error as e:
+            raise DefinitionError(f"continuous view {view.qualified_name}: {e.diag.message_primary or e}") from e
+        return list(row)
+
+    group_types = types_of([g.sql for g in view.groups])
+    if view.join is not None:
+        types_of(["(" + view.join.on_sql + ")::boolean"])
+    if view.where_sql:
+        types_of(["(" + view.where_sql + ")::boolean"])
+    # Each call's result type, as PostgreSQL types the call itself: this also checks its arguments
+    # the way users expect (avg(ts) fails as avg, not as the sum it is kept as). The readers cast to it.
+    call_types = ["jsonb" if call.function == "topk_agg" else types_of([call.sql])[0] for call in view.calls]
+    aggregate_types = []
+    states = {}
+    for aggregate in view.aggregates:
+        if aggregate.filter_sql:
+            types_of(["(" + aggregate.filter_sql + ")::boolean"])
+        if aggregate.kind in {"count", "count_distinct"}:
+            if aggregate.arg_sql:
+                types_of([aggregate.arg_sql])
+            aggregate_types.append("bigint")
+        elif aggregate.kind == "hll":
+            types_of([f"hll_add_agg({aggregate.arg_sql})"])
+            aggregate_types.append("hll")
+        elif aggregate.kind == "tdigest":
+            aggregate_types.append(types_of([f"tdigest({aggregate.arg_sql}, 100)"])[0])
+        elif aggregate.kind == "topk":
+            types_of([aggregate.arg_sql or ""])
+            aggregate_types.append("jsonb")
+        elif aggregate.kind == "sum":
+            aggregate_types.append(types_of([f"sum({aggregate.arg_sql})"])[0])
+        elif aggregate.kind == "state":
+            arg_types = types_of(split_arguments(aggregate.arg_sql or ""))
+            functions = general.resolve(conn, aggregate.params[0], arg_types, f"continuous view {view.qualified_name}")
+            states[aggregate.name] = functions
+            aggregate_types.append(types_of([f"{functions.partial}({aggregate.arg_sql})"])[0])
+        else:
+            (arg_type,) = types_of([aggregate.arg_sql or ""])
+            aggregate_types.append(arg_type + "[]" if aggregate.kind == "set" else arg_type)
+    distinct = types_of([view.distinct_arg])[0] if view.distinct_arg else None
+    return ViewTypes(tuple(group_types), tuple(aggregate_types), distinct, tuple(call_types), states)

@@ -1,0 +1,153 @@
+"""Sliding-window views read as the aggregate over the last interval, to one step (1/60 of it).
+
+The oracle is the view's own SELECT, with its window condition replaced by the steps a read merges
+(those starting after now() - width - step), over the stream's rows in a temporary table, in the
+same transaction as the read (so both see the same now()).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipelines.cv import catalog
+from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.engine import StreamMaintainer
+from tests.integration.conftest import apply_rows, throwaway_views, unique
+
+WIDTH = "10 minutes"
+SELECT = """SELECT g, count(*) AS n, count(DISTINCT u) AS users, avg(x) AS avg_x, max(x) AS top,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY x) AS median
+            FROM {stream} {where} GROUP BY g"""
+KEYED_SELECT = "SELECT g, count(*) AS n, sum(x) AS total FROM {stream} {where} GROUP BY g"
+
+
+@pytest.fixture(scope="module")
+def streams(stack, pg):
+    name = unique("win")
+    append, keyed = f"{name}_events", f"{name}_keyed"
+    window = f"WHERE ts > clock_timestamp() - interval '{WIDTH}'"
+    definitions = f"""
+        CREATE STREAM {append} (g bigint, u bigint, x double precision, ts timestamptz) WITH (topic = '{append}');
+        CREATE STREAM {keyed} (g bigint, k bigint, x bigint, ts timestamptz)
+            WITH (topic = '{keyed}', key = 'g, k', timestamp_column = 'ts');
+        CREATE CONTINUOUS VIEW {name}.recent AS {SELECT.format(stream=append, where=window)};
+        CREATE CONTINUOUS VIEW {name}.recent_keyed AS
+            {KEYED_SELECT.format(stream=keyed, where="WHERE arrival_timestamp > now() - interval '" + WIDTH + "'")};
+        CREATE CONTINUOUS VIEW {name}.recent_total AS
+            SELECT count(*) AS n FROM {append} WHERE ts > now() - interval '{WIDTH}';
+    """
+    with throwaway_views(pg, name, [append, keyed], definitions):
+        yield {"schema": name, "append": append, "keyed": keyed}
+
+
+def read_and_recompute(conn, view, stream, columns, rows, select, groups):
+    """The view and its oracle, read in one transaction (one now())."""
+    merged = f"WHERE cv.window_step(ts, '{WIDTH}') > now() - interval '{WIDTH}' - interval '{WIDTH}' / 60"
+    with conn.transaction(force_rollback=True):
+        got = conn.execute(f"SELECT * FROM {view} WHERE g = ANY(%s) ORDER BY g", (groups,)).fetchall()
+        conn.execute(f"CREATE TEMP TABLE {stream} ({columns}) ON COMMIT DROP")
+        with conn.cursor().copy(f"COPY {stream} FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        query = select.format(stream=stream, where=merged)
+        expected = conn.execute(f"SELECT * FROM ({query}) q WHERE g = ANY(%s) ORDER BY g", (groups,)).fetchall()
+    return got, expected
+
+
+example = itertools.count(1)
+event = st.tuples(st.integers(0, 2), st.integers(0, 5), st.integers(0, 100), st.integers(0, 20 * 60))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(events=st.lists(event, max_size=40), cuts=st.lists(st.integers(0, 40), max_size=3))
+def test_a_window_reads_as_the_aggregate_over_its_steps_for_any_batching(writer, streams, events, cuts):
+    base = next(example) * 10
+    now = datetime.now(UTC)
+    # Events from the last 20 minutes: half of them are older than the 10-minute window.
+    rows = [(base + g, u, float(x), now - timedelta(seconds=age)) for g, u, x, age in events]
+    bounds = sorted({0, len(rows), *(c for c in cuts if c <= len(rows))})
+    for start, end in itertools.pairwise(bounds):
+        apply_rows(writer, streams["append"], [1] * (end - start), rows[start:end])
+    got, expected = read_and_recompute(
+        writer,
+        f"{streams['schema']}.recent",
+        streams["append"],
+        "g bigint, u bigint, x double precision, ts timestamptz",
+        rows,
+        SELECT,
+        [base + g for g in range(3)],
+    )
+    assert [r[:5] for r in got] == [r[:5] for r in expected]  # distinct users: hll is exact at this size
+    for mine, theirs in zip(got, expected, strict=True):  # the median from a t-digest: within one value
+        assert math.isclose(mine[5], theirs[5], abs_tol=1.0)
+
+
+def test_retractions_leave_the_step_their_row_was_counted_in(writer, streams):
+    now = datetime.now(UTC)
+    g = 7_000_001
+    rows = [(g, k, 10 * k, now - timedelta(minutes=k)) for k in range(1, 5)]
+    apply_rows(writer, streams["keyed"], [1] * 4, rows)
+    apply_rows(writer, streams["keyed"], [-1, -1], [rows[0], rows[2]])  # unlike two of them later
+
+    got, expected = read_and_recompute(
+        writer,
+        f"{streams['schema']}.recent_keyed",
+        streams["keyed"],
+        "g bigint, k bigint, x bigint, ts timestamptz",
+        [rows[1], rows[3]],
+        KEYED_SELECT,
+        [g],
+    )
+    assert got == expected == [(g, 2, 60)]
+
+
+def test_old_steps_expire_and_late_rows_are_not_kept(writer, streams):
+    maintainer = StreamMaintainer(streams["append"])
+    now = datetime.now(UTC)
+    late = (7_000_002, 1, 1.0, now - timedelta(hours=1))
+    apply_rows(writer, streams["append"], [1], [late])
+    storage = f"cv.{streams['schema']}__recent"
+    assert writer.execute(f"SELECT count(*) FROM {storage} WHERE g = %s", (late[0],)).fetchone() == (0,)
+
+    with writer.transaction():  # a step left behind by a window that moved on (written as the pipelines would)
+        writer.execute(
+            f"INSERT INTO {storage} (g, _cv_step, n, _cv_rows) VALUES (%s, now() - interval '1 hour', 1, 1)",
+            (late[0],),
+        )
+    with writer.transaction():
+        assert maintainer.expire(writer) >= 1
+    assert writer.execute(f"SELECT count(*) FROM {storage} WHERE g = %s", (late[0],)).fetchone() == (0,)
+
+
+def test_a_window_without_groups_has_one_row_and_a_read_by_group_is_an_index_scan(pg, writer, streams):
+    apply_rows(writer, streams["append"], [1], [(7_000_003, 1, 1.0, datetime.now(UTC))])
+    with pg("sv_reader") as reader:
+        (n,) = reader.execute(f"SELECT n FROM {streams['schema']}.recent_total").fetchall()
+        assert n[0] >= 1
+        plan = "\n".join(
+            r[0] for r in reader.execute(f"EXPLAIN SELECT * FROM {streams['schema']}.recent WHERE g = 7000003")
+        )
+        assert "Index Scan" in plan or "Index Only Scan" in plan, plan
+
+
+@pytest.mark.parametrize(
+    ("where", "match"),
+    [
+        ("WHERE g > now() - interval '1 minute'", "timestamptz column"),
+        ("WHERE ts > now() - (interval '1 minute' * g)", "constant interval"),
+        ("WHERE ts > now() - interval '1 minute' AND ts > now() - interval '2 minutes'", "only one"),
+    ],
+)
+def test_a_window_must_slide_over_a_timestamp_by_a_constant_width(pg, streams, where, match):
+    statement = (
+        f"CREATE CONTINUOUS VIEW {streams['schema']}.bad AS SELECT g, count(*) AS n FROM {streams['append']} "
+        f"{where} GROUP BY g"
+    )
+    with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match=match):
+        catalog.define(owner, statement)
