@@ -48,9 +48,10 @@ from psycopg import sql
 from loadgen import seed_baselines as seed
 from loadgen.seed_baselines import BenchmarkError
 from loadgen.workload import PRODUCER_CONFIG, Like, WorkloadSettings, encode_like, follow_lists, like_events, now_ms
-from pipelines.cv import catalog
-from pipelines.cv.definitions import StreamDef, ViewDef, parse, split_statements
+from pipelines.cv import catalog, view_catalog
+from pipelines.cv.definitions import StreamDef, ViewDef, parse
 from pipelines.cv.engine import StreamMaintainer
+from pipelines.cv.statement_text import split_statements
 from pipelines.logs import get_logger
 from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.settings import ROLE_READER, ROLE_WRITER, KafkaSettings, PostgresSettings
@@ -217,7 +218,7 @@ def throwaway_definitions(
                 (f"{schema}.%", list(streams)),
             ).fetchall():
                 try:
-                    catalog.drop_view(conn, name)
+                    view_catalog.drop_view(conn, name)
                 except Exception:
                     log.exception("could not drop bench view", view=name)
             for stream in streams:

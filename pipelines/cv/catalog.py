@@ -1,9 +1,8 @@
-"""The catalog of streams and views in PostgreSQL: defining, loading and dropping them.
+"""The catalog of streams and views in PostgreSQL: loading them, defining and dropping streams.
 
-Defining a view is one transaction that takes the stream's lock exclusively (pipelines hold it shared
-while they apply a batch), creates the view's table, backfills it from the stream's current state
-(keyed streams) and records it. So a new view on a running system is exact: it misses no batch and
-counts none twice. Views over append-only streams have no state to backfill from and start from now.
+Every definition change takes the stream's lock exclusively (pipelines hold it shared while they
+apply a batch) and bumps the catalog's version, which pipelines compare at every batch. How views
+are created, replaced, altered and dropped is in pipelines.cv.view_catalog.
 """
 
 from __future__ import annotations
@@ -12,13 +11,14 @@ from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
-from psycopg.types.json import Jsonb
 
-from pipelines.cv import compiler, general, read_views, view_types
-from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, split_statements, state_table_name
+from pipelines.cv import compiler, general
+from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, state_table_name
+from pipelines.cv.statement_text import split_statements
+from pipelines.cv.statements import parse_change
 from pipelines.cv.view_types import ViewTypes
 from pipelines.logs import get_logger
-from pipelines.settings import ROLE_READER, ROLE_WRITER
+from pipelines.settings import ROLE_WRITER
 
 log = get_logger("cv.catalog")
 
@@ -78,13 +78,23 @@ def load_views(conn: psycopg.Connection, streams: dict[str, StreamDef], stream: 
 
 
 def define(conn: psycopg.Connection, statement: str) -> str:
-    """Create a stream or continuous view from its statement; idempotent for an identical definition."""
+    """Apply one statement: CREATE (idempotent for an identical definition), CREATE OR REPLACE, ALTER or DROP.
+
+    Returns the outcome as a line for people.
+    """
+    # Imported here: views are defined with this module's locks and loaders.
+    from pipelines.cv import view_catalog
+
+    change = parse_change(statement)
     streams = load_streams(conn)
+    if change is not None:
+        with conn.transaction():
+            return view_catalog.apply_change(conn, change, streams)
     definition = parse(statement, streams, general.user_aggregates(conn))
     with conn.transaction():
         if isinstance(definition, StreamDef):
             return _define_stream(conn, definition, streams)
-        return _define_view(conn, definition, streams[definition.stream])
+        return view_catalog.define_view(conn, definition, streams)
 
 
 def define_file(conn: psycopg.Connection, text: str) -> list[str]:
@@ -92,19 +102,9 @@ def define_file(conn: psycopg.Connection, text: str) -> list[str]:
     return [define(conn, statement) for statement in split_statements(text)]
 
 
-def _bump(conn: psycopg.Connection) -> None:
+def bump(conn: psycopg.Connection) -> None:
+    """A definition changed: pipelines reload their plans when they see the catalog's version move."""
     conn.execute("UPDATE cv.catalog SET version = version + 1")
-
-
-def _same_or_conflict(conn: psycopg.Connection, table: str, name: str, definition: str) -> bool:
-    row = conn.execute(
-        sql.SQL("SELECT definition FROM {} WHERE name = %s").format(sql.Identifier("cv", table)), (name,)
-    ).fetchone()
-    if row is None:
-        return False
-    if " ".join(row[0].split()) != " ".join(definition.split()):
-        raise DefinitionError(f"{name} already exists with another definition; drop it first")
-    return True
 
 
 def _shape(stream: StreamDef) -> tuple[object, ...]:
@@ -151,7 +151,7 @@ def _define_stream(conn: psycopg.Connection, stream: StreamDef, streams: dict[st
             "UPDATE cv.streams SET topic = %s, definition = %s WHERE name = %s",
             (stream.topic, stream.definition, stream.name),
         )
-        _bump(conn)
+        bump(conn)
         log.info("stream redefined", stream=stream.name, topic=stream.topic)
         return f"stream {stream.name} updated (how its events are read)"
     conn.execute(
@@ -165,77 +165,9 @@ def _define_stream(conn: psycopg.Connection, stream: StreamDef, streams: dict[st
                 compiler.state_table(stream), sql.Identifier(ROLE_WRITER)
             )
         )
-    _bump(conn)
+    bump(conn)
     log.info("stream defined", stream=stream.name, topic=stream.topic, key=stream.key, into=stream.into)
     return f"stream {stream.name} created" + (f" (into {stream.into})" if stream.into else "")
-
-
-def _define_view(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> str:
-    if stream.into is not None:
-        raise DefinitionError(
-            f"continuous view {view.qualified_name}: stream {stream.name} feeds {stream.into} and keeps nothing of "
-            f"its own; define the view on {stream.into}"
-        )
-    lock_stream(conn, stream.name, shared=False)
-    if _same_or_conflict(conn, "views", view.qualified_name, view.definition):
-        return f"view {view.qualified_name} unchanged"
-    types = view_types.resolve(conn, view, stream)
-    for statement in compiler.create_view_tables(view, stream, types):
-        conn.execute(statement)
-    table = compiler.storage_table(view)
-    conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(table, sql.Identifier(ROLE_WRITER)))
-    if view.join is not None:  # the pipelines read the joined table's rows at ingest
-        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.SQL(view.join.table), sql.Identifier(ROLE_WRITER)))
-    conn.execute(read_views.create_read_view(view, types))
-    readable = read_views.read_view(view)
-    conn.execute(
-        sql.SQL("GRANT SELECT ON {} TO {}, {}").format(
-            readable, sql.Identifier(ROLE_READER), sql.Identifier(ROLE_WRITER)
-        )
-    )
-    if compiler.uses_refs(view, stream):
-        conn.execute(
-            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-                compiler.refs_table(view), sql.Identifier(ROLE_WRITER)
-            )
-        )
-    backfilled = "starts from now (append-only stream: no state to backfill from)"
-    if stream.key is not None:
-        source = compiler.backfill_source(stream)
-        if compiler.uses_refs(view, stream):
-            conn.execute(compiler.create_transitions_table(view, types))
-            conn.execute(compiler.update_refs(view, source), ())
-        conn.execute(compiler.apply_deltas(view, stream, source, types.states), ())
-        rows = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()[0]
-        backfilled = f"backfilled {rows} groups from the current state of {stream.name}"
-    conn.execute(
-        "INSERT INTO cv.views (name, stream, definition, types) VALUES (%s, %s, %s, %s)",
-        (
-            view.qualified_name,
-            stream.name,
-            view.definition,
-            Jsonb(types.to_json()),
-        ),
-    )
-    _bump(conn)
-    log.info("view defined", view=view.qualified_name, stream=stream.name, backfill=backfilled)
-    return f"view {view.qualified_name} created; {backfilled}"
-
-
-def drop_view(conn: psycopg.Connection, name: str) -> str:
-    """Drop a continuous view, its table and its reference counts."""
-    with conn.transaction():
-        row = conn.execute("SELECT stream, definition FROM cv.views WHERE name = %s", (name,)).fetchone()
-        if row is None:
-            raise DefinitionError(f"no continuous view named {name}")
-        lock_stream(conn, row[0], shared=False)
-        schema, _, view = name.partition(".")
-        conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(sql.Identifier(schema, view)))
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.storage_table_of(schema, view)))
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.refs_table_of(schema, view)))
-        conn.execute("DELETE FROM cv.views WHERE name = %s", (name,))
-        _bump(conn)
-    return f"view {name} dropped"
 
 
 def drop_stream(conn: psycopg.Connection, name: str) -> str:
@@ -252,5 +184,5 @@ def drop_stream(conn: psycopg.Connection, name: str) -> str:
         )
         if conn.execute("DELETE FROM cv.streams WHERE name = %s", (name,)).rowcount == 0:
             raise DefinitionError(f"no stream named {name}")
-        _bump(conn)
+        bump(conn)
     return f"stream {name} dropped"

@@ -37,7 +37,7 @@ import pydantic
 import structlog
 from confluent_kafka import KafkaException
 
-from pipelines.cv import catalog
+from pipelines.cv import catalog, view_catalog
 from pipelines.cv.cli_common import (
     FAILURE,
     KAFKA_TIMEOUT_S,
@@ -54,7 +54,8 @@ from pipelines.cv.cli_common import (
     pg_status,
     table,
 )
-from pipelines.cv.definitions import DefinitionError, Statement, StreamDef, numbered_statements, parse
+from pipelines.cv.definitions import DefinitionError, StreamDef, parse
+from pipelines.cv.statement_text import Statement, numbered_statements
 from pipelines.cv.status import status_table, stream_statuses, watermarks
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
@@ -112,6 +113,8 @@ def defined_streams(conn: psycopg.Connection, statements: list[Statement]) -> li
     streams = catalog.load_streams(conn)
     defined = []
     for statement in statements:
+        if not statement.label.startswith("CREATE STREAM"):  # views, ALTER and DROP have no topic
+            continue
         definition = parse(statement.text, streams)
         if isinstance(definition, StreamDef):
             defined.append(streams.get(definition.name, definition))
@@ -224,7 +227,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
             with conn.transaction():
                 for name in args.names:
                     kind, qualified = resolve_drop(conn, name, args.kind)
-                    drop = catalog.drop_view if kind == "view" else catalog.drop_stream
+                    drop = view_catalog.drop_view if kind == "view" else catalog.drop_stream
                     outcomes.append(drop(conn, qualified))
         except psycopg.Error as e:
             raise CommandError(pg_message(e), pg_status(e)) from e

@@ -25,6 +25,7 @@ in pipelines.cv.column_definitions) and pipelines.cv.view_definitions (CREATE CO
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ AggregateKind = Literal["count", "count_distinct", "sum", "min", "max", "set", "
 MONOTONIC: frozenset[str] = frozenset({"min", "max", "hll", "tdigest", "topk", "state"})
 DISTINCT_KINDS: frozenset[str] = frozenset({"count_distinct", "set"})
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+EXPECTED = "expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ..."
 
 
 class DefinitionError(StreamviewsError):
@@ -263,6 +267,7 @@ class ViewDef:
     calls: tuple[AggregateCall, ...] = ()
     window: Window | None = None  # WHERE ts > now() - interval '...': a sliding window
     join: Join | None = None  # FROM stream JOIN table ON ...
+    replace: bool = False  # CREATE OR REPLACE: rebuild the view if it exists with another definition
 
     @property
     def qualified_name(self) -> str:
@@ -290,106 +295,6 @@ class ViewDef:
         return any(a.kind in MONOTONIC for a in self.aggregates)
 
 
-# Scanner tokens that are not part of a statement's text: comments and the semicolons between statements.
-_NOT_STATEMENT = frozenset({"SQL_COMMENT", "C_COMMENT", "ASCII_59"})
-_HEAD = re.compile(r"\s*CREATE\s+(STREAM|CONTINUOUS\s+VIEW)\s+([^\s(]+)", re.IGNORECASE)
-_EXPECTED = "expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ..."
-
-
-@dataclass(frozen=True)
-class Statement:
-    """One statement of a definitions text, with where it starts (for error messages)."""
-
-    number: int
-    line: int
-    text: str
-
-    @property
-    def label(self) -> str:
-        """`CREATE STREAM clicks` / `CREATE CONTINUOUS VIEW social.x`: what it defines ("" when unknown)."""
-        head = _HEAD.match(self.text)
-        if head is None:
-            return ""
-        return f"CREATE {' '.join(head.group(1).upper().split())} {head.group(2)}"
-
-    def prefix(self, count: int) -> str:
-        """How an error names the statement: `statement 2 (line 7): CREATE STREAM x: ` (position only if many)."""
-        where = f"statement {self.number} (line {self.line}): " if count > 1 else ""
-        return where + (f"{self.label}: " if self.label else "")
-
-
-def split_statements(text: str) -> list[str]:
-    """The statements of a definitions text, each from its first keyword to its end (no semicolon).
-
-    Raises:
-        DefinitionError: As `numbered_statements`.
-    """
-    return [statement.text for statement in numbered_statements(text)]
-
-
-def numbered_statements(text: str) -> list[Statement]:
-    """Split a definitions text into statements, failing on any text that belongs to no statement.
-
-    pglast's scanner (not its parser, which does not know CREATE STREAM) finds the semicolons that end
-    statements, so a semicolon inside a string or comment does not split. It passes over what it
-    cannot split (a statement whose parentheses do not balance and all after it, a statement that
-    does not start with a keyword), so every token of the text must fall in a statement: the first
-    that does not is reported, with PostgreSQL's own syntax error when there is one. Comments
-    between and before statements are dropped.
-
-    Raises:
-        DefinitionError: An unterminated quote, comment or dollar-quoted string, or text that is not
-            a complete statement.
-    """
-    statements, stray = _split(text)
-    if stray is not None:
-        start, end, before = stray
-        rest = Statement(before + 1, _line(text, start), text[start:end].strip())
-        prefix = rest.prefix(len(statements) + 1)
-        try:
-            _parse_one(rest.text, {})
-        except DefinitionError as e:
-            raise DefinitionError(f"{prefix}{e}") from e
-        raise DefinitionError(f"{prefix}incomplete statement")
-    return statements
-
-
-def _split(text: str) -> tuple[list[Statement], tuple[int, int, int] | None]:
-    """The statements pglast's scanner finds, and the first token in none: (start, end, statements before)."""
-    try:
-        pieces = pglast.split(text, with_parser=False, only_slices=True)
-    except pglast.parser.ParseError as e:
-        raise DefinitionError(f"syntax error: {e}") from e
-    tokens = _significant(text)
-    statements: list[Statement] = []
-    stray = None
-    i = 0
-    for piece in (*pieces, slice(len(text), len(text))):  # the last, empty, catches what follows every statement
-        if i < len(tokens) and tokens[i].start < piece.start and stray is None:
-            stray = (tokens[i].start, piece.start, len(statements))
-        while i < len(tokens) and tokens[i].start < piece.start:
-            i += 1
-        first = i
-        while i < len(tokens) and tokens[i].start < piece.stop:
-            i += 1
-        if i > first:  # not only comments
-            start = tokens[first].start
-            statements.append(Statement(len(statements) + 1, _line(text, start), text[start : piece.stop]))
-    return statements, stray
-
-
-def _significant(text: str) -> list[pglast.parser.Token]:
-    """The scanner's tokens of the text but comments and semicolons."""
-    try:
-        return [token for token in pglast.parser.scan(text) if token.name not in _NOT_STATEMENT]
-    except pglast.parser.ParseError as e:
-        raise DefinitionError(f"syntax error: {e}") from e
-
-
-def _line(text: str, position: int) -> int:
-    return text.count("\n", 0, position) + 1
-
-
 def parse(
     statement: str, streams: dict[str, StreamDef], user_aggregates: frozenset[str] = frozenset()
 ) -> StreamDef | ViewDef:
@@ -404,7 +309,9 @@ def parse(
         DefinitionError: The statement is not one of the two, not valid, or not supported; the
             message names what.
     """
-    statements, _ = _split(statement)  # text in no statement: PostgreSQL's parser names the error below
+    from pipelines.cv.statement_text import split_with_stray
+
+    statements, _ = split_with_stray(statement)  # text in no statement: PostgreSQL's parser names the error below
     if len(statements) > 1:
         raise DefinitionError("give one statement at a time")
     return _parse_one(statement, streams, user_aggregates)
@@ -414,32 +321,46 @@ def _parse_one(
     statement: str, streams: dict[str, StreamDef], user_aggregates: frozenset[str] = frozenset()
 ) -> StreamDef | ViewDef:
     # Imported here: the two parsers import this module's model and helpers.
+    from pipelines.cv.statement_text import significant_tokens
     from pipelines.cv.stream_definitions import parse_stream
     from pipelines.cv.view_definitions import parse_view
 
-    tokens = _significant(statement)
+    tokens = significant_tokens(statement)
     original = statement[tokens[0].start :].strip().rstrip(";") if tokens else ""
-    head = re.match(r"\s*CREATE\s+(STREAM|CONTINUOUS\s+VIEW)\b", original, re.IGNORECASE)
+    head = re.match(r"\s*CREATE\s+(OR\s+REPLACE\s+)?(STREAM|CONTINUOUS\s+VIEW)\b", original, re.IGNORECASE)
     if head is None:
-        raise DefinitionError(_EXPECTED)
+        raise DefinitionError(EXPECTED)
+    is_stream = head.group(2).upper() == "STREAM"
+    replace = head.group(1) is not None
+    if replace and is_stream:
+        raise DefinitionError("CREATE OR REPLACE STREAM: define the stream again; how its events are read may change")
+    if replace:  # kept without OR REPLACE: the catalog holds what the view is, not how it came to be
+        original = "CREATE CONTINUOUS VIEW" + original[head.end() :]
+        head = re.match(r"\s*CREATE\s+()(CONTINUOUS\s+VIEW)\b", original, re.IGNORECASE)
+        assert head is not None
     # The two PipelineDB statements map onto PostgreSQL ones that pglast parses: a stream is declared
     # like a table, a continuous view like a view. Only the leading keywords are rewritten.
-    rewritten = ("CREATE TABLE" if head.group(1).upper() == "STREAM" else "CREATE VIEW") + original[head.end() :]
-    try:
-        nodes = pglast.parse_sql(rewritten)
-    except pglast.parser.ParseError as e:
-        raise DefinitionError(f"syntax error: {e}") from e
-    if len(nodes) != 1:
-        raise DefinitionError("give one statement at a time")
-    node = nodes[0].stmt
+    node = parse_rewritten(("CREATE TABLE" if is_stream else "CREATE VIEW") + original[head.end() :])
     if isinstance(node, ast.CreateStmt):
         return parse_stream(node, original)
     if isinstance(node, ast.ViewStmt):
-        return parse_view(node, original, streams, user_aggregates)
-    raise DefinitionError(_EXPECTED)
+        view = parse_view(node, original, streams, user_aggregates)
+        return dataclasses.replace(view, replace=True) if replace else view
+    raise DefinitionError(EXPECTED)
 
 
 # --- what both parsers use ---------------------------------------------------------------------------
+
+
+def parse_rewritten(rewritten: str, what: str = "") -> ast.Node:
+    """The one statement of a PipelineDB statement rewritten into PostgreSQL's grammar, parsed by pglast."""
+    try:
+        nodes = pglast.parse_sql(rewritten)
+    except pglast.parser.ParseError as e:
+        raise DefinitionError(f"{what}{': ' if what else ''}syntax error: {e}") from e
+    if len(nodes) != 1:
+        raise DefinitionError("give one statement at a time")
+    return nodes[0].stmt
 
 
 def options_of(

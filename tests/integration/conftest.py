@@ -21,7 +21,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from elasticsearch import Elasticsearch
 
-from pipelines.cv import catalog
+from pipelines.cv import catalog, view_catalog
 from pipelines.cv.engine import StreamMaintainer
 from pipelines.settings import ConnectSettings, ElasticsearchSettings, KafkaSettings, PostgresSettings
 from stack.configure import client_settings
@@ -135,7 +135,7 @@ def throwaway_views(
     finally:
         with pg("sv_owner", autocommit=True) as conn:
             for (view,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{schema}.%",)).fetchall():
-                catalog.drop_view(conn, view)
+                view_catalog.drop_view(conn, view)
             for stream in streams:
                 catalog.drop_stream(conn, stream)
             conn.execute(f"DROP SCHEMA {schema} CASCADE")

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.cv import catalog
+from pipelines.cv import catalog, view_catalog
 from pipelines.cv.definitions import DefinitionError
 from pipelines.cv.engine import StreamMaintainer
 from tests.integration.conftest import throwaway_views, unique
@@ -290,7 +290,7 @@ def test_a_view_added_later_is_backfilled_from_the_current_state(pg, writer, str
         )
         assert "backfilled" in outcome
         rows = owner.execute(f"SELECT uid, objects FROM {view} ORDER BY uid").fetchall()
-        catalog.drop_view(owner, view)
+        view_catalog.drop_view(owner, view)
     assert [(uid, sorted(objects)) for uid, objects in rows] == [(1, [900_004, 900_005])]
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from pipelines.cv import catalog
+from pipelines.cv import catalog, view_catalog
 from tests.integration.conftest import pipeline_env, unique, wait_for
 
 SCRIPT = Path(sys.executable).parent / "streamviews"
@@ -48,7 +48,7 @@ def name(pg, admin):
     with pg("sv_owner", autocommit=True) as conn:
         views = conn.execute("SELECT name FROM cv.views WHERE stream LIKE %s", (f"{prefix}%",)).fetchall()
         for (view,) in views:
-            catalog.drop_view(conn, view)
+            view_catalog.drop_view(conn, view)
         for (stream,) in conn.execute("SELECT name FROM cv.streams WHERE name LIKE %s", (f"{prefix}%",)).fetchall():
             catalog.drop_stream(conn, stream)
         conn.execute("DELETE FROM ops.kafka_offsets WHERE topic LIKE %s", (f"{prefix}%",))

@@ -14,10 +14,9 @@ from pipelines.cv.definitions import (
     GroupColumn,
     StreamDef,
     ViewDef,
-    numbered_statements,
     parse,
-    split_statements,
 )
+from pipelines.cv.statement_text import numbered_statements, split_statements
 
 SOCIAL_SQL = Path(__file__).resolve().parents[2] / "sql" / "views" / "social.sql"
 

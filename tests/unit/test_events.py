@@ -13,7 +13,8 @@ import orjson
 import pytest
 
 from pipelines.cv.decoding import StreamDecoder
-from pipelines.cv.definitions import StreamDef, parse, split_statements
+from pipelines.cv.definitions import StreamDef, parse
+from pipelines.cv.statement_text import split_statements
 from pipelines.errors import StreamviewsError
 from pipelines.runtime.events import DELETE, DETAIL_LIMIT, INSERT, REASONS, InvalidEvent
 

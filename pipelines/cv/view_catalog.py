@@ -1,0 +1,250 @@
+"""Continuous views in the catalog: created, replaced, altered and dropped, each in one transaction.
+
+Every change holds the stream's lock exclusively (pipelines hold it shared while they apply a
+batch), so a change on a running system misses no batch and counts none twice:
+
+- CREATE creates the storage and the read view and, over a keyed stream, backfills the storage from
+  the stream's current state. Over an append-only stream a view starts from now.
+- CREATE OR REPLACE with the same storage (groups, stored aggregates, filter, join and window the
+  same: only the outputs computed from them differ) replaces the read view alone. Otherwise it
+  rebuilds the view from the keyed stream's state; over an append-only stream, whose past events are
+  not kept, it refuses and says so.
+- ALTER CONTINUOUS VIEW ... SET (ttl = ...) changes the retention, DROP removes everything.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from pipelines.cv import compiler, read_views, view_types
+from pipelines.cv.catalog import bump, lock_stream
+from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse
+from pipelines.cv.statements import AlterView, Drop, with_options
+from pipelines.cv.view_types import ViewTypes
+from pipelines.logs import get_logger
+from pipelines.settings import ROLE_READER, ROLE_WRITER
+
+log = get_logger("cv.catalog")
+
+
+def define_view(conn: psycopg.Connection, view: ViewDef, streams: dict[str, StreamDef]) -> str:
+    """CREATE [OR REPLACE] CONTINUOUS VIEW, in the caller's transaction; the outcome as a line."""
+    stream = streams[view.stream]
+    if stream.into is not None:
+        raise DefinitionError(
+            f"continuous view {view.qualified_name}: stream {stream.name} feeds {stream.into} and keeps nothing of "
+            f"its own; define the view on {stream.into}"
+        )
+    lock_stream(conn, stream.name, shared=False)
+    row = conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (view.qualified_name,)).fetchone()
+    if row is not None and _same_text(row[0], view.definition):
+        return f"view {view.qualified_name} unchanged"
+    if row is not None and not view.replace:
+        raise DefinitionError(
+            f"{view.qualified_name} already exists with another definition; CREATE OR REPLACE CONTINUOUS VIEW "
+            "rebuilds it, or drop it first"
+        )
+    check_ttl(conn, view)
+    types = view_types.resolve(conn, view, stream)
+    if row is None:
+        outcome = f"view {view.qualified_name} created; {_create(conn, view, stream, types)}"
+        conn.execute(
+            "INSERT INTO cv.views (name, stream, definition, types) VALUES (%s, %s, %s, %s)",
+            (view.qualified_name, stream.name, view.definition, Jsonb(types.to_json())),
+        )
+    else:
+        old = parse(row[0], streams)
+        assert isinstance(old, ViewDef)
+        outcome = _replace(conn, old, ViewTypes.from_json(row[1]), view, stream, types)
+        conn.execute(
+            "UPDATE cv.views SET definition = %s, types = %s WHERE name = %s",
+            (view.definition, Jsonb(types.to_json()), view.qualified_name),
+        )
+    bump(conn)
+    log.info("view defined", view=view.qualified_name, stream=stream.name, outcome=outcome)
+    return outcome
+
+
+def _same_text(a: str, b: str) -> bool:
+    return " ".join(a.split()) == " ".join(b.split())
+
+
+def _create(conn: psycopg.Connection, view: ViewDef, stream: StreamDef, types: ViewTypes) -> str:
+    """Storage, read view and grants, backfilled from a keyed stream's state; what it starts from."""
+    for statement in compiler.create_view_tables(view, stream, types):
+        conn.execute(statement)
+    storage = compiler.storage_table(view)
+    writer = sql.Identifier(ROLE_WRITER)
+    write = sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}")
+    conn.execute(write.format(storage, writer))
+    if compiler.uses_refs(view, stream):
+        conn.execute(write.format(compiler.refs_table(view), writer))
+    if view.join is not None:  # the pipelines read the joined table's rows at ingest
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.SQL(view.join.table), writer))
+    _create_read_view(conn, view, types)
+    if stream.key is None:
+        return "starts from now (append-only stream: no state to backfill from)"
+    source = compiler.backfill_source(stream)
+    if compiler.uses_refs(view, stream):
+        conn.execute(compiler.create_transitions_table(view, types))
+        conn.execute(compiler.update_refs(view, source), ())
+    conn.execute(compiler.apply_deltas(view, stream, source, types.states), ())
+    groups = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(storage)).fetchone()[0]
+    return f"backfilled {groups} groups from the current state of {stream.name}"
+
+
+def _create_read_view(conn: psycopg.Connection, view: ViewDef, types: ViewTypes) -> None:
+    conn.execute(read_views.create_read_view(view, types))
+    conn.execute(
+        sql.SQL("GRANT SELECT ON {} TO {}, {}").format(
+            read_views.read_view(view), sql.Identifier(ROLE_READER), sql.Identifier(ROLE_WRITER)
+        )
+    )
+
+
+def _storage_of(view: ViewDef, types: ViewTypes) -> tuple[object, ...]:
+    """What the storage and its maintenance depend on, but the stored aggregates' names (and the ttl)."""
+    return (
+        view.stream,
+        view.groups,
+        view.where_sql,
+        view.join,
+        view.window,
+        types.groups,
+        types.distinct_arg,
+        frozenset(_stored_by_meaning(view, types)),
+    )
+
+
+def _stored_by_meaning(view: ViewDef, types: ViewTypes) -> dict[tuple[object, ...], str]:
+    """Each stored aggregate's column by what it holds: kind, argument, filter, parameters, type, state."""
+    meaning = {}
+    for aggregate, type_ in zip(view.aggregates, types.aggregates, strict=True):
+        state = types.states.get(aggregate.name)
+        key = (aggregate.kind, aggregate.arg_sql, aggregate.filter_sql, aggregate.params, type_, state)
+        meaning[key] = aggregate.name
+    return meaning
+
+
+def _rename_stored(
+    conn: psycopg.Connection, old: ViewDef, old_types: ViewTypes, view: ViewDef, types: ViewTypes
+) -> None:
+    """Give the storage's columns the names the new definition calls the same aggregates by."""
+    before, after = _stored_by_meaning(old, old_types), _stored_by_meaning(view, types)
+    renames = [(before[key], after[key]) for key in before if before[key] != after[key]]
+    storage = compiler.storage_table(view)
+    rename = sql.SQL("ALTER TABLE {} RENAME COLUMN {} TO {}")
+    for i, (name, _) in enumerate(renames):  # through temporary names: a new name may be an old one's
+        conn.execute(rename.format(storage, sql.Identifier(name), sql.Identifier(f"_cv_renaming_{i}")))
+    for i, (_, name) in enumerate(renames):
+        conn.execute(rename.format(storage, sql.Identifier(f"_cv_renaming_{i}"), sql.Identifier(name)))
+
+
+def _replace(
+    conn: psycopg.Connection, old: ViewDef, old_types: ViewTypes, view: ViewDef, stream: StreamDef, types: ViewTypes
+) -> str:
+    name = view.qualified_name
+    if _storage_of(old, old_types) == _storage_of(view, types):
+        conn.execute(sql.SQL("DROP VIEW {}").format(read_views.read_view(view)))
+        _rename_stored(conn, old, old_types, view, types)
+        _create_read_view(conn, view, types)
+        return f"view {name} replaced; its storage is unchanged (only what is computed from it changed)"
+    if stream.key is None:
+        raise DefinitionError(
+            f"continuous view {name}: cannot rebuild it: {stream.name} is append-only and its past events are not "
+            "kept; keep the groups, aggregates, filter, join and window (then only the read view changes), or drop "
+            "the view and create it again to start from now"
+        )
+    if old.stream != view.stream:
+        raise DefinitionError(f"continuous view {name}: it reads {old.stream}; drop it to read another stream")
+    drop_view_relations(conn, view.schema, view.name)
+    return f"view {name} rebuilt; {_create(conn, view, stream, types)}"
+
+
+def check_ttl(conn: psycopg.Connection, view: ViewDef) -> None:
+    """A ttl must be a positive interval PostgreSQL reads."""
+    if view.ttl is None:
+        return
+    what = f"continuous view {view.qualified_name}"
+    try:
+        with conn.transaction():
+            positive = conn.execute("SELECT %s::interval > interval '0'", (view.ttl,)).fetchone()[0]
+    except psycopg.DataError as e:
+        raise DefinitionError(f"{what}: ttl {view.ttl!r} is not an interval") from e
+    if not positive:
+        raise DefinitionError(f"{what}: ttl must be a positive interval, not {view.ttl!r}")
+
+
+def apply_change(conn: psycopg.Connection, change: AlterView | Drop, streams: dict[str, StreamDef]) -> str:
+    """ALTER CONTINUOUS VIEW or DROP, in the caller's transaction; the outcome as a line."""
+    if isinstance(change, AlterView):
+        return alter_view(conn, change, streams)
+    # Imported here: the catalog imports this module lazily for views, and drops streams itself.
+    from pipelines.cv.catalog import drop_stream
+
+    outcomes = []
+    for name in change.names:
+        table = "cv.views" if change.kind == "view" else "cv.streams"
+        exists = conn.execute(f"SELECT 1 FROM {table} WHERE name = %s", (name,)).fetchone()  # noqa: S608
+        if exists is None and change.if_exists:
+            outcomes.append(f"{'view' if change.kind == 'view' else 'stream'} {name} does not exist; skipped")
+            continue
+        outcomes.append(drop_view(conn, name) if change.kind == "view" else drop_stream(conn, name))
+    return "; ".join(outcomes)
+
+
+def alter_view(conn: psycopg.Connection, change: AlterView, streams: dict[str, StreamDef]) -> str:
+    """Change a view's options (ttl): its definition is rewritten with them, its storage kept."""
+    row = conn.execute("SELECT definition FROM cv.views WHERE name = %s", (change.name,)).fetchone()
+    if row is None:
+        raise DefinitionError(f"ALTER CONTINUOUS VIEW: no continuous view named {change.name}")
+    old = parse(row[0], streams)
+    assert isinstance(old, ViewDef)
+    lock_stream(conn, old.stream, shared=False)
+    options = {k: v for k, v in old.options.items() if k not in change.reset_options} | change.set_options
+    view = parse(with_options(row[0], options), streams)
+    assert isinstance(view, ViewDef)
+    check_ttl(conn, view)
+    if view.ttl and view.bucket and not _has_index_on(conn, view):
+        conn.execute(
+            sql.SQL("CREATE INDEX ON {} ({})").format(compiler.storage_table(view), sql.Identifier(view.bucket.name))
+        )
+    conn.execute("UPDATE cv.views SET definition = %s WHERE name = %s", (view.definition, change.name))
+    bump(conn)
+    log.info("view altered", view=change.name, ttl=view.ttl)
+    return f"view {change.name} altered: ttl {view.ttl!r}" if view.ttl else f"view {change.name} altered: no ttl"
+
+
+def _has_index_on(conn: psycopg.Connection, view: ViewDef) -> bool:
+    """True when the storage has an index leading with the time bucket (what expiry deletes by)."""
+    assert view.bucket is not None
+    return bool(
+        conn.execute(
+            "SELECT 1 FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0]"
+            " WHERE i.indrelid = %s::regclass AND a.attname = %s",
+            (compiler.storage_table(view).as_string(conn), view.bucket.name),
+        ).fetchone()
+    )
+
+
+def drop_view(conn: psycopg.Connection, name: str) -> str:
+    """Drop a continuous view: its read view, storage and reference counts."""
+    with conn.transaction():
+        row = conn.execute("SELECT stream FROM cv.views WHERE name = %s", (name,)).fetchone()
+        if row is None:
+            raise DefinitionError(f"no continuous view named {name}")
+        lock_stream(conn, row[0], shared=False)
+        schema, _, view = name.partition(".")
+        drop_view_relations(conn, schema, view)
+        conn.execute("DELETE FROM cv.views WHERE name = %s", (name,))
+        bump(conn)
+    return f"view {name} dropped"
+
+
+def drop_view_relations(conn: psycopg.Connection, schema: str, view: str) -> None:
+    """The read view, the storage and the reference counts of a view, if they exist."""
+    conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(sql.Identifier(schema, view)))
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.storage_table_of(schema, view)))
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.refs_table_of(schema, view)))
