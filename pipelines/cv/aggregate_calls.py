@@ -6,7 +6,9 @@ becomes one or more *stored aggregates* (kinds in pipelines.cv.aggregates) and a
 the stored values, given the call's result type as PostgreSQL resolves it.
 
 | call                                        | stored                                   | exact |
-| count, min, max, array_agg(DISTINCT)        | itself                                   | yes   |
+| count, array_agg(DISTINCT)                  | itself                                   | yes   |
+| approx_count_distinct(x)                    | a HyperLogLog sketch (append-only)        | ~     |
+| min, max                                    | itself (+ value counts over keyed streams)| yes   |
 | sum(x)                                      | count(x), sum(x): NULL over no values    | yes   |
 | avg(x)                                      | count(x), sum(x)                         | yes   |
 | var_*, variance, stddev_*                   | count(x), sum(x), sum(x*x), in numeric   | yes   |
@@ -190,13 +192,18 @@ KNOWN = frozenset(
     | REGRESSION
     | GENERAL_BUILTINS
     | set(REFUSED)
-    | {"percentile_cont", "topk_agg"}
+    | {"percentile_cont", "topk_agg", "exact_count_distinct", "approx_count_distinct"}
 )
 SUPPORTED = (
     "count, sum, min, max, avg, stddev/variance (_samp, _pop), corr, covar_*, regr_*, bool_and/bool_or/every, "
-    "bit_and/bit_or/bit_xor, count(DISTINCT x), array_agg(DISTINCT x), hll_add_agg, "
+    "bit_and/bit_or/bit_xor, count(DISTINCT x) (or exact_count_distinct), approx_count_distinct, "
+    "array_agg(DISTINCT x), hll_add_agg, "
     "percentile_cont(...) WITHIN GROUP (ORDER BY x), topk_agg(x, k), and aggregates with a combine function"
 )
+
+
+# Result types of the calls PostgreSQL itself does not know (the others are typed by PostgreSQL).
+OWN_RESULT_TYPES = {"topk_agg": "jsonb", "approx_count_distinct": "bigint", "count_distinct": "bigint"}
 
 
 def function_name(call: ast.FuncCall) -> str:
@@ -238,6 +245,15 @@ def translate(call: ast.FuncCall, what: str, *, windowed: bool) -> Translation:
         return Translation("count", (Stored("count", None, where),), read_as_stored)
     if name == "topk_agg":
         return _topk(call, args, where, label, what)
+    if name == "exact_count_distinct":  # PipelineDB's name for the exact count
+        if len(args) != 1:
+            raise DefinitionError(f"{what}: {label} takes one argument")
+        return _distinct("count", args, where, label, what, windowed)
+    if name == "approx_count_distinct":  # a HyperLogLog estimate, as PipelineDB kept count(DISTINCT)
+        if len(args) != 1:
+            raise DefinitionError(f"{what}: {label} takes one argument")
+        stored = Stored("hll", f"hll_hash_any({args[0]})", where)
+        return Translation(name, (stored,), lambda refs, _t: f"round(hll_cardinality({refs[0]}))::bigint", False)
     arity = 2 if name in REGRESSION else 1
     if name not in GENERAL_BUILTINS and name in KNOWN and len(args) != arity:
         raise DefinitionError(f"{what}: {label} takes {'two arguments (y, x)' if arity == 2 else 'one argument'}")
@@ -246,9 +262,7 @@ def translate(call: ast.FuncCall, what: str, *, windowed: bool) -> Translation:
         return Translation(name, stored, lambda refs, _t: f"CASE WHEN {refs[0]} = 0 THEN NULL ELSE {refs[1]} END")
     if name in {"count", "min", "max", "hll_add_agg"}:
         kind = "hll" if name == "hll_add_agg" else name
-        return Translation(
-            name, (Stored(kind, args[0], where),), read_as_stored, retractable=kind not in {"min", "max", "hll"}
-        )
+        return Translation(name, (Stored(kind, args[0], where),), read_as_stored, retractable=kind != "hll")
     if name == "array_agg":
         raise DefinitionError(f"{what}: {label} is not supported (only array_agg(DISTINCT x) keeps a set)")
     if name == "avg":

@@ -5,7 +5,8 @@ How each kind merges a batch (`v` the stored row, `d` the batch's aggregate for 
 | kind                 | stored              | merge                                             |
 | count(*) / count(x)  | bigint              | v + d (d may be negative)                         |
 | sum(x)               | type of sum(x)      | v + d (sum over no rows is 0, not NULL)           |
-| min(x) / max(x)      | type of x           | least / greatest (append-only streams only)       |
+| min(x) / max(x)      | type of x           | least / greatest; over a keyed stream, the first  |
+|                      |                     | value of the group's counts (extremes.py)         |
 | hll                  | hll                 | hll_union; retractions leave it unchanged         |
 | count_distinct       | bigint              | v + (values entering - values leaving the group)  |
 | set                  | x[]                 | (v - values leaving) || values entering           |
@@ -52,6 +53,7 @@ def stored_columns(
     rows_sign: sql.Composable = _DELTA_SIGN,
     states: Mapping[str, StateFunctions] | None = None,
     aggregates: tuple[Aggregate, ...] | None = None,
+    extreme_merges: Mapping[str, sql.Composable] | None = None,
 ) -> list[StoredColumn]:
     """The view's stored columns: each one's aggregate over a batch, and its merge into the stored row.
 
@@ -63,6 +65,9 @@ def stored_columns(
     `states`: the functions of aggregates kept as their transition state, by stored column.
 
     `aggregates`: the view's, with their arguments and filters as inputs computed beforehand.
+
+    `extreme_merges`: min/max over a keyed stream, by stored column: their merge (the engine then reads
+    them from their value counts, pipelines.cv.extremes, since a retraction may take an extreme away).
     """
     columns = []
     rows = sql.SQL("sum({})").format(rows_sign)
@@ -85,6 +90,9 @@ def stored_columns(
                 a, _filter(where)
             )
             columns.append(StoredColumn(aggregate.name, batch, add))
+        elif aggregate.kind in {"min", "max"} and extreme_merges and aggregate.name in extreme_merges:
+            batch = sql.SQL(f"{aggregate.kind}({{}}) FILTER (WHERE _cv_sign > 0{{}})").format(a, _and(where))
+            columns.append(StoredColumn(aggregate.name, batch, extreme_merges[aggregate.name]))
         elif aggregate.kind in {"min", "max"}:
             extreme = "least" if aggregate.kind == "min" else "greatest"
             columns.append(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from pipelines.cv import compiler, general
+from pipelines.cv import compiler, general, stream_sql
 from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, state_table_name
 from pipelines.cv.statement_text import split_statements
 from pipelines.cv.statements import parse_change
@@ -159,10 +159,10 @@ def _define_stream(conn: psycopg.Connection, stream: StreamDef, streams: dict[st
         (stream.name, stream.topic, stream.definition),
     )
     if stream.key is not None:
-        conn.execute(compiler.create_state_table(stream))
+        conn.execute(stream_sql.create_state_table(stream))
         conn.execute(
             sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
-                compiler.state_table(stream), sql.Identifier(ROLE_WRITER)
+                stream_sql.state_table(stream), sql.Identifier(ROLE_WRITER)
             )
         )
     bump(conn)

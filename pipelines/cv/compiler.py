@@ -1,7 +1,7 @@
-"""Compiling definitions into maintenance SQL: set-based, batched, with retractions.
+"""Compiling view definitions into maintenance SQL: set-based, batched, with retractions.
 
 A batch of stream changes becomes *deltas* (sign +1 for a row entering the stream's state, -1 for a
-row leaving it) in a temporary table, in one statement. Each view then applies the deltas in one
+row leaving it; see pipelines.cv.stream_sql). Each view then applies the deltas in one
 `INSERT ... ON CONFLICT DO UPDATE` whose rows are sorted by the view's group key, so every writer
 takes row locks in the same order (views in name order, groups in key order): several pipeline
 processes can never deadlock.
@@ -19,28 +19,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-import pglast
-from pglast import ast
 from psycopg import sql
 
-from pipelines.cv import windows
+from pipelines.cv import extremes, windows
 from pipelines.cv.aggregates import REMOVED, ROWS, stored_columns
-from pipelines.cv.definitions import Aggregate, StreamDef, ViewDef, split_arguments, storage_name, walk
+from pipelines.cv.definitions import Aggregate, StreamDef, ViewDef, split_arguments, storage_name
 from pipelines.cv.general import StateFunctions
 from pipelines.cv.sql_text import comma_list, ident, raw
 from pipelines.cv.view_types import ViewTypes
 
 CV_SCHEMA = "cv"
-
-
-def delta_table(stream: StreamDef) -> sql.Identifier:
-    """The per-session temporary table a batch's deltas land in."""
-    return ident("pg_temp", f"cv_delta_{stream.name}")
-
-
-def state_table(stream: StreamDef) -> sql.Identifier:
-    """The table of a keyed stream's current rows."""
-    return ident(CV_SCHEMA, stream.state_table)
 
 
 def storage_table(view: ViewDef) -> sql.Identifier:
@@ -66,152 +54,6 @@ def refs_table_of(schema: str, view: str) -> sql.Identifier:
 def transitions_table(view: ViewDef) -> sql.Identifier:
     """Per-session table of a batch's DISTINCT transitions (values entering or leaving groups)."""
     return ident("pg_temp", f"cv_trans_{view.schema}_{view.name}")
-
-
-# --- streams --------------------------------------------------------------------------------------
-
-
-def create_state_table(stream: StreamDef) -> sql.Composed:
-    """DDL of a keyed stream's state: one row per key, holding the row's current values."""
-    assert stream.key is not None
-    columns = [
-        sql.SQL("{} {}{}").format(ident(c.name), raw(c.type), sql.SQL(" NOT NULL" if c.name in stream.key else ""))
-        for c in stream.columns
-    ]
-    return sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
-        state_table(stream), comma_list(columns), comma_list([ident(k) for k in stream.key])
-    )
-
-
-def create_delta_table(stream: StreamDef) -> sql.Composed:
-    """DDL of the session's delta table; emptied at every commit."""
-    columns = [sql.SQL("{} {}").format(ident(c.name), raw(c.type)) for c in stream.columns]
-    return sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (_cv_sign int2 NOT NULL, {}) ON COMMIT DELETE ROWS").format(
-        delta_table(stream), comma_list(columns)
-    )
-
-
-def batch_to_deltas(stream: StreamDef) -> sql.Composed:
-    """One statement: a batch (parallel arrays: op, then each column) into deltas.
-
-    Keyed streams replay each key's changes against its stored presence and keep the *effective*
-    ones: an insert of an absent key or a delete of a present one (a change is effective exactly when
-    its op differs from the previous change of its key, or, for the first, from the stored presence).
-    A delete takes away the values that the previous effective insert (or the stored row) put there.
-    So a repeated like changes nothing, unlike + like moves the row to its new values, and any batching
-    of the same events gives the same views. A replayed batch leaves the state and every exact
-    aggregate as they were, but its like + unlike of a pair does reach monotonic aggregates (hll) again:
-    replays are for the offsets to prevent. The stored rows of the batch's keys are locked in key
-    order first.
-    """
-    names = [ident(c.name) for c in stream.columns]
-    # Each column is one array literal (pipelines.cv.arrays): PostgreSQL parses it in C, where
-    # psycopg's array dumpers would spend a Python call per value in the committing thread.
-    arrays = [sql.SQL("%t::{}[]").format(raw(c.type)) for c in stream.columns]
-    batch = sql.SQL("SELECT * FROM unnest(%t::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
-        comma_list(arrays), comma_list(names)
-    )
-    if stream.key is None:
-        return sql.SQL("INSERT INTO {} (_cv_sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
-            delta_table(stream), comma_list(names), comma_list(names), batch
-        )
-    keys = [ident(k) for k in stream.key]
-    key = comma_list(keys)
-    others = [ident(c.name) for c in stream.columns if c.name not in stream.key]
-
-    def match(left: str, right: str) -> sql.Composable:
-        return sql.SQL(" AND ").join(sql.SQL(f"{left}.{{0}} = {right}.{{0}}").format(k) for k in keys)
-
-    removed_values = [
-        sql.SQL("t.{0}").format(n)
-        if n in keys
-        else sql.SQL(
-            "CASE WHEN t.op = 1 THEN t.{0} WHEN lag(t.seq) OVER w IS NULL THEN s.{0} ELSE lag(t.{0}) OVER w END AS {0}"
-        ).format(n)
-        for n in names
-    ]
-    # Keys stored before the batch whose last effective change is an insert were deleted and inserted
-    # again: they keep their row and take the new values. Absent keys get a plain INSERT (cheaper than
-    # ON CONFLICT's speculative insertion; the single writer per key makes a conflict an error).
-    update = (
-        sql.SQL(
-            " upd AS (UPDATE {state} AS st SET {sets} FROM fin WHERE fin.op = 1 AND fin.stored AND {st_fin}),"
-        ).format(
-            state=state_table(stream),
-            sets=comma_list([sql.SQL("{0} = fin.{0}").format(o) for o in others]),
-            st_fin=match("st", "fin"),
-        )
-        if others
-        else sql.SQL("")
-    )
-    return sql.SQL(
-        "WITH b AS ({batch}),"
-        " s AS (SELECT * FROM {state} WHERE ({key}) IN (SELECT {key} FROM b) ORDER BY {key} FOR UPDATE),"
-        " e AS (SELECT b.*, lag(b.op) OVER (PARTITION BY {b_key} ORDER BY b.seq) AS prev_op,"
-        " s.{first_key} IS NOT NULL AS stored FROM b LEFT JOIN s ON {b_s}),"
-        " t AS (SELECT * FROM e WHERE op <> coalesce(prev_op, CASE WHEN stored THEN 1 ELSE -1 END)),"
-        " tv AS (SELECT t.op, t.seq, t.stored, {removed_values} FROM t LEFT JOIN s ON {t_s}"
-        " WINDOW w AS (PARTITION BY {t_key} ORDER BY t.seq)),"
-        " fin AS (SELECT DISTINCT ON ({key}) * FROM tv ORDER BY {key}, seq DESC),"
-        " ins AS (INSERT INTO {state} ({cols}) SELECT {cols} FROM fin WHERE op = 1 AND NOT stored ORDER BY {key}),"
-        "{update}"
-        " del AS (DELETE FROM {state} AS st USING fin WHERE fin.op = -1 AND fin.stored AND {st_fin})"
-        " INSERT INTO {delta} (_cv_sign, {cols}) SELECT op, {cols} FROM tv"
-    ).format(
-        batch=batch,
-        state=state_table(stream),
-        key=key,
-        first_key=keys[0],
-        b_key=comma_list([sql.SQL("b.{}").format(k) for k in keys]),
-        b_s=match("b", "s"),
-        removed_values=comma_list(removed_values),
-        t_s=match("t", "s"),
-        t_key=comma_list([sql.SQL("t.{}").format(k) for k in keys]),
-        cols=comma_list(names),
-        update=update,
-        st_fin=match("st", "fin"),
-        delta=delta_table(stream),
-    )
-
-
-def batch_source(stream: StreamDef, shipped: tuple[str, ...]) -> sql.Composed:
-    """An append-only stream's batch read straight from its parameters, as deltas of sign +1.
-
-    Only `shipped` columns (those some view reads) travel, one array literal each; the others
-    are typed NULLs, so the source has the same columns as the delta table it stands in for. No
-    temporary table is written: each view aggregates the parameters in its own upsert.
-    """
-    names = [ident(c) for c in shipped]
-    columns = [
-        ident(c.name) if c.name in shipped else sql.SQL("NULL::{} AS {}").format(raw(c.type), ident(c.name))
-        for c in stream.columns
-    ]
-    types = {c.name: c.type for c in stream.columns}
-    arrays = [sql.SQL("%t::{}[]").format(raw(types[c])) for c in shipped]
-    return sql.SQL("(SELECT 1::int2 AS _cv_sign, {} FROM unnest({}) AS b({}))").format(
-        comma_list(columns), comma_list(arrays), comma_list(names)
-    )
-
-
-def referenced_columns(view: ViewDef) -> set[str]:
-    """The stream columns a view's groups, aggregates, filters and join read (a superset: any such name)."""
-    expressions = [g.sql for g in view.groups] + [a.arg_sql for a in view.aggregates if a.arg_sql]
-    expressions += [a.filter_sql for a in view.aggregates if a.filter_sql]
-    if view.where_sql:
-        expressions.append(view.where_sql)
-    if view.join is not None:
-        expressions.append(view.join.on_sql)
-    names: set[str] = set()
-    for expression in expressions:
-        for node in walk(pglast.parse_sql(f"SELECT {expression}")[0].stmt.targetList):
-            if isinstance(node, ast.ColumnRef) and isinstance(node.fields[-1], ast.String):
-                names.add(node.fields[-1].sval)
-    return names
-
-
-def backfill_source(stream: StreamDef) -> sql.Composed:
-    """The current state seen as deltas: what a new view over a keyed stream starts from."""
-    return sql.SQL("(SELECT 1::int2 AS _cv_sign, * FROM {})").format(state_table(stream))
 
 
 # --- views ----------------------------------------------------------------------------------------
@@ -250,6 +92,8 @@ def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> li
     expired_by = view.bucket.name if view.ttl and view.bucket else windows.STEP_COLUMN if view.window else None
     if expired_by:  # retention deletes by time
         statements.append(sql.SQL("CREATE INDEX ON {} ({})").format(storage_table(view), ident(expired_by)))
+    for index, _ in extremes.kept_extremes(view, stream):
+        statements += extremes.create_counts_table(view, index, types.groups, types.aggregates[index])
     if view.distinct_arg is not None and not distinct_is_covered(view, stream):
         statements.append(
             sql.SQL(
@@ -302,6 +146,15 @@ def _distinct_filter(view: ViewDef) -> sql.Composable:
     not_null = sql.SQL("({}) IS NOT NULL").format(raw(view.distinct_arg or ""))
     where = _delta_filter(view)
     return (where + sql.SQL(" AND ") + not_null) if where.as_string() else sql.SQL(" WHERE ") + not_null
+
+
+def update_extreme_counts(view: ViewDef, stream: StreamDef, source: sql.Composable) -> list[sql.Composed]:
+    """Before the upsert: the value counts behind min/max over a keyed stream move by the batch."""
+    statements = []
+    for i, a in extremes.kept_extremes(view, stream):
+        statements += [extremes.update_counts(view, i, a, _from(view, source), _delta_filter(view))]
+        statements += [extremes.forget_zeros(view, i)]
+    return statements
 
 
 def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
@@ -394,8 +247,10 @@ def apply_deltas(
     """
     group_names = [ident(g.name) for g in view.groups]
     by_position = _positions(len(view.groups))
+    # min/max over a keyed stream: left as they are here, read from their value counts by fix_extremes.
+    merges = {a.name: sql.SQL("v.{}").format(ident(a.name)) for _, a in extremes.kept_extremes(view, stream)}
     if view.distinct_arg is None:
-        columns = stored_columns(view, sql.SQL("_cv_sign"), None, states=states)
+        columns = stored_columns(view, sql.SQL("_cv_sign"), None, states=states, extreme_merges=merges)
         group_exprs = _group_exprs(view)
         body = sql.SQL("SELECT {groups}, {batch} FROM {source}{where} GROUP BY {pos} ORDER BY {pos}").format(
             groups=comma_list(group_exprs),
@@ -407,7 +262,7 @@ def apply_deltas(
     elif counts_from_transitions(view, stream):
         # One pass over the netted transitions instead of two over the deltas (see the function).
         sign = sql.SQL("t.sign")
-        columns = stored_columns(view, sign, sql.SQL("t.value"), rows_sign=sign, states=states)
+        columns = stored_columns(view, sign, sql.SQL("t.value"), rows_sign=sign, states=states, extreme_merges=merges)
         body = sql.SQL("SELECT {groups}, {batch} FROM {trans} AS t GROUP BY {pos} ORDER BY {pos}").format(
             groups=comma_list([sql.SQL("t.{}").format(n) for n in group_names]),
             batch=comma_list([c.batch for c in columns]),
@@ -419,7 +274,9 @@ def apply_deltas(
         # its own, so that the outer aggregation needs no stream or joined table column.
         inputs, renamed = _aggregate_inputs(view)
         transitions = transitions_table(view) if uses_refs(view, stream) else _netted_transitions(view, source)
-        columns = stored_columns(view, sql.SQL("_cv_tsign"), sql.SQL("_cv_value"), states=states, aggregates=renamed)
+        columns = stored_columns(
+            view, sql.SQL("_cv_tsign"), sql.SQL("_cv_value"), states=states, aggregates=renamed, extreme_merges=merges
+        )
         slots = [ident(f"_cv_g{i}") for i in range(len(view.groups))]
         body = sql.SQL(
             "SELECT {slots}, {batch} FROM ("
@@ -449,12 +306,34 @@ def apply_deltas(
         body=body,
         merges=comma_list([sql.SQL("{} = {}").format(ident(c.target), c.merge) for c in columns]),
     )
-    if view.is_monotonic:
+    if view.is_monotonic and not merges:
         return upsert
+    # The rows it emptied (to delete, unless the view keeps empty groups) and the rows it kept (whose
+    # min/max over a keyed stream `fix_extremes` then reads from their value counts).
+    emptied = "array_agg(tid) FILTER (WHERE n <= 0)" if not view.is_monotonic else "NULL::tid[]"
+    kept = "array_agg(tid) FILTER (WHERE n > 0)" if merges else "NULL::tid[]"
     return sql.SQL(
         "WITH up AS ({upsert} RETURNING v.ctid AS tid, v.{rows} AS n)"
-        " SELECT coalesce(array_agg(tid) FILTER (WHERE n <= 0), '{{}}') FROM up"
-    ).format(upsert=upsert, rows=ident(ROWS))
+        " SELECT coalesce({emptied}, '{{}}'), coalesce({kept}, '{{}}') FROM up"
+    ).format(upsert=upsert, rows=ident(ROWS), emptied=sql.SQL(emptied), kept=sql.SQL(kept))
+
+
+def returns_rows(view: ViewDef, stream: StreamDef) -> bool:
+    """True when `apply_deltas` returns (emptied, kept) ctid arrays for the engine to act on."""
+    return not view.is_monotonic or bool(extremes.kept_extremes(view, stream))
+
+
+def fix_extremes(view: ViewDef, stream: StreamDef) -> sql.Composed | None:
+    """min/max over a keyed stream of the rows a batch kept (by ctid), read from their value counts.
+
+    A separate statement because the upsert's INSERT branch takes the batch's own extreme, which a
+    retraction later in the same batch may have taken away.
+    """
+    kept = extremes.kept_extremes(view, stream)
+    if not kept:
+        return None
+    sets = [sql.SQL("{} = {}").format(ident(a.name), extremes.read(view, i, a)) for i, a in kept]
+    return sql.SQL("UPDATE {} AS s SET {} WHERE ctid = ANY(%s::tid[])").format(storage_table(view), comma_list(sets))
 
 
 def _aggregate_inputs(view: ViewDef) -> tuple[list[tuple[str, str]], tuple[Aggregate, ...]]:
@@ -493,12 +372,14 @@ def delete_rows(view: ViewDef) -> sql.Composed:
     return sql.SQL("DELETE FROM {} WHERE ctid = ANY(%s::tid[])").format(storage_table(view))
 
 
-def expire(view: ViewDef) -> sql.Composed | None:
-    """Retention: delete time buckets older than the view's TTL, or a window's steps past it."""
+def expire(view: ViewDef, stream: StreamDef) -> list[sql.Composed]:
+    """Retention: delete time buckets older than the view's TTL (and their value counts), or a window's steps."""
     if view.window is not None:
-        return windows.expire(view, storage_table(view))
+        return [windows.expire(view, storage_table(view))]
     if not view.ttl or not view.bucket:
-        return None
-    return sql.SQL("DELETE FROM {} WHERE {} < now() - {}::interval").format(
+        return []
+    statement = sql.SQL("DELETE FROM {} WHERE {} < now() - {}::interval").format(
         storage_table(view), ident(view.bucket.name), sql.Literal(view.ttl)
     )
+    counts = [extremes.expire(view, i) for i, _ in extremes.kept_extremes(view, stream)]
+    return [statement, *(c for c in counts if c is not None)]

@@ -39,7 +39,7 @@ from pipelines.errors import StreamviewsError
 
 AggregateKind = Literal["count", "count_distinct", "sum", "min", "max", "set", "hll", "tdigest", "topk", "state"]
 # Aggregates that cannot forget a value: a retraction leaves them as they are.
-MONOTONIC: frozenset[str] = frozenset({"min", "max", "hll", "tdigest", "topk", "state"})
+MONOTONIC: frozenset[str] = frozenset({"hll", "tdigest", "topk", "state"})
 DISTINCT_KINDS: frozenset[str] = frozenset({"count_distinct", "set"})
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from pipelines.cv import arrays, catalog, compiler
+from pipelines.cv import arrays, catalog, compiler, stream_sql
 from pipelines.cv.definitions import StreamDef, ViewDef
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
@@ -38,6 +38,8 @@ class _ViewStatements:
     apply: sql.Composed
     after: tuple[sql.Composed, ...]
     delete_rows: sql.Composed
+    returns_rows: bool  # apply returns (emptied, kept) ctids
+    fix_extremes: sql.Composed | None  # min/max over a keyed stream, for the kept rows
 
 
 @dataclass(frozen=True)
@@ -87,10 +89,12 @@ class StreamMaintainer:
                 for statement in statements.before:
                     conn.execute(statement, params)
                 cursor = conn.execute(statements.apply, params)
-                if not statements.view.is_monotonic:
-                    emptied = cursor.fetchone()[0]
+                if statements.returns_rows:
+                    emptied, kept = cursor.fetchone()
                     if emptied:
                         conn.execute(statements.delete_rows, (emptied,))
+                    if kept and statements.fix_extremes is not None:
+                        conn.execute(statements.fix_extremes, (kept,))
                 for statement in statements.after:
                     conn.execute(statement, ())
         return deltas
@@ -105,8 +109,7 @@ class StreamMaintainer:
         plan = self._current_plan(conn)
         deleted = 0
         for compiled in plan.views:
-            statement = compiler.expire(compiled.view)
-            if statement is not None:
+            for statement in compiler.expire(compiled.view, plan.stream):
                 deleted += conn.execute(statement).rowcount
         return deleted
 
@@ -126,13 +129,13 @@ class StreamMaintainer:
         views = tuple(catalog.load_views(conn, streams, stream.name))
         shipped: tuple[int, ...] = ()
         if stream.key is None:
-            read = set().union(*(compiler.referenced_columns(c.view) for c in views))
+            read = set().union(*(stream_sql.referenced_columns(c.view) for c in views))
             shipped = tuple(i for i, c in enumerate(stream.columns) if c.name in read) or (0,)
-            source = compiler.batch_source(stream, tuple(stream.columns[i].name for i in shipped))
+            source = stream_sql.batch_source(stream, tuple(stream.columns[i].name for i in shipped))
             temp_tables = []
         else:
-            source = compiler.delta_table(stream)
-            temp_tables = [compiler.create_delta_table(stream)]
+            source = stream_sql.delta_table(stream)
+            temp_tables = [stream_sql.create_delta_table(stream)]
         per_view = []
         for compiled in views:
             view = compiled.view
@@ -142,10 +145,15 @@ class StreamMaintainer:
             per_view.append(
                 _ViewStatements(
                     view=view,
-                    before=(compiler.update_refs(view, source),) if refs else (),
+                    before=(
+                        *compiler.update_extreme_counts(view, stream, source),
+                        *((compiler.update_refs(view, source),) if refs else ()),
+                    ),
                     apply=compiler.apply_deltas(view, stream, source, compiled.types.states),
                     after=(compiler.drop_dead_refs(view),) if refs else (),
                     delete_rows=compiler.delete_rows(view),
+                    returns_rows=compiler.returns_rows(view, stream),
+                    fix_extremes=compiler.fix_extremes(view, stream),
                 )
             )
         log.info(
@@ -154,7 +162,7 @@ class StreamMaintainer:
             catalog_version=version,
             views=[c.view.qualified_name for c in views],
         )
-        to_deltas = compiler.batch_to_deltas(stream) if stream.key is not None else None
+        to_deltas = stream_sql.batch_to_deltas(stream) if stream.key is not None else None
         return _Plan(version, stream, views, to_deltas, tuple(per_view), tuple(temp_tables), shipped)
 
 

@@ -18,9 +18,9 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv import compiler, read_views, view_types
+from pipelines.cv import compiler, extremes, read_views, stream_sql, view_types
 from pipelines.cv.catalog import bump, lock_stream
-from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse
+from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, storage_name
 from pipelines.cv.statements import AlterView, Drop, with_options
 from pipelines.cv.view_types import ViewTypes
 from pipelines.logs import get_logger
@@ -81,12 +81,16 @@ def _create(conn: psycopg.Connection, view: ViewDef, stream: StreamDef, types: V
     conn.execute(write.format(storage, writer))
     if compiler.uses_refs(view, stream):
         conn.execute(write.format(compiler.refs_table(view), writer))
+    for index, _ in extremes.kept_extremes(view, stream):
+        conn.execute(write.format(extremes.counts_table(view, index), writer))
     if view.join is not None:  # the pipelines read the joined table's rows at ingest
         conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.SQL(view.join.table), writer))
     _create_read_view(conn, view, types)
     if stream.key is None:
         return "starts from now (append-only stream: no state to backfill from)"
-    source = compiler.backfill_source(stream)
+    source = stream_sql.backfill_source(stream)
+    for statement in compiler.update_extreme_counts(view, stream, source):
+        conn.execute(statement, ())
     if compiler.uses_refs(view, stream):
         conn.execute(compiler.create_transitions_table(view, types))
         conn.execute(compiler.update_refs(view, source), ())
@@ -248,3 +252,9 @@ def drop_view_relations(conn: psycopg.Connection, schema: str, view: str) -> Non
     conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(sql.Identifier(schema, view)))
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.storage_table_of(schema, view)))
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.refs_table_of(schema, view)))
+    counts = conn.execute(  # min/max value counts: <storage>__m<i>
+        "SELECT relname FROM pg_class WHERE relnamespace = 'cv'::regnamespace AND relkind = 'r' AND relname ~ %s",
+        (f"^{storage_name(schema, view)}__m[0-9]+$",),
+    ).fetchall()
+    for (table,) in counts:
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier("cv", table)))

@@ -158,7 +158,7 @@ class _KeptCalls:
                 _check_expression((child,), self.scope, what, self.user_aggregates)
         translation = translate(call, what, windowed=self.windowed)
         if self.stream.key is not None and not translation.retractable and translation.function != "hll_add_agg":
-            raise DefinitionError(_not_retractable(RawStream()(call), translation.function, self.stream.name, what))
+            raise DefinitionError(_not_retractable(RawStream()(call), self.stream.name, what))
         names = []
         for item in translation.stored:
             if item not in self.stored:
@@ -254,12 +254,7 @@ def _check_over_groups(node: ast.Node, group_names: set[str], out: str, what: st
             raise DefinitionError(f"{what}: subqueries are not supported in a continuous view")
 
 
-def _not_retractable(label: str, function: str, stream: str, what: str) -> str:
-    if function in {"min", "max"}:
-        return (
-            f"{what}: {label}: {function}() over a keyed stream is not supported yet: {stream}'s rows can be "
-            "retracted and the next extreme would have to be kept; use an append-only stream"
-        )
+def _not_retractable(label: str, stream: str, what: str) -> str:
     return (
         f"{what}: {label} cannot forget a retracted row, and {stream} has a key (its rows can be retracted); "
         "use it over an append-only stream"

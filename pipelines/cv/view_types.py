@@ -14,6 +14,7 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv import general
+from pipelines.cv.aggregate_calls import OWN_RESULT_TYPES
 from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, split_arguments
 from pipelines.cv.general import StateFunctions
 
@@ -85,7 +86,7 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
         types_of(["(" + view.where_sql + ")::boolean"])
     # Each call's result type, as PostgreSQL types the call itself: this also checks its arguments
     # the way users expect (avg(ts) fails as avg, not as the sum it is kept as). The readers cast to it.
-    call_types = ["jsonb" if call.function == "topk_agg" else types_of([call.sql])[0] for call in view.calls]
+    call_types = [OWN_RESULT_TYPES.get(call.function) or types_of([call.sql])[0] for call in view.calls]
     aggregate_types = []
     states = {}
     for aggregate in view.aggregates:

@@ -299,7 +299,6 @@ def test_a_view_added_later_is_backfilled_from_the_current_state(pg, writer, str
     [
         ("SELECT oid, sum(ts) AS s FROM {keyed} GROUP BY oid", "sum"),
         ("SELECT oid, count(*) AS n FROM {keyed} WHERE uid GROUP BY oid", "boolean"),
-        ("SELECT oid, min(uid) AS m FROM {keyed} GROUP BY oid", "append-only"),
         ("SELECT oid, percentile_cont(0.5) WITHIN GROUP (ORDER BY uid) AS p FROM {keyed} GROUP BY oid", "append-only"),
         ("SELECT oid, bit_or(ts) AS m FROM {keyed} GROUP BY oid", "append-only"),
         ("SELECT oid, avg(ts) AS m FROM {keyed} GROUP BY oid", "avg"),

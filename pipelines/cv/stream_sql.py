@@ -1,0 +1,171 @@
+"""A stream's side of maintenance: a batch of changes as deltas, and a keyed stream's state.
+
+A keyed stream's batch becomes deltas in a temporary table, in one statement that also moves the
+stream's state (`cv.state_<stream>`); an append-only stream's batch is read by each view straight from
+its array parameters. Either way the views (pipelines.cv.compiler) read rows with a sign, `_cv_sign`:
++1 for a row entering, -1 for a row leaving.
+"""
+
+from __future__ import annotations
+
+import pglast
+from pglast import ast
+from psycopg import sql
+
+from pipelines.cv.definitions import StreamDef, ViewDef, walk
+from pipelines.cv.sql_text import comma_list, ident, raw
+
+CV_SCHEMA = "cv"
+
+
+def state_table(stream: StreamDef) -> sql.Identifier:
+    """The table of a keyed stream's current rows."""
+    return ident(CV_SCHEMA, stream.state_table)
+
+
+def delta_table(stream: StreamDef) -> sql.Identifier:
+    """The per-session temporary table a batch's deltas land in."""
+    return ident("pg_temp", f"cv_delta_{stream.name}")
+
+
+def create_state_table(stream: StreamDef) -> sql.Composed:
+    """DDL of a keyed stream's state: one row per key, holding the row's current values."""
+    assert stream.key is not None
+    columns = [
+        sql.SQL("{} {}{}").format(ident(c.name), raw(c.type), sql.SQL(" NOT NULL" if c.name in stream.key else ""))
+        for c in stream.columns
+    ]
+    return sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
+        state_table(stream), comma_list(columns), comma_list([ident(k) for k in stream.key])
+    )
+
+
+def create_delta_table(stream: StreamDef) -> sql.Composed:
+    """DDL of the session's delta table; emptied at every commit."""
+    columns = [sql.SQL("{} {}").format(ident(c.name), raw(c.type)) for c in stream.columns]
+    return sql.SQL("CREATE TEMP TABLE IF NOT EXISTS {} (_cv_sign int2 NOT NULL, {}) ON COMMIT DELETE ROWS").format(
+        delta_table(stream), comma_list(columns)
+    )
+
+
+def batch_to_deltas(stream: StreamDef) -> sql.Composed:
+    """One statement: a batch (parallel arrays: op, then each column) into deltas.
+
+    Keyed streams replay each key's changes against its stored presence and keep the *effective*
+    ones: an insert of an absent key or a delete of a present one (a change is effective exactly when
+    its op differs from the previous change of its key, or, for the first, from the stored presence).
+    A delete takes away the values that the previous effective insert (or the stored row) put there.
+    So a repeated like changes nothing, unlike + like moves the row to its new values, and any batching
+    of the same events gives the same views. A replayed batch leaves the state and every exact
+    aggregate as they were, but its like + unlike of a pair does reach monotonic aggregates (hll) again:
+    replays are for the offsets to prevent. The stored rows of the batch's keys are locked in key
+    order first.
+    """
+    names = [ident(c.name) for c in stream.columns]
+    # Each column is one array literal (pipelines.cv.arrays): PostgreSQL parses it in C, where
+    # psycopg's array dumpers would spend a Python call per value in the committing thread.
+    arrays = [sql.SQL("%t::{}[]").format(raw(c.type)) for c in stream.columns]
+    batch = sql.SQL("SELECT * FROM unnest(%t::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
+        comma_list(arrays), comma_list(names)
+    )
+    if stream.key is None:
+        return sql.SQL("INSERT INTO {} (_cv_sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
+            delta_table(stream), comma_list(names), comma_list(names), batch
+        )
+    keys = [ident(k) for k in stream.key]
+    key = comma_list(keys)
+    others = [ident(c.name) for c in stream.columns if c.name not in stream.key]
+
+    def match(left: str, right: str) -> sql.Composable:
+        return sql.SQL(" AND ").join(sql.SQL(f"{left}.{{0}} = {right}.{{0}}").format(k) for k in keys)
+
+    removed_values = [
+        sql.SQL("t.{0}").format(n)
+        if n in keys
+        else sql.SQL(
+            "CASE WHEN t.op = 1 THEN t.{0} WHEN lag(t.seq) OVER w IS NULL THEN s.{0} ELSE lag(t.{0}) OVER w END AS {0}"
+        ).format(n)
+        for n in names
+    ]
+    # Keys stored before the batch whose last effective change is an insert were deleted and inserted
+    # again: they keep their row and take the new values. Absent keys get a plain INSERT (cheaper than
+    # ON CONFLICT's speculative insertion; the single writer per key makes a conflict an error).
+    update = (
+        sql.SQL(
+            " upd AS (UPDATE {state} AS st SET {sets} FROM fin WHERE fin.op = 1 AND fin.stored AND {st_fin}),"
+        ).format(
+            state=state_table(stream),
+            sets=comma_list([sql.SQL("{0} = fin.{0}").format(o) for o in others]),
+            st_fin=match("st", "fin"),
+        )
+        if others
+        else sql.SQL("")
+    )
+    return sql.SQL(
+        "WITH b AS ({batch}),"
+        " s AS (SELECT * FROM {state} WHERE ({key}) IN (SELECT {key} FROM b) ORDER BY {key} FOR UPDATE),"
+        " e AS (SELECT b.*, lag(b.op) OVER (PARTITION BY {b_key} ORDER BY b.seq) AS prev_op,"
+        " s.{first_key} IS NOT NULL AS stored FROM b LEFT JOIN s ON {b_s}),"
+        " t AS (SELECT * FROM e WHERE op <> coalesce(prev_op, CASE WHEN stored THEN 1 ELSE -1 END)),"
+        " tv AS (SELECT t.op, t.seq, t.stored, {removed_values} FROM t LEFT JOIN s ON {t_s}"
+        " WINDOW w AS (PARTITION BY {t_key} ORDER BY t.seq)),"
+        " fin AS (SELECT DISTINCT ON ({key}) * FROM tv ORDER BY {key}, seq DESC),"
+        " ins AS (INSERT INTO {state} ({cols}) SELECT {cols} FROM fin WHERE op = 1 AND NOT stored ORDER BY {key}),"
+        "{update}"
+        " del AS (DELETE FROM {state} AS st USING fin WHERE fin.op = -1 AND fin.stored AND {st_fin})"
+        " INSERT INTO {delta} (_cv_sign, {cols}) SELECT op, {cols} FROM tv"
+    ).format(
+        batch=batch,
+        state=state_table(stream),
+        key=key,
+        first_key=keys[0],
+        b_key=comma_list([sql.SQL("b.{}").format(k) for k in keys]),
+        b_s=match("b", "s"),
+        removed_values=comma_list(removed_values),
+        t_s=match("t", "s"),
+        t_key=comma_list([sql.SQL("t.{}").format(k) for k in keys]),
+        cols=comma_list(names),
+        update=update,
+        st_fin=match("st", "fin"),
+        delta=delta_table(stream),
+    )
+
+
+def batch_source(stream: StreamDef, shipped: tuple[str, ...]) -> sql.Composed:
+    """An append-only stream's batch read straight from its parameters, as deltas of sign +1.
+
+    Only `shipped` columns (those some view reads) travel, one array literal each; the others
+    are typed NULLs, so the source has the same columns as the delta table it stands in for. No
+    temporary table is written: each view aggregates the parameters in its own upsert.
+    """
+    names = [ident(c) for c in shipped]
+    columns = [
+        ident(c.name) if c.name in shipped else sql.SQL("NULL::{} AS {}").format(raw(c.type), ident(c.name))
+        for c in stream.columns
+    ]
+    types = {c.name: c.type for c in stream.columns}
+    arrays = [sql.SQL("%t::{}[]").format(raw(types[c])) for c in shipped]
+    return sql.SQL("(SELECT 1::int2 AS _cv_sign, {} FROM unnest({}) AS b({}))").format(
+        comma_list(columns), comma_list(arrays), comma_list(names)
+    )
+
+
+def referenced_columns(view: ViewDef) -> set[str]:
+    """The stream columns a view's groups, aggregates, filters and join read (a superset: any such name)."""
+    expressions = [g.sql for g in view.groups] + [a.arg_sql for a in view.aggregates if a.arg_sql]
+    expressions += [a.filter_sql for a in view.aggregates if a.filter_sql]
+    if view.where_sql:
+        expressions.append(view.where_sql)
+    if view.join is not None:
+        expressions.append(view.join.on_sql)
+    names: set[str] = set()
+    for expression in expressions:
+        for node in walk(pglast.parse_sql(f"SELECT {expression}")[0].stmt.targetList):
+            if isinstance(node, ast.ColumnRef) and isinstance(node.fields[-1], ast.String):
+                names.add(node.fields[-1].sval)
+    return names
+
+
+def backfill_source(stream: StreamDef) -> sql.Composed:
+    """The current state seen as deltas: what a new view over a keyed stream starts from."""
+    return sql.SQL("(SELECT 1::int2 AS _cv_sign, * FROM {})").format(state_table(stream))
