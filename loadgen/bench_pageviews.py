@@ -1,9 +1,12 @@
 """Page views through one stream runner, next to a bare consumer of the same messages. Prints a table.
 
 The issue's aggregation-heavy case: a declared stream of page views (`url` among `--urls` values,
-`uid`, `latency`) and a continuous view with count(*), sum(latency) and max(latency) per url, fed
-from a backlog of `--events` by ONE `python -m pipelines.cv.runner` process. Targets: >= 400,000
-events/s, and >= 50% of a bare consumer that reads and JSON-decodes the same messages.
+`uid`, `latency`) and one continuous view per url, fed from a backlog of `--events` by ONE
+`python -m pipelines.cv.runner` process. `--view` chooses the view (`loadgen.pageview_views`):
+`basic`, count(*), sum(latency) and max(latency), targets >= 400,000 events/s and >= 50% of a bare
+consumer that reads and JSON-decodes the same messages; or `issue13`, count(*), count(DISTINCT
+uid), avg(latency) and percentile_cont(0.99), target >= 134,000 events/s (PipelineDB 1.0 on that
+view, fed by COPY).
 
 1. Produce: `--events` JSON events `{"url": "/page/<n>", "uid": <int>, "latency": <ms, 2 decimals>}`
    to a new topic `bench-pv-<id>` (`--partitions`, keyed by url), urls uniform among `--urls`, uids
@@ -15,28 +18,28 @@ events/s, and >= 50% of a bare consumer that reads and JSON-decodes the same mes
    runner (`--streams bench_pv_<id> --group bench-pv-<id>`, as sv_writer, default batch settings
    unless `--batch-max`) and time the drain in `ops.kafka_offsets` (`bench_streamviews.wait_drained`),
    sampling the CPU of the runner, its PostgreSQL backends and the Kafka broker; then stop it and
-   check the view against what was produced.
+   check the view against what was produced (each view's own check, `loadgen.pageview_views`).
 
 Every name is throwaway and dropped at the end, also on failure or Ctrl-C. Figures only: a MISS
 never fails the command (a wrong view does).
 
-Usage: `python -m loadgen.bench_pageviews [--events 2000000] [--urls 10000]`.
+Usage: `python -m loadgen.bench_pageviews [--view basic|issue13|issue13_hll] [--events 2000000] [--urls 10000]`.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import msgspec
-import orjson
 import psycopg
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
@@ -47,6 +50,7 @@ from loadgen import seed_baselines as seed
 from loadgen.audit_pipelines import find_pid
 from loadgen.bench_social import Results, create_topic
 from loadgen.bench_streamviews import (
+    REPO_ROOT,
     Drain,
     PipelineWorkers,
     delete_topic,
@@ -55,18 +59,15 @@ from loadgen.bench_streamviews import (
     throwaway_definitions,
     wait_drained,
 )
+from loadgen.pageview_views import LATENCY_MEAN_CENTS, UIDS, VIEWS, Checked, PageViews, PageviewView, page_views
 from loadgen.seed_baselines import BenchmarkError
-from loadgen.workload import EventSource, new_rng
+from loadgen.workload import EventSource
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import KafkaSettings, PostgresSettings
 
 log = get_logger("loadgen.bench_pageviews")
 
-UIDS = 1_000_000  # uids are uniform in 1..UIDS
-LATENCY_MEAN_CENTS = 8_000  # latency in hundredths of a millisecond: exponential, mean 80 ms
-TARGET_EVENTS_PER_S = 400_000
-TARGET_SHARE = 0.5  # runner / (bare consumer + orjson.loads)
-CHECKED_URLS = 5  # urls whose view row is compared in full
+VIEW_NAME = "url_stats"  # the bench view, whichever `--view` defines it
 
 
 class PageviewSettings(BaseSettings):
@@ -74,7 +75,8 @@ class PageviewSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="BENCH_", extra="ignore", frozen=True)
 
-    # The events: how many, over how many urls, drawn from which seed.
+    # The view over them (loadgen.pageview_views.VIEWS), the events: how many, over how many urls, which seed.
+    view: Literal["basic", "issue13"] = "basic"
     events: int = Field(2_000_000, gt=0, description="page views produced and drained")
     urls: int = Field(10_000, gt=0, description="distinct urls, drawn uniformly")
     seed: int = 1
@@ -93,50 +95,14 @@ class PageView(msgspec.Struct):
     uid: int | None = None
 
 
-@dataclass(frozen=True)
-class PageViews:
-    """The events, column by column (url index, uid, latency in hundredths of ms), and their url names."""
-
-    urls: list[int]
-    uids: list[int]
-    cents: list[int]
-    names: list[str]
-
-    def encode(self, i: int) -> tuple[bytes, bytes]:
-        """Key (the url) and JSON value of event `i`."""
-        url = self.names[self.urls[i]]
-        return url.encode(), orjson.dumps({"url": url, "uid": self.uids[i], "latency": self.cents[i] / 100})
-
-    def expected(self) -> dict[str, tuple[int, int, int]]:
-        """What url_stats must hold: url -> (views, total latency in cents, max latency in cents)."""
-        views, total, peak = [0] * len(self.names), [0] * len(self.names), [0] * len(self.names)
-        for url, cents in zip(self.urls, self.cents, strict=True):
-            views[url] += 1
-            total[url] += cents
-            peak[url] = max(peak[url], cents)
-        return {name: (views[i], total[i], peak[i]) for i, name in enumerate(self.names) if views[i]}
-
-
-def page_views(count: int, urls: int, seed: int) -> PageViews:
-    """`count` events: urls uniform among `urls`, uids uniform, latencies exponential with 2 decimals."""
-    rng = new_rng(seed)
-    random, expo = rng.random, rng.expovariate
-    return PageViews(
-        [int(random() * urls) for _ in range(count)],
-        [1 + int(random() * UIDS) for _ in range(count)],
-        [1 + int(expo(1 / LATENCY_MEAN_CENTS)) for _ in range(count)],
-        [f"/page/{n}" for n in range(urls)],
-    )
-
-
-def definitions(schema: str, stream: str, topic: str, group: str) -> list[str]:
-    """The bench stream (no key: append-only, so max() is allowed) and its aggregating view.
+def definitions(schema: str, stream: str, topic: str, group: str, select: str) -> list[str]:
+    """The bench stream (no key: append-only, so max() and sketches are allowed) and the view `select` defines.
 
     The stream's `consumer_group` is the bench runner's: the supervised runner leaves it alone.
     """
     names = {
         "stream": sql.Identifier(stream),
-        "view": sql.Identifier(schema, "url_stats"),
+        "view": sql.Identifier(schema, VIEW_NAME),
         "topic": sql.Literal(topic),
         "group": sql.Literal(group),
     }
@@ -145,8 +111,7 @@ def definitions(schema: str, stream: str, topic: str, group: str) -> list[str]:
         for text in (
             "CREATE STREAM {stream} (url text NOT NULL, uid bigint, latency double precision NOT NULL, ts timestamptz)"
             " WITH (topic = {topic}, timestamp_column = 'ts', consumer_group = {group})",
-            "CREATE CONTINUOUS VIEW {view} AS SELECT url, count(*) AS views, sum(latency) AS total_latency,"
-            " max(latency) AS max_latency FROM {stream} GROUP BY url",
+            "CREATE CONTINUOUS VIEW {view} AS " + select,
         )
     ]
 
@@ -161,18 +126,19 @@ class RunnerRun:
     warnings: int
     exit_code: int
     log_path: str
-    problems: list[str]  # where the view differs from what was produced; empty when right
+    checked: Checked  # where the view differs from what was produced (none when right), and what was compared
 
 
 def run_runner(
     names: tuple[str, str, str, str],
     views: PageViews,
+    view: PageviewView,
     *,
     batch_max: int,
     kafka: KafkaSettings,
     postgres: PostgresSettings,
 ) -> RunnerRun:
-    """Define the stream and view, drain the topic with one runner, stop it, check the view; drop it all.
+    """Define the stream and `view`, drain the topic with one runner, stop it, check the view; drop it all.
 
     `names` are (topic, schema, stream, group); `batch_max` > 0 sets the runner's PIPELINE_BATCH_MAX.
     The drain is timed by polling `ops.kafka_offsets` every 50 ms from the process start to the poll
@@ -182,7 +148,8 @@ def run_runner(
     topic, schema, stream, group = names
     owner = seed.owner_conninfo(postgres)
     try:
-        with throwaway_definitions(schema, definitions(schema, stream, topic, group), [stream], postgres):
+        statements = definitions(schema, stream, topic, group, view.select)
+        with throwaway_definitions(schema, statements, [stream], postgres):
             ends = high_watermarks(topic, kafka)
             if sum(ends.values()) != len(views.urls):
                 raise BenchmarkError(f"{topic} holds {sum(ends.values())} records, expected {len(views.urls)}")
@@ -200,38 +167,11 @@ def run_runner(
             if drain.first_committed >= len(views.urls):
                 raise BenchmarkError("the runner's first batches held the whole backlog: produce more (--events)")
             totals, warnings = runner.totals()
-            problems = check_view(owner, schema, views)
-            return RunnerRun(len(views.urls), drain, totals, warnings, code, str(runner.log_paths[0]), problems)
+            with psycopg.connect(owner) as conn:
+                checked = view.check(conn, sql.Identifier(schema, VIEW_NAME), views)
+            return RunnerRun(len(views.urls), drain, totals, warnings, code, str(runner.log_paths[0]), checked)
     finally:
         forget_group(owner, group, topic, kafka)
-
-
-def check_view(conninfo: str, schema: str, views: PageViews) -> list[str]:
-    """Compare url_stats with the produced events: totals over all urls, every column for a few urls."""
-    expected = views.expected()
-    table = sql.Identifier(schema, "url_stats")
-    sample = sorted(expected)[:: max(1, len(expected) // CHECKED_URLS)][:CHECKED_URLS]
-    with psycopg.connect(conninfo) as conn:
-        urls, count, total = conn.execute(
-            sql.SQL("SELECT count(*), coalesce(sum(views), 0), coalesce(sum(total_latency), 0) FROM {}").format(table)
-        ).fetchone()
-        rows = conn.execute(
-            sql.SQL("SELECT url, views, total_latency, max_latency FROM {} WHERE url = ANY(%s)").format(table),
-            (sample,),
-        ).fetchall()
-    problems = []
-    produced = sum(cents for _, cents, _ in expected.values()) / 100
-    if (urls, count) != (len(expected), len(views.urls)):
-        problems.append(f"{urls} urls / {count} views in the view, produced {len(expected)} / {len(views.urls)}")
-    if not math.isclose(total, produced, rel_tol=1e-9):
-        problems.append(f"sum(total_latency) = {total!r}, produced {produced!r}")
-    found = {url: (n, t, m) for url, n, t, m in rows}
-    for url in sample:
-        n, cents, peak = expected[url]
-        got = found.get(url)
-        if got is None or got[0] != n or not math.isclose(got[1], cents / 100, rel_tol=1e-9) or got[2] != peak / 100:
-            problems.append(f"{url}: {got}, expected ({n}, {cents / 100}, {peak / 100})")
-    return problems
 
 
 Decode = bool | Callable[[bytes], object]  # what `seed.bare_consumer_rate` does with each value
@@ -246,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m loadgen.bench_pageviews`."""
     defaults = PageviewSettings()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--view", choices=sorted(VIEWS), default=defaults.view, help="the view over the stream (BENCH_VIEW)"
+    )
     parser.add_argument("--events", type=int, default=defaults.events, help="page views (BENCH_EVENTS)")
     parser.add_argument("--urls", type=int, default=defaults.urls, help="distinct urls (BENCH_URLS)")
     parser.add_argument(
@@ -267,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     topic, schema, stream, group = f"bench-pv-{run_id}", f"bench_{run_id}", f"bench_pv_{run_id}", f"bench-pv-{run_id}"
     log.info("start", **vars(args), topic=topic, schema=schema, kafka=kafka.describe())
 
+    view = VIEWS[args.view]
     views = page_views(args.events, args.urls, args.seed)
     results = Results()
     run: RunnerRun | None = None
@@ -291,32 +235,52 @@ def main(argv: list[str] | None = None) -> int:
                 results.measure(key, lambda d=decode: bare_consumer(topic, args.events, args.passes, kafka, d))
             names = (topic, schema, stream, group)
             run = results.measure(
-                "runner", lambda: run_runner(names, views, batch_max=args.batch_max, kafka=kafka, postgres=postgres)
+                "runner",
+                lambda: run_runner(names, views, view, batch_max=args.batch_max, kafka=kafka, postgres=postgres),
             )
         if run is not None:
             results.values["runner"] = run.drain.rate(run.events)  # the headline: start-up excluded
             results.values["runner_startup"] = run.drain.rate_with_startup(run.events)
     finally:
         delete_topic(admin, topic)
-    print_report(args, results, run)
+    print_report(args, view, results, run, postgres)
     failed = any(note.startswith("failed") for note in results.notes.values())
-    return 1 if failed or (run is not None and run.problems) else 0
+    return 1 if failed or (run is not None and run.checked.problems) else 0
 
 
-def print_report(args: argparse.Namespace, results: Results, run: RunnerRun | None) -> None:
-    """The table, the targets and the notes."""
-    facts = seed.postgres_facts()
-    cores = os.cpu_count()
-    print(
-        f"\npage views benchmark ({cores} cores; PostgreSQL {facts.get('server_version')},"
-        f" synchronous_commit={facts.get('synchronous_commit')}, shared_buffers={facts.get('shared_buffers')})"
+def source_commit() -> str:
+    """The checked-out commit, with `+ uncommitted changes` when the work tree differs; `unknown` outside git."""
+    git = ["git", "-C", str(REPO_ROOT)]
+    try:
+        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + (" + uncommitted changes" if status.stdout.strip() else "")
+
+
+def machine_line(postgres: PostgresSettings | None = None) -> str:
+    """What a report's figures were measured on: cores, the PostgreSQL settings that shape writes, the commit."""
+    facts = seed.postgres_facts(postgres)
+    return (
+        f"{os.cpu_count()} cores; PostgreSQL {facts.get('server_version')},"
+        f" synchronous_commit={facts.get('synchronous_commit')}, shared_buffers={facts.get('shared_buffers')};"
+        f" commit {source_commit()}"
     )
+
+
+def print_report(
+    args: argparse.Namespace, view: PageviewView, results: Results, run: RunnerRun | None, postgres: PostgresSettings
+) -> None:
+    """The table, the targets and the notes."""
+    cores = os.cpu_count()
+    print(f"\npage views benchmark ({machine_line(postgres)})")
     print(
         f"  workload: {args.events:,} events, url uniform among {args.urls:,}, uid uniform in 1..{UIDS:,},"
         f" latency exponential (mean {LATENCY_MEAN_CENTS / 100:g} ms, 2 decimals), no ts field (the stream's ts"
         f" takes the record timestamp); topic of {args.partitions} partitions keyed by url"
     )
-    print("  view: SELECT url, count(*), sum(latency), max(latency) FROM <stream> GROUP BY url (one runner)\n")
+    print(f"  view {args.view}: {view.select.format(stream='<stream>')} (one runner)\n")
     for label, key in (
         ("producer -> Kafka (msgs/s)", "producer"),
         (f"bare consumer, .value() only (msgs/s, median of {args.passes})", "consumer"),
@@ -328,18 +292,17 @@ def print_report(args: argparse.Namespace, results: Results, run: RunnerRun | No
         print(f"  {label:<58}{results.show(key):>14}")
     print("\n  targets")
     for label, denominator, target in (
-        ("runner / (bare consumer + orjson.loads)", "consumer_json", TARGET_SHARE),
+        ("runner / (bare consumer + orjson.loads)", "consumer_json", view.share_target),
         ("runner / (bare consumer + msgspec)", "consumer_msgspec", None),
         ("runner / bare consumer, .value() only", "consumer", None),
     ):
         verdict = f"    {results.verdict('runner', denominator, target)}" if target else ""
         print(f"  {label:<58}{results.ratio('runner', denominator):>14}{verdict}")
-    if "runner" in results.values:
-        met = "PASS" if results.values["runner"] >= TARGET_EVENTS_PER_S else "MISS"
-        verdict = f">= {TARGET_EVENTS_PER_S:,}/s  {met}"
-    else:
-        verdict = f">= {TARGET_EVENTS_PER_S:,}/s  (pending)"
-    print(f"  {'runner events/s':<58}{results.show('runner'):>14}    {verdict}")
+    rate = results.values.get("runner")
+    met = "(pending)" if rate is None else "PASS" if rate >= view.target else "MISS"
+    print(f"  {'runner events/s':<58}{results.show('runner'):>14}    >= {view.target:,}/s  {met}")
+    ratio = "(pending)" if rate is None else f"{rate / view.target:.2f}x"
+    print(f"  {'runner / target':<58}{ratio:>14}    target: {view.target_source}")
     if run is None:
         return
     drain, notes = run.drain, []
@@ -359,15 +322,11 @@ def print_report(args: argparse.Namespace, results: Results, run: RunnerRun | No
         + ", ".join(f"{role} {value:.2f}" for role, value in cpu.items())
         + "  (postgres = the runner's backends, kafka = the broker; bench = this process, polling)"
     )
-    notes.append(
-        "view check: "
-        + (
-            "; ".join(run.problems)
-            if run.problems
-            else f"sum(views) = {run.events:,}, sum(total_latency) and"
-            f" every column of {CHECKED_URLS} urls match what was produced"
-        )
-    )
+    checked = run.checked
+    if checked.problems:
+        notes.append("view check FAILED: " + "; ".join(checked.problems) + f" (compared {checked.compared})")
+    else:
+        notes.append(f"view check: {checked.compared} match what was produced")
     if run.exit_code:
         notes.append(f"runner exited {run.exit_code} on SIGTERM")
     notes.append(f"runner log: {run.log_path}")
