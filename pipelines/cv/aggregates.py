@@ -108,8 +108,11 @@ def stored_columns(
             columns.append(StoredColumn(aggregate.name, batch, merge))
         elif aggregate.kind == "tdigest":
             merge = _either(col, sql.SQL("tdigest_union(v.{0}, excluded.{0})").format(col))
-            batch = sql.SQL("tdigest({}, {}) FILTER (WHERE _cv_sign > 0{})").format(
-                a, sql.Literal(int(aggregate.params[0])), _and(where)
+            # A digest built from the group's values in one call: the aggregate tdigest() keeps a ~13 kB
+            # state per group while the batch is grouped, which made a 50,000-row batch of 10,000
+            # groups 4x slower than collecting the values first.
+            batch = sql.SQL("tdigest_add(NULL::tdigest, array_agg({}) FILTER (WHERE _cv_sign > 0{}), {})").format(
+                a, _and(where), sql.Literal(int(aggregate.params[0]))
             )
             columns.append(StoredColumn(aggregate.name, batch, merge))
         elif aggregate.kind == "topk":
