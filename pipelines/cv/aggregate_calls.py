@@ -5,21 +5,21 @@ taken from (count(x) and sum(x)), and its read view computes the average from th
 becomes one or more *stored aggregates* (kinds in pipelines.cv.aggregates) and a *reader*: SQL over
 the stored values, given the call's result type as PostgreSQL resolves it.
 
-| call                                        | stored                                   | exact |
-| count, array_agg(DISTINCT)                  | itself                                   | yes   |
-| approx_count_distinct(x)                    | a HyperLogLog sketch (append-only)        | ~     |
-| min, max                                    | itself (+ value counts over keyed streams)| yes   |
-| sum(x)                                      | count(x), sum(x): NULL over no values    | yes   |
-| avg(x)                                      | count(x), sum(x)                         | yes   |
-| var_*, variance, stddev_*                   | count(x), sum(x), sum(x*x), in numeric   | yes   |
-| corr, covar_*, regr_* (y, x)                | n, sums of x, y, x*x, y*y, x*y, numeric  | yes   |
-| bool_and / every / bool_or                  | count(x), count(x) FILTER (WHERE x)      | yes   |
-| percentile_cont(p or array) WITHIN GROUP    | a t-digest (extension tdigest)           | ~     |
-| topk_agg(x, k)                              | a mergeable Misra-Gries summary          | ~     |
-| any aggregate with a combine function       | its transition state (pg_aggregate)      | yes   |
+| call                                     | stored                                      | exact |
+| count, array_agg(DISTINCT)               | itself                                      | yes   |
+| min, max                                 | itself (+ value counts over keyed streams)  | yes   |
+| sum(x)                                   | count(x), sum(x): NULL over no values       | yes   |
+| avg(x)                                   | count(x), sum(x)                            | yes   |
+| var_*, variance, stddev_*                | count(x), sum(x), sum(x*x), in numeric      | yes   |
+| corr, covar_*, regr_* (y, x)             | n, sums of x, y, x*x, y*y, x*y, in numeric  | yes   |
+| bool_and / every / bool_or               | count(x), count(x) FILTER (WHERE x)         | yes   |
+| approx_count_distinct(x)                 | a HyperLogLog sketch                        | ~     |
+| percentile_cont(p or array) WITHIN GROUP | a t-digest (extension tdigest)              | ~     |
+| topk_agg(x, k)                           | a mergeable Misra-Gries summary             | ~     |
+| any aggregate with a combine function    | its transition state (pg_aggregate)         | yes   |
 
 Sums of powers are kept in numeric, so variances and regressions equal PostgreSQL's own up to the
-last digits of a division, and a retraction takes a value away exactly. The last three cannot forget
+last digits of a division, and a retraction takes a value away exactly. The last four cannot forget
 a value, so they need an append-only stream.
 
 In a sliding-window view the stored values of a group's steps are merged at read time, and
@@ -39,7 +39,8 @@ from pipelines.cv.definitions import AggregateKind, DefinitionError
 # A reader turns the stored values (SQL, in the call's order) and the call's result type into SQL.
 Reader = Callable[[list[str], str], str]
 
-TDIGEST_COMPRESSION = 100  # centroids per digest: p99 within ~0.1% of rank on smooth data
+# Centroids per digest: p99 within ~0.1% of rank over many values; over 50 or fewer it is the maximum.
+TDIGEST_COMPRESSION = 100
 # How many values a top-K summary keeps per k asked for; cv.topk_capacity() in SQL is the same rule.
 TOPK_MIN_CAPACITY = 100
 TOPK_CAPACITY_PER_K = 10
@@ -248,6 +249,8 @@ def translate(call: ast.FuncCall, what: str, *, windowed: bool) -> Translation:
     if name == "exact_count_distinct":  # PipelineDB's name for the exact count
         if len(args) != 1:
             raise DefinitionError(f"{what}: {label} takes one argument")
+        if windowed:
+            raise DefinitionError(f"{what}: {label}: a sliding window only estimates distinct counts")
         return _distinct("count", args, where, label, what, windowed)
     if name == "approx_count_distinct":  # a HyperLogLog estimate, as PipelineDB kept count(DISTINCT)
         if len(args) != 1:
