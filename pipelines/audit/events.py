@@ -17,6 +17,7 @@ from pipelines.runtime.events import (
     EPOCH,
     MAX_EPOCH_MS,
     InvalidEvent,
+    RepeatedFields,
     check_text,
     from_epoch_ms,
     json_text,
@@ -36,6 +37,7 @@ _AUDIT_REQUIRED = ("uid", "content")
 _AUDIT_RESERVED = frozenset(("uid", "ts", "content", "pg_table", "pg_ctid", "index_error", "shard", "fields"))
 _EXTRA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 _CHECKED_NAMES: set[str] = set()  # optional field names already found valid (bounded)
+_REPEATED = RepeatedFields(("uid", "ts", "content"))  # the contract's fields may not be given twice
 
 
 class AuditEvent(NamedTuple):
@@ -130,7 +132,7 @@ def decode_audit(key: bytes | None, value: bytes | None, timestamp_ms: int) -> A
     """
     if not value:
         raise InvalidEvent("empty", "value is empty" if value is not None else "value is null (a tombstone?)")
-    event = load_object(value, MAX_AUDIT_BYTES)
+    event = load_object(value, MAX_AUDIT_BYTES, _REPEATED)
     uid = read_id(event, "uid")
     _check_key(key, "uid", uid)
     content = event.get("content")

@@ -46,7 +46,7 @@ from pipelines.cv.definitions import DefinitionError, StreamDef
 from pipelines.cv.fast_json import FastJson
 from pipelines.cv.fields import Field
 from pipelines.cv.values import ANY_JSON, as_written
-from pipelines.runtime.events import DELETE, INSERT, InvalidEvent
+from pipelines.runtime.events import DELETE, INSERT, InvalidEvent, RepeatedFields
 
 DEBEZIUM_OPS = {"c": INSERT, "r": INSERT, "u": INSERT, "d": DELETE}
 
@@ -116,6 +116,7 @@ class StreamDecoder:
         self._table_checks = tuple(compile_check(c, columns, what) for c in stream.checks)
         self._allowed = frozenset(names) | ({stream.action_field} if stream.action_field else set())
         self._reject_unknown = stream.unknown_fields == "reject"
+        self._repeated = RepeatedFields(self._allowed)  # a column or the action field given twice
         self._key_index = names.index(stream.kafka_key) if stream.kafka_key else None
         self._actions = {a: INSERT for a in stream.insert_actions} | {a: DELETE for a in stream.delete_actions}
         self._fast = (
@@ -158,6 +159,7 @@ class StreamDecoder:
         event = _load_object(value)
         if stream.format == "debezium":
             return self._debezium(event, record_ms)
+        self._repeated(value)
         row = self._row(event, record_ms)
         self._check_key(key, row)
         return self._op(event), tuple(row[i] for i in self._out)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from itertools import compress
-from operator import attrgetter
+from operator import attrgetter, methodcaller
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
@@ -22,12 +22,26 @@ from pipelines.cv.checks import CompiledCheck
 from pipelines.cv.definitions import StreamDef
 from pipelines.cv.fields import Field
 from pipelines.cv.values import ANY_JSON, INT_RANGES, INTEGER, NUMBER, as_real
-from pipelines.runtime.events import INSERT, InvalidEvent, from_epoch_ms
+from pipelines.runtime.events import INSERT, InvalidEvent, from_epoch_ms, quoted_names, repeat_suspects
 
 if TYPE_CHECKING:
     from pipelines.cv.decoding import RecordLike
 
 _UNSET = msgspec.UNSET
+# A column kind's JSON values, as the quote count of `FastJson._repeated` sees them.
+_QUOTE_KINDS = {
+    "text": "str",
+    "varchar": "str",
+    "date": "str",
+    "uuid": "str",
+    "timestamptz": "mixed",  # RFC 3339 text or epoch milliseconds
+    "smallint": "none",
+    "integer": "none",
+    "bigint": "none",
+    "double": "none",
+    "real": "none",
+    "boolean": "none",
+}
 
 
 class _Fallback(Exception):
@@ -103,6 +117,19 @@ class FastJson:
         self.checks = [c for f in self.fields for c in f.checks if c.bounds is None] + list(table_checks)
         self.key_index = key_index
         self.out = out
+        # Fields that must not be given twice (see runtime.events.repeat_suspects), with the getters
+        # telling how many records hold each.
+        names = [f.name for f in self.fields] + ([stream.action_field] if stream.action_field else [])
+        self.watched = quoted_names(names)
+        self.watched_getters = [*self.getters, *([attrgetter("action")] if stream.action_field else [])]
+        # How each watched field's values count in quotes: all strings, strings or not, never strings.
+        # None: a column whose values msgspec leaves raw (numeric, jsonb) hides keys from the count.
+        kinds = [_QUOTE_KINDS.get(f.kind) for f in self.fields] + ["str"] * bool(stream.action_field)
+        self.quote_kinds: list[str] | None = None if None in kinds else kinds  # type: ignore[assignment]
+        # A required field has a value in every record msgspec reads (counting its values is not free).
+        self.required = [f.not_null and f.default is None and not f.is_timestamp for f in self.fields] + [False] * bool(
+            stream.action_field
+        )
 
     def decode(self, records: Sequence[RecordLike]) -> tuple[list[int], list[list[Any]], list[int]]:
         """The ops and output columns of the records it vouches for, and the positions of the others."""
@@ -126,7 +153,10 @@ class FastJson:
                 events.append(self.placeholder)  # all None: flows through every step unnoticed
                 continue
             break
-        columns = [self._column(f, get, convert, events, records, bad) for f, get, convert in self.column_plan]
+        raws = [list(map(get, events)) for get in self.watched_getters]
+        bad.update(self._repeated(values, raws, bad))
+        fields = zip(self.fields, raws[: len(self.fields)], self.converters, strict=True)  # raws[-1]: the action
+        columns = [self._column(f, raw, convert, records, bad) for f, raw, convert in fields]
         for check in self.checks:
             args = [columns[i] for i in check.columns]
             try:
@@ -153,11 +183,6 @@ class FastJson:
             keep[p] = False
         return list(compress(ops, keep)), [list(compress(column, keep)) for column in out], sorted(bad)
 
-    @property
-    def column_plan(self) -> zip:
-        """Each field with its getter and converter."""
-        return zip(self.fields, self.getters, self.converters, strict=True)
-
     def _readable(self, value: bytes | None) -> bool:
         if not value or len(value) > self.limit:
             return False
@@ -168,16 +193,38 @@ class FastJson:
                 return False
         return True
 
+    def _repeated(self, values: list[bytes], raws: list[list[Any]], failed: set[int]) -> set[int]:
+        """The records that may give a field twice (JSON parsers keep the last): the reference decides.
+
+        A whole batch is cleared at once by counting its quotes: each key is two, each string value
+        two more, so when the batch holds exactly as many as the fields msgspec found (a null value
+        is not counted, and an escaped quote is one more), no record wrote a key it did not read.
+        Otherwise (nulls, escapes, numeric or jsonb columns whose values are not typed here), each
+        watched name is counted (runtime.events.repeat_suspects).
+        """
+        unread = len(failed)  # records msgspec could not read: their placeholder holds None everywhere
+        holding = [
+            len(raw) - unread if required else len(raw) - raw.count(None) - raw.count(_UNSET)
+            for raw, required in zip(raws, self.required, strict=True)
+        ]
+        if self.quote_kinds is not None:
+            strings = [
+                h if kind == "str" else list(map(type, raw)).count(str) if kind == "mixed" else 0
+                for h, raw, kind in zip(holding, raws, self.quote_kinds, strict=True)
+            ]
+            if sum(map(methodcaller("count", b'"'), values)) == 2 * (sum(holding) + sum(strings)):
+                return set()
+        return repeat_suspects(values, self.watched, holding)
+
     def _column(
         self,
         f: Field,
-        get: Callable[[Any], Any],
+        column: list[Any],
         convert: Callable[[Any], Any] | None,
-        events: list[Any],
         records: Sequence[RecordLike],
         bad: set[int],
     ) -> list[Any]:
-        column = list(map(get, events))
+        """A column from its values as msgspec read them (`column`, changed in place or replaced)."""
         if convert is not None:
             try:
                 column = [v if v is None or v is _UNSET else convert(v) for v in column]

@@ -10,18 +10,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import pglast
 import psycopg
+from pglast import ast
 from psycopg import sql
 
 from pipelines.cv import general
 from pipelines.cv.aggregate_calls import OWN_RESULT_TYPES
-from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, split_arguments
+from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, split_arguments, walk
 from pipelines.cv.general import StateFunctions
 
 
 @dataclass(frozen=True)
 class ViewTypes:
-    """Column types of a view, resolved by PostgreSQL (see catalog.resolve_types).
+    """Column types of a view, resolved by PostgreSQL (see `resolve`).
 
     `calls`: each aggregate call's result type; `states`: how aggregates kept as their transition
     state are merged and finalized, by stored column (see pipelines.cv.general).
@@ -79,6 +81,7 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
             raise DefinitionError(f"continuous view {view.qualified_name}: {e.diag.message_primary or e}") from e
         return list(row)
 
+    _refuse_volatile(conn, view)
     group_types = types_of([g.sql for g in view.groups])
     if view.join is not None:
         types_of(["(" + view.join.on_sql + ")::boolean"])
@@ -116,3 +119,29 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
             aggregate_types.append(arg_type + "[]" if aggregate.kind == "set" else arg_type)
     distinct = types_of([view.distinct_arg])[0] if view.distinct_arg else None
     return ViewTypes(tuple(group_types), tuple(aggregate_types), distinct, tuple(call_types), states)
+
+
+def _refuse_volatile(conn: psycopg.Connection, view: ViewDef) -> None:
+    """Only immutable and stable functions: the pipelines evaluate a view's expressions on every batch.
+
+    A volatile one (pg_sleep, set_config, random, nextval, ...) would act or differ at each batch and
+    replay. Checked by name: a name with any volatile overload is refused.
+    """
+    expressions = [g.sql for g in view.groups]
+    expressions += [e for a in view.aggregates for e in (a.arg_sql, a.filter_sql) if e]
+    expressions += [e for e in (view.where_sql, view.join.on_sql if view.join else None) if e]
+    names = set()
+    for expression in expressions:
+        for node in walk(pglast.parse_sql(f"SELECT {expression}")[0].stmt):
+            if isinstance(node, ast.FuncCall):
+                names.add(node.funcname[-1].sval)
+    volatile = conn.execute(
+        "SELECT DISTINCT proname FROM pg_proc WHERE proname = ANY(%s) AND provolatile = 'v' ORDER BY 1",
+        (sorted(names),),
+    ).fetchall()
+    if volatile:
+        listed = ", ".join(f"{name}()" for (name,) in volatile)
+        raise DefinitionError(
+            f"continuous view {view.qualified_name}: {listed} is volatile; a view may only use immutable or "
+            "stable functions (the pipelines evaluate it on every batch)"
+        )

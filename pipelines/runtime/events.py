@@ -8,7 +8,10 @@ counts it, so what reaches PostgreSQL is exactly what the producer meant.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from operator import methodcaller
 from typing import Any
 
 import orjson
@@ -40,6 +43,7 @@ REASONS = (
     "self_follow",
     "invalid_text",
     "ts_out_of_range",
+    "duplicate_field",
 )
 
 DETAIL_LIMIT = 200
@@ -75,8 +79,11 @@ class InvalidEvent(StreamviewsError):
         return f"{self.reason}: {self.detail}"
 
 
-def load_object(value: bytes, limit: int) -> dict[str, Any]:
-    """A record value as a JSON object, at most `limit` bytes (checked before parsing)."""
+def load_object(value: bytes, limit: int, repeated: RepeatedFields | None = None) -> dict[str, Any]:
+    """A record value as a JSON object, at most `limit` bytes (checked before parsing).
+
+    `repeated`: the fields that must not be given twice.
+    """
     if len(value) > limit:
         # Before parsing: the limit also bounds the work a hostile record can cause.
         raise InvalidEvent("oversized", f"value is {len(value)} bytes, over the {limit}-byte limit")
@@ -86,7 +93,70 @@ def load_object(value: bytes, limit: int) -> dict[str, Any]:
         raise InvalidEvent("malformed_json", f"value is not JSON: {e}") from None
     if type(event) is not dict:
         raise InvalidEvent("malformed_json", f"value must be a JSON object, got {json_text(event)}")
+    if repeated is not None:
+        repeated(value)
     return event
+
+
+# --- a field given twice --------------------------------------------------------------------------------
+# JSON parsers keep the last of a key given twice, so {"action": "unlike", "action": "like"} would be
+# applied as a like. A field that matters (a column, the action field) given twice is rejected. The
+# exact check parses again, so it runs only on the records a cheap test cannot clear: a watched key
+# written out twice (`"uid"` appearing twice anywhere), or any escape (an escaped key can hide a name).
+
+
+def quoted_names(names: Iterable[str]) -> tuple[bytes, ...]:
+    """The names as they appear in compact JSON text, quoted: what `may_repeat` looks for."""
+    return tuple(json.dumps(n).encode() for n in names)
+
+
+def may_repeat(value: bytes, quoted: Sequence[bytes]) -> bool:
+    """False only when no watched key can be given twice: each written at most once, and no escape."""
+    return b"\\" in value or any(value.count(q) > 1 for q in quoted)
+
+
+def repeat_suspects(values: Sequence[bytes], quoted: Sequence[bytes], holding: Sequence[int]) -> set[int]:
+    """The positions of the values `may_repeat` does not clear, looked for a whole batch at a time.
+
+    `holding[i]`: how many values surely hold watched key i (a parser found a value for it there).
+    When the name is written no more often than that in the whole batch, each of those holds it
+    exactly once and the others not at all: the batch is cleared with one count in C. Only a batch
+    where they differ (explicit nulls, a name inside a string, a repeat) is looked at value by value.
+    """
+    joined = b"\x00".join(values)
+    suspects: set[int] = set()
+    if b"\\" in joined:
+        suspects.update(p for p, v in enumerate(values) if b"\\" in v)
+    for name, held in zip(quoted, holding, strict=True):
+        if joined.count(name) <= held:
+            continue
+        counts = map(methodcaller("count", name), values)
+        suspects.update(p for p, c in enumerate(counts) if c > 1)
+    return suspects
+
+
+class RepeatedFields:
+    """Rejects a JSON object that gives one of these fields twice (cheap unless it may)."""
+
+    def __init__(self, names: Iterable[str]) -> None:
+        self.names = frozenset(names)
+        self.quoted = quoted_names(sorted(self.names))
+
+    def __call__(self, value: bytes) -> None:
+        """Raise `duplicate_field` when the value gives one of the fields twice."""
+        if may_repeat(value, self.quoted):
+            reject_repeated(value, self.names)
+
+
+def reject_repeated(value: bytes, names: frozenset[str]) -> None:
+    """Raise `duplicate_field` when the value's top-level object gives one of `names` twice (exact)."""
+    objects: list[list[tuple[str, Any]]] = []  # every object, innermost first: the top level comes last
+    json.loads(value, object_pairs_hook=lambda pairs: objects.append(pairs) or {})
+    seen: set[str] = set()
+    for key, _ in objects[-1] if objects else ():
+        if key in seen and key in names:
+            raise InvalidEvent("duplicate_field", f"field {key!r} is given twice")
+        seen.add(key)
 
 
 def check_text(name: str, text: str) -> None:

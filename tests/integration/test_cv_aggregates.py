@@ -202,3 +202,17 @@ def test_an_aggregate_that_cannot_be_kept_is_refused_with_the_reason(pg, streams
     statement = f"CREATE CONTINUOUS VIEW {streams['schema']}.nope AS " + select.format(append=streams["append"])
     with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match=match):
         catalog.define(owner, statement)
+
+
+@pytest.mark.parametrize(
+    "select",
+    [
+        "SELECT g, count(*) AS n FROM {append} WHERE pg_sleep(0) IS NOT NULL GROUP BY g",
+        "SELECT g, count(*) AS n FROM {append} WHERE set_config('x.y', 'z', true) = 'z' GROUP BY g",
+        "SELECT g, sum(x * random()) AS n FROM {append} GROUP BY g",
+    ],
+)
+def test_a_volatile_function_is_refused_in_a_view(pg, streams, select):
+    statement = f"CREATE CONTINUOUS VIEW {streams['schema']}.volatile AS " + select.format(append=streams["append"])
+    with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match="volatile"):
+        catalog.define(owner, statement)

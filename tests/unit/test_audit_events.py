@@ -76,6 +76,7 @@ AUDIT_REJECTIONS = [
     pytest.param(b"42", audit(action="x" * (MAX_EXTRA_CHARS + 1)), "oversized", id="optional field too long"),
     pytest.param(b"42", audit(**{"Action": "x"}), "unknown_field", id="field name in upper case"),
     pytest.param(b"42", audit(**{"a.b": "x"}), "unknown_field", id="dotted field name"),
+    pytest.param(b"42", b'{"uid": 42, "content": "a", "content": "b"}', "duplicate_field", id="content given twice"),
     pytest.param(b"42", audit(pg_ctid="(0,1)"), "unknown_field", id="a document metadata name"),
     pytest.param(
         b"42",

@@ -197,6 +197,15 @@ REJECTIONS = [
     pytest.param(decode_like, b"042", like(), "key_mismatch", id="key not in canonical form"),
     pytest.param(decode_follow, b"42", follow(), "key_mismatch", id="follow keyed by target"),
     pytest.param(decode_follow, b"7", follow(target=7), "self_follow", id="self follow"),
+    # The example: JSON parsers keep the last value, so this would have been applied as a like.
+    pytest.param(
+        decode_like,
+        b"42",
+        b'{"oid": 42, "uid": 7, "action": "unlike", "action": "like"}',
+        "duplicate_field",
+        id="action given twice",
+    ),
+    pytest.param(decode_like, b"42", b'{"oid": 42, "uid": 7, "uid": 8}', "duplicate_field", id="id given twice"),
 ]
 
 
