@@ -4,10 +4,13 @@ Run by `python -m stack up` for the local stack and as the `dbsetup` one-shot se
 docker-compose.yml; every step is idempotent, so it runs on each start.
 
 1. As the superuser: one login role per duty (owner, writer, reader, indexer, cdc), each with its
-   password from `SECRETS_DIR`; the database, owned by `sv_owner`, closed to PUBLIC.
-2. As the superuser, in the database: `sql/extensions.sql` (hll, rum, tdigest, TimescaleDB when offered).
+   password from `SECRETS_DIR` and its timeouts (`ROLE_TIMEOUTS`); the database, owned by
+   `sv_owner`, closed to PUBLIC.
+2. As the superuser, in the database: `sql/extensions.sql` (hll, rum, tdigest, TimescaleDB when
+   offered; advisory locks for the working roles only).
 3. As `sv_owner`: each `sql/migrations/NNNN_*.sql` not yet applied, each in its own transaction with
-   its row in `ops.schema_migrations`; an applied migration whose text changed is an error.
+   its row in `ops.schema_migrations`; an applied migration whose text changed is an error. Then
+   the audit log's retention (`AUDIT_RETENTION_DAYS`) into `audit.retention`.
 4. As `sv_owner`: the streams and continuous views of `sql/views/*.sql` (an unchanged definition is
    left alone, a new view is backfilled), then `sql/functions/*.sql` (CREATE OR REPLACE).
 
@@ -34,7 +37,9 @@ from pipelines.settings import (
     ROLE_CDC,
     ROLE_OWNER,
     ROLE_READER,
+    ROLE_TIMEOUTS,
     ROLE_WRITER,
+    AuditSettings,
     PostgresSettings,
     secret_file_name,
 )
@@ -81,6 +86,13 @@ def setup_database(admin: PostgresSettings) -> None:
         conn.execute((SQL_DIR / "extensions.sql").read_text())
     with psycopg.connect(admin.conninfo(user=ROLE_OWNER)) as conn:
         apply_migrations(conn, load_migrations())
+        # The retention the audit log keeps: audit.drop_expired never drops anything younger.
+        audit = AuditSettings()
+        conn.execute(
+            "INSERT INTO audit.retention AS r (log_schema, days) VALUES (%s, %s) ON CONFLICT (log_schema)"
+            " DO UPDATE SET days = excluded.days, updated_at = now() WHERE r.days <> excluded.days",
+            (audit.schema_name, audit.retention_days),
+        )
     with psycopg.connect(admin.conninfo(user=ROLE_OWNER), autocommit=True) as conn:
         for path in sorted((SQL_DIR / "views").glob("*.sql")):
             catalog.define_file(conn, path.read_text())
@@ -110,6 +122,13 @@ def ensure_roles_and_database(admin: PostgresSettings) -> None:
             )
             if not exists:
                 log.info("created role", role=role)
+        for role, (statement, idle) in ROLE_TIMEOUTS.items():
+            for setting, value in (("statement_timeout", statement), ("idle_in_transaction_session_timeout", idle)):
+                conn.execute(
+                    sql.SQL("ALTER ROLE {} SET {} = {}").format(
+                        sql.Identifier(role), sql.Identifier(setting), sql.Literal(value)
+                    )
+                )
         # Belt and braces for the query role: its sessions start read-only, on top of having no
         # write privileges anywhere.
         conn.execute(

@@ -26,6 +26,19 @@ ROLE_INDEXER = "sv_indexer"
 ROLE_CDC = "sv_cdc"
 APP_ROLES = (ROLE_OWNER, ROLE_WRITER, ROLE_READER, ROLE_INDEXER, ROLE_CDC)
 
+# Bounds every role's sessions carry (ALTER ROLE ... SET, applied by dbsetup), so that no query pins a
+# core and no open transaction holds locks for ever: (statement_timeout, idle_in_transaction_session_timeout).
+# The reader's 10 s covers any search the query functions allow; the pipelines' and the indexer's
+# statements are batches of at most PIPELINE_BATCH_MAX rows; the owner backfills new views and CDC
+# snapshots whole tables, hence their hour.
+ROLE_TIMEOUTS = {
+    ROLE_OWNER: ("1h", "10min"),
+    ROLE_WRITER: ("2min", "1min"),
+    ROLE_READER: ("10s", "1min"),
+    ROLE_INDEXER: ("2min", "1min"),
+    ROLE_CDC: ("1h", "10min"),
+}
+
 # The stream runner's consumer group when PIPELINE_GROUP_ID is empty: the supervised runner's, which
 # runs every stream declared without a `consumer_group`.
 STREAM_RUNNER_GROUP = "streamviews-streams"

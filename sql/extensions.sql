@@ -1,5 +1,6 @@
--- Extensions the schema relies on. Run by the superuser (none is a trusted extension) before the
--- migrations, on every `dbsetup`; each statement is idempotent.
+-- Extensions the schema relies on, and the grants only the superuser can make. Run by the superuser
+-- (none of the extensions is trusted) before the migrations, on every `dbsetup`; each statement is
+-- idempotent.
 
 -- hll: approximate distinct counts whose merges are commutative and idempotent (replays are harmless).
 CREATE EXTENSION IF NOT EXISTS hll;
@@ -18,5 +19,24 @@ BEGIN
        AND current_setting('shared_preload_libraries') LIKE '%timescaledb%' THEN
         CREATE EXTENSION IF NOT EXISTS timescaledb;
     END IF;
+END
+$$;
+
+-- Advisory locks for the roles doing the work only. The pipelines, the puller and retention
+-- serialise on advisory locks; any role could otherwise take the same key (they show in pg_locks)
+-- and hold every batch until it lets go. Functions of pg_catalog keep their grants per database,
+-- so this holds in this database only.
+DO $$
+DECLARE
+    f regprocedure;
+BEGIN
+    FOR f IN
+        SELECT p.oid::regprocedure FROM pg_proc p
+        WHERE p.pronamespace = 'pg_catalog'::regnamespace
+          AND p.proname ~ '^pg_(try_)?advisory_(xact_)?lock(_shared)?$'
+    LOOP
+        EXECUTE format('REVOKE EXECUTE ON FUNCTION %s FROM PUBLIC', f);
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO sv_owner, sv_writer, sv_indexer', f);
+    END LOOP;
 END
 $$;

@@ -129,14 +129,23 @@ $$;
 
 -- audit.drop_expired: retention. Drops a log's tables of days before `before` and queues their
 -- days in audit.index_deletions, in one transaction, so the Elasticsearch side is deleted even if
--- the process dies right after. Returns the tables dropped.
+-- the process dies right after. Returns the tables dropped. A `before` later than the log's
+-- configured retention allows (audit.retention; 30 days when the log has no row) is refused.
 CREATE OR REPLACE FUNCTION audit.drop_expired(log_schema text, before date) RETURNS SETOF text
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp SET lock_timeout = '30s'
 AS $$
 DECLARE
     entry audit.tables;
+    kept integer;
 BEGIN
     PERFORM audit.check_log_schema(log_schema);
+    SELECT r.days INTO kept FROM audit.retention r WHERE r.log_schema = drop_expired.log_schema;
+    -- Days are UTC days, like the tables'.
+    IF before > (now() AT TIME ZONE 'UTC')::date - coalesce(kept, 30) THEN
+        RAISE EXCEPTION 'audit.drop_expired: log % keeps % days: nothing from % on may be dropped (asked: before %)',
+            log_schema, coalesce(kept, 30), (now() AT TIME ZONE 'UTC')::date - coalesce(kept, 30), before
+            USING ERRCODE = 'insufficient_privilege';
+    END IF;
     FOR entry IN
         SELECT * FROM audit.tables t WHERE t.log_schema = drop_expired.log_schema AND t.day < before
         ORDER BY t.day, t.shard

@@ -11,7 +11,7 @@ import pytest
 from psycopg import errors
 
 from pipelines.dbsetup import apply_migrations, load_migrations, setup_database
-from pipelines.settings import PostgresSettings
+from pipelines.settings import ROLE_TIMEOUTS, PostgresSettings
 from tests.integration.conftest import unique
 
 
@@ -109,6 +109,22 @@ def test_only_the_cdc_role_may_replicate(pg):
     with pg("postgres") as conn:
         rows = dict(conn.execute("SELECT rolname, rolreplication FROM pg_roles WHERE rolname LIKE 'sv\\_%'").fetchall())
     assert rows == {"sv_owner": False, "sv_writer": False, "sv_reader": False, "sv_indexer": False, "sv_cdc": True}
+
+
+@pytest.mark.parametrize("role", ["sv_reader", "sv_cdc"])
+def test_only_the_roles_doing_the_work_can_take_advisory_locks(pg, role):
+    # A reader holding the key the pipelines lock per batch would hold every batch.
+    with pg(role) as conn, pytest.raises(errors.InsufficientPrivilege):
+        conn.execute("SELECT pg_advisory_xact_lock_shared(17222, hashtext('likes'))")
+
+
+def test_every_role_has_a_statement_timeout_so_no_query_pins_a_core(pg):
+    for role, (statement, idle) in ROLE_TIMEOUTS.items():
+        with pg(role) as conn:
+            shown = conn.execute(
+                "SELECT current_setting('statement_timeout'), current_setting('idle_in_transaction_session_timeout')"
+            ).fetchone()
+            assert shown == (statement, idle), role
 
 
 def test_database_setup_is_idempotent(stack, pg, secrets_dir):

@@ -78,7 +78,9 @@ def test_an_empty_batch_is_empty():
 
 def test_a_field_given_twice_is_rejected_whatever_its_values():
     # JSON parsers keep the last of a key given twice: {"action": "unlike", "action": "like"} would be a like.
-    dec = decoder("a int NOT NULL, b int", "key = 'a', action_field = 'op', insert_actions = 'add', delete_actions = 'del'")
+    dec = decoder(
+        "a int NOT NULL, b int", "key = 'a', action_field = 'op', insert_actions = 'add', delete_actions = 'del'"
+    )
     records = [
         Record(b'{"a": "x", "a": 1}'),
         Record(b'{"a": 2}'),
