@@ -50,7 +50,10 @@ def parse_time(value: str, now: datetime.datetime) -> datetime.datetime:
     """
     duration = _DURATION.fullmatch(value.strip())
     if duration:
-        return now - datetime.timedelta(**{_UNITS[duration[2]]: int(duration[1])})
+        try:
+            return now - datetime.timedelta(**{_UNITS[duration[2]]: int(duration[1])})
+        except OverflowError:  # beyond timedelta's or datetime's range (about 2.7 million years)
+            raise ValueError(f"{value!r} reaches before the year 1") from None
     try:
         moment = datetime.datetime.fromisoformat(value.strip())
     except ValueError:

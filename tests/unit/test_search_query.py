@@ -47,6 +47,12 @@ def test_anything_else_is_neither_a_duration_nor_a_timestamp(text):
         search.parse_time(text, NOW)
 
 
+@pytest.mark.parametrize("text", ["99999999999d", "999999999999999999999s", "3000000000d"])
+def test_a_duration_beyond_the_calendar_is_refused_not_a_crash(text):
+    with pytest.raises(ValueError, match="before the year 1"):
+        search.parse_time(text, NOW)
+
+
 def test_a_field_filter_is_name_equals_value_and_the_value_may_hold_anything():
     assert search.parse_field("action=login") == ("action", "login")
     assert search.parse_field("note=a=b c") == ("note", "a=b c")
