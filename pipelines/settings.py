@@ -11,6 +11,7 @@ secret in `SECRETS_DIR`: the field `password` of `PostgresSettings` with `PGUSER
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -194,6 +195,21 @@ class PipelineSettings(_Settings):
     report_interval_s: float = Field(10.0, gt=0)
     # A file the consume loop touches every second, for container healthchecks (empty: none).
     heartbeat_file: str = ""
+    # Static group membership (Kafka's group.instance.id): a name for this process that stays the
+    # same across its restarts, unique within its group (`hostname`: the machine's, e.g. a container's).
+    # A restarted process then takes its partitions back at once, where a new member would wait for
+    # the dead one's session to expire. Empty: a new member at every start.
+    instance_id: str = ""
+    # How long the group waits for a silent member before giving its partitions to the others (the
+    # broker's group.min.session.timeout.ms, 6 s by default, is the least it accepts).
+    session_timeout_ms: int = Field(10_000, ge=6_000)
+
+    @property
+    def group_instance_id(self) -> str | None:
+        """`instance_id` as Kafka is given it (`hostname` resolved); None for dynamic membership."""
+        if not self.instance_id:
+            return None
+        return socket.gethostname() if self.instance_id == "hostname" else self.instance_id
 
 
 class AuditSettings(_Settings):
@@ -216,8 +232,9 @@ class AuditSettings(_Settings):
     pull_requests: int = Field(2, gt=0)
     # Seconds the puller sleeps when every table is caught up.
     pull_idle_s: float = Field(0.2, gt=0)
-    # Longest back-off while Elasticsearch or PostgreSQL is down.
-    max_backoff_s: float = Field(30.0, gt=0)
+    # Longest back-off while Elasticsearch or PostgreSQL is down: the puller is back at work at most
+    # this long after they answer again (a failed request costs them little).
+    max_backoff_s: float = Field(4.0, gt=0)
 
 
 class KibanaSettings(_Settings):

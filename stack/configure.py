@@ -126,6 +126,9 @@ def pipeline_env(context: dict[str, object], name: str) -> str:
     values = {
         **context["client_settings"],
         "PGUSER": service(name).pg_role,
+        # One process per pipeline here: its name is a stable static-membership id, so a pipeline
+        # supervisord restarts takes its partitions back at once.
+        "PIPELINE_INSTANCE_ID": f"local-{name}",
         "LOG_FORMAT": "json",
         "PYTHONUNBUFFERED": "1",
     }

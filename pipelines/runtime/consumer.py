@@ -106,9 +106,15 @@ class PipelineSpec:
     add_arguments: Callable[[argparse.ArgumentParser], None] = lambda _parser: None
 
 
-def consumer_config(kafka: KafkaSettings, name: str, group_id: str) -> dict[str, Any]:
-    """The pipelines' consumer: offsets from PostgreSQL only, fuller fetches, no idle backoff."""
-    return {
+def consumer_config(
+    kafka: KafkaSettings, name: str, group_id: str, settings: PipelineSettings | None = None
+) -> dict[str, Any]:
+    """The pipelines' consumer: offsets from PostgreSQL only, fuller fetches, no idle backoff.
+
+    With `settings`: its session timeout, and static membership when it has an instance id (a
+    restarted pipeline is back at work as soon as it has started, not after the session timeout).
+    """
+    config = {
         "bootstrap.servers": kafka.bootstrap_servers,
         "client.id": f"{kafka.client_id}-{name}",
         "group.id": group_id,
@@ -126,6 +132,12 @@ def consumer_config(kafka: KafkaSettings, name: str, group_id: str) -> dict[str,
         "fetch.queue.backoff.ms": 10,
         "logger": logging.getLogger("librdkafka"),
     }
+    if settings is not None:
+        config["session.timeout.ms"] = settings.session_timeout_ms
+        config["heartbeat.interval.ms"] = settings.session_timeout_ms // 4
+        if settings.group_instance_id:
+            config["group.instance.id"] = f"{settings.group_instance_id}-{name}"
+    return config
 
 
 class Pipeline:
@@ -146,7 +158,7 @@ class Pipeline:
         self.decode, self.sink = decode, sink
         self.kafka, self.settings = kafka, settings
         self.checkpoint = Checkpoint(postgres.conninfo(), group_id, sink)
-        self.consumer = Consumer(consumer_config(kafka, name, group_id))
+        self.consumer = Consumer(consumer_config(kafka, name, group_id, settings))
         self.dead_letters = DeadLetters(
             Producer(
                 {
