@@ -159,6 +159,10 @@ class ConnectSettings(_Settings):
     model_config = SettingsConfigDict(env_prefix="CONNECT_", extra="ignore", frozen=True, populate_by_name=True)
 
     url: str = "http://127.0.0.1:8083"
+    # The folder the worker's config providers may read: it holds the connectors' own passwords and
+    # nothing else, so no connector config can make the worker resolve (and log) another secret.
+    # Empty: SECRETS_DIR (where a container is given only its own secrets, /run/secrets).
+    secrets_dir: Path | None = None
 
 
 class LogSettings(_Settings):

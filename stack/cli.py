@@ -20,7 +20,7 @@ from pipelines.dbsetup import setup_database
 from pipelines.errors import StackError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import ConnectSettings, ElasticsearchSettings, LogSettings, PostgresSettings
-from stack.configure import DATABASE, prepare, read_secret
+from stack.configure import DATABASE, connect_secrets, prepare, read_secret
 from stack.install import install
 from stack.procmem import tree_memory_mib
 from stack.services import SERVICE_NAMES, SERVICES, readiness_check, service, wait_ready
@@ -56,7 +56,7 @@ def up(settings: StackSettings) -> None:
     for name in SERVICE_NAMES:
         _wait(settings, supervisor, name, elastic_password)
     connectors.apply(
-        ConnectSettings(url=f"http://127.0.0.1:{settings.connect_port}"),
+        ConnectSettings(url=f"http://127.0.0.1:{settings.connect_port}", secrets_dir=connect_secrets(settings.paths)),
         PostgresSettings(host="127.0.0.1", port=settings.pgport, database=DATABASE, secrets_dir=settings.paths.secrets),
     )
     es_settings = ElasticsearchSettings(url=f"http://127.0.0.1:{settings.es_port}", secrets_dir=settings.paths.secrets)

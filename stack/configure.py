@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from pipelines.logs import get_logger
-from pipelines.settings import APP_ROLES, secret_file_name
+from pipelines.settings import APP_ROLES, ROLE_CDC, secret_file_name
 from stack.install import Distributions
 from stack.services import PIPELINES, service
 from stack.settings import REPO_ROOT, StackPaths, StackSettings
@@ -28,6 +28,7 @@ log = get_logger("stack.configure")
 TEMPLATES = Path(__file__).with_name("templates")
 DATABASE = "streamviews"
 SECRET_NAMES = (secret_file_name("postgres"), *(secret_file_name(r) for r in APP_ROLES), "elastic_password")
+CONNECTOR_SECRETS = (secret_file_name(ROLE_CDC),)  # what the Debezium connectors reference
 
 
 class _Template(string.Template):
@@ -45,9 +46,10 @@ def prepare(settings: StackSettings, user: ServiceUser, dist: Distributions) -> 
     """Secrets, folders, configuration and first-start initialisation; returns the render context."""
     paths = settings.paths
     ensure_secrets(paths, user)
+    # Logs are for the stack's user only: a service may log what it was sent (0750; files 0640).
     for folder in ("logs", "run"):
-        make_dir(paths.root / folder, user)
-    make_dir(paths.logs / "elasticsearch", user)
+        make_dir(paths.root / folder, user, 0o750)
+    make_dir(paths.logs / "elasticsearch", user, 0o750)
     context = render_context(settings, user, dist)
     configure_postgres(settings, user, dist, context)
     configure_kafka(settings, user, dist, context)
@@ -81,6 +83,16 @@ def ensure_secrets(paths: StackPaths, user: ServiceUser) -> None:
         path = paths.secrets / name
         value = path.read_text().strip() if path.exists() else secrets.token_urlsafe(24)
         write_file(path, value, user, 0o600)
+    # What Kafka Connect's config providers may read: the connectors' own password only. A connector
+    # config (anyone can PUT one to a worker) naming another file is refused instead of resolved.
+    make_dir(connect_secrets(paths), user, 0o700)
+    for name in CONNECTOR_SECRETS:
+        write_file(connect_secrets(paths) / name, read_secret(paths, name), user, 0o600)
+
+
+def connect_secrets(paths: StackPaths) -> Path:
+    """The folder Kafka Connect resolves `${dir:...}` references in (`CONNECT_SECRETS_DIR`)."""
+    return paths.secrets / "connect"
 
 
 def read_secret(paths: StackPaths, name: str) -> str:
@@ -101,6 +113,7 @@ def render_context(settings: StackSettings, user: ServiceUser, dist: Distributio
         "logs_dir": paths.logs,
         "run_dir": paths.run,
         "secrets_dir": paths.secrets,
+        "connect_secrets_dir": connect_secrets(paths),
         "java": dist.java,
         "java_home": dist.java_home,
         "pg_bin": settings.pg_bin,
@@ -276,6 +289,7 @@ def client_settings(settings: StackSettings) -> dict[str, str]:
         "SECRETS_DIR": str(paths.secrets),
         "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{settings.kafka_port}",
         "CONNECT_URL": f"http://127.0.0.1:{settings.connect_port}",
+        "CONNECT_SECRETS_DIR": str(connect_secrets(paths)),
         "ES_URL": f"http://127.0.0.1:{settings.es_port}",
         "ES_USERNAME": "elastic",
     }

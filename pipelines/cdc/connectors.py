@@ -39,13 +39,18 @@ class _Template(string.Template):
     delimiter = "@"
 
 
-def load(path: Path, postgres: PostgresSettings) -> tuple[str, dict[str, str]]:
-    """A connector file with this environment's values filled in: (name, config)."""
+def load(path: Path, postgres: PostgresSettings, connect: ConnectSettings | None = None) -> tuple[str, dict[str, str]]:
+    """A connector file with this environment's values filled in: (name, config).
+
+    `@{SECRETS_DIR}` is the folder the worker's config providers read (CONNECT_SECRETS_DIR, else
+    SECRETS_DIR, else /run/secrets).
+    """
+    secrets = (connect.secrets_dir if connect else None) or postgres.secrets_dir or "/run/secrets"
     values = {
         "PGHOST": postgres.host,
         "PGPORT": str(postgres.port),
         "PGDATABASE": postgres.database,
-        "SECRETS_DIR": str(postgres.secrets_dir or "/run/secrets"),
+        "SECRETS_DIR": str(secrets),
     }
     try:
         document = json.loads(_Template(path.read_text()).substitute(values))
@@ -58,7 +63,7 @@ def apply(connect: ConnectSettings, postgres: PostgresSettings, folder: Path = C
     """PUT every connector's config (create or update); returns their names."""
     names = []
     for path in sorted(folder.glob("*.json")):
-        name, config = load(path, postgres)
+        name, config = load(path, postgres, connect)
         response = httpx.put(f"{connect.url}/connectors/{name}/config", json=config, timeout=60)
         if response.status_code not in (200, 201):
             raise ConnectorError(f"{name}: Connect answered {response.status_code}: {response.text[:2000]}")

@@ -20,8 +20,8 @@ from confluent_kafka import Consumer
 from pipelines.cdc.connectors import CONNECTORS_DIR, load
 from pipelines.cv import catalog
 from pipelines.cv.runner import DEFAULT_GROUP
-from pipelines.settings import PostgresSettings
-from stack.configure import read_secret
+from pipelines.settings import ConnectSettings, PostgresSettings
+from stack.configure import connect_secrets, read_secret
 from stack.services import readiness_check
 from stack.supervisor import Supervisor
 from tests.integration.conftest import wait_for
@@ -147,7 +147,9 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
     prefix, slot = name.replace("-", "_"), f"{name.replace('-', '_')}_slot"
     config = {
         **load(
-            CONNECTORS_DIR / "app-social.json", PostgresSettings(port=stack.pgport, secrets_dir=stack.paths.secrets)
+            CONNECTORS_DIR / "app-social.json",
+            PostgresSettings(port=stack.pgport, secrets_dir=stack.paths.secrets),
+            ConnectSettings(secrets_dir=connect_secrets(stack.paths)),
         )[1],
         "topic.prefix": prefix,
         "slot.name": slot,

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from confluent_kafka import Consumer
 
+from stack.configure import connect_secrets
 from tests.integration.conftest import unique, wait_for
 
 
@@ -56,7 +57,7 @@ def connector(connect, source_table, stack, admin):
         "database.port": str(stack.pgport),
         "database.user": "sv_cdc",
         # Resolved by the worker's DirectoryConfigProvider: the password never enters the config.
-        "database.password": f"${{dir:{stack.paths.secrets}:pg_cdc_password}}",
+        "database.password": f"${{dir:{connect_secrets(stack.paths)}:pg_cdc_password}}",
         "database.dbname": "streamviews",
         "topic.prefix": source_table,
         "table.include.list": f"{source_table}.likes",
@@ -128,3 +129,23 @@ def test_debezium_connector_streams_snapshot_and_live_changes(pg, kafka, stack, 
         consumer.close()
     assert events[2] == "c"  # a live insert
     assert events[1] in {"r", "c"}  # read by the snapshot, or streamed if it raced the slot creation
+
+
+def test_a_connector_config_cannot_make_the_worker_resolve_and_log_another_secret(stack, connect):
+    # The trick the hardening issue found: a config naming the superuser's password file made the
+    # worker resolve it and log it ("Failed testing connection for jdbc:postgresql://<password>:1/x").
+    secret = (stack.paths.secrets / "postgres_password").read_text().strip()
+    config = {
+        "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+        "database.hostname": f"${{dir:{stack.paths.secrets}:postgres_password}}",
+        "database.port": "1",
+        "database.user": "x",
+        "database.dbname": "x",
+        "topic.prefix": "probe",
+    }
+    response = httpx.put(f"{connect.url}/connector-plugins/PostgresConnector/config/validate", json=config, timeout=60)
+
+    assert secret not in response.text
+    for log in ("connect.log", "connect.out"):
+        assert secret not in (stack.paths.logs / log).read_text(errors="replace"), log
+    assert stack.paths.logs.stat().st_mode & 0o007 == 0  # and logs are not for other local users
