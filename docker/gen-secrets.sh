@@ -18,6 +18,7 @@ SECRET_NAMES=(
   pg_cdc_password       # sv_cdc: replication login for Debezium
   elastic_password      # Elasticsearch superuser (elastic)
   kibana_password       # Elasticsearch kibana_system user, which Kibana logs in as
+  connect_password      # Kafka Connect's REST API (HTTP basic authentication, user streamviews)
 )
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -47,3 +48,9 @@ for name in "${SECRET_NAMES[@]}"; do
   fi
   chmod 0644 "$file"
 done
+
+# Kafka Connect's JAAS login module reads its users from a properties file: `user=password`.
+credentials="$dir/connect_credentials"
+printf 'streamviews=%s\n' "$(cat "$dir/connect_password")" >"$credentials"
+chmod 0644 "$credentials"
+echo "wrote   secrets/connect_credentials"

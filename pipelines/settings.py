@@ -159,10 +159,25 @@ class ConnectSettings(_Settings):
     model_config = SettingsConfigDict(env_prefix="CONNECT_", extra="ignore", frozen=True, populate_by_name=True)
 
     url: str = "http://127.0.0.1:8083"
+    # HTTP basic authentication of the REST API; the password falls back to $SECRETS_DIR/connect_password.
+    username: str = "streamviews"
+    password: SecretStr | None = None
+    secrets_dir: Path | None = Field(None, validation_alias="SECRETS_DIR")
     # The folder the worker's config providers may read: it holds the connectors' own passwords and
     # nothing else, so no connector config can make the worker resolve (and log) another secret.
     # Empty: SECRETS_DIR (where a container is given only its own secrets, /run/secrets).
-    secrets_dir: Path | None = None
+    providers_dir: Path | None = None
+
+    def model_post_init(self, _context: Any) -> None:
+        """Fall back to `$SECRETS_DIR/connect_password`."""
+        if not _has_value(self.password):
+            object.__setattr__(self, "password", read_secret("connect_password", self.secrets_dir))
+
+    def basic_auth(self) -> tuple[str, str] | None:
+        """Credentials for the REST API, or None when no password is configured."""
+        if self.password is None:
+            return None
+        return (self.username, self.password.get_secret_value())
 
 
 class LogSettings(_Settings):

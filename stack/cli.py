@@ -56,7 +56,11 @@ def up(settings: StackSettings) -> None:
     for name in SERVICE_NAMES:
         _wait(settings, supervisor, name, elastic_password)
     connectors.apply(
-        ConnectSettings(url=f"http://127.0.0.1:{settings.connect_port}", secrets_dir=connect_secrets(settings.paths)),
+        ConnectSettings(
+            url=f"http://127.0.0.1:{settings.connect_port}",
+            providers_dir=connect_secrets(settings.paths),
+            secrets_dir=settings.paths.secrets,
+        ),
         PostgresSettings(host="127.0.0.1", port=settings.pgport, database=DATABASE, secrets_dir=settings.paths.secrets),
     )
     es_settings = ElasticsearchSettings(url=f"http://127.0.0.1:{settings.es_port}", secrets_dir=settings.paths.secrets)

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from pipelines.logs import get_logger
-from pipelines.settings import APP_ROLES, ROLE_CDC, secret_file_name
+from pipelines.settings import APP_ROLES, ROLE_CDC, ConnectSettings, secret_file_name
 from stack.install import Distributions
 from stack.services import PIPELINES, service
 from stack.settings import REPO_ROOT, StackPaths, StackSettings
@@ -27,8 +27,14 @@ log = get_logger("stack.configure")
 
 TEMPLATES = Path(__file__).with_name("templates")
 DATABASE = "streamviews"
-SECRET_NAMES = (secret_file_name("postgres"), *(secret_file_name(r) for r in APP_ROLES), "elastic_password")
+SECRET_NAMES = (
+    secret_file_name("postgres"),
+    *(secret_file_name(r) for r in APP_ROLES),
+    "elastic_password",
+    "connect_password",  # Kafka Connect's REST API (user `streamviews`, CONNECT_USERNAME)
+)
 CONNECTOR_SECRETS = (secret_file_name(ROLE_CDC),)  # what the Debezium connectors reference
+BASIC_AUTH_LOGIN_MODULE = "org.apache.kafka.connect.rest.basic.auth.extension.PropertyFileLoginModule"
 
 
 class _Template(string.Template):
@@ -91,7 +97,7 @@ def ensure_secrets(paths: StackPaths, user: ServiceUser) -> None:
 
 
 def connect_secrets(paths: StackPaths) -> Path:
-    """The folder Kafka Connect resolves `${dir:...}` references in (`CONNECT_SECRETS_DIR`)."""
+    """The folder Kafka Connect resolves `${dir:...}` references in (`CONNECT_PROVIDERS_DIR`)."""
     return paths.secrets / "connect"
 
 
@@ -229,9 +235,18 @@ def configure_kafka(
 
 
 def configure_connect(settings: StackSettings, user: ServiceUser, context: dict[str, object]) -> None:
-    """Distributed worker configuration (its state lives in Kafka topics)."""
+    """Distributed worker configuration (its state lives in Kafka topics) and its REST credentials.
+
+    The REST API takes HTTP basic authentication (Kafka's BasicAuthSecurityRestExtension): its JAAS
+    login module reads `rest-credentials.properties`, one `user=password` line, 0600.
+    """
     home = make_dir(settings.paths.service("connect"), user)
     make_dir(home / "tmp", user)
+    credentials = home / "rest-credentials.properties"
+    password = read_secret(settings.paths, "connect_password")
+    write_file(credentials, f"{ConnectSettings().username}={password}\n", user, 0o600)
+    jaas = f'KafkaConnect {{\n  {BASIC_AUTH_LOGIN_MODULE} required\n  file="{credentials}";\n}};\n'
+    write_file(home / "rest-jaas.conf", jaas, user, 0o600)
     write_file(home / "worker.properties", render("worker.properties", context), user)
     write_file(home / "log4j2.properties", render("log4j2.properties", {**context, "service": "connect"}), user)
 
@@ -289,7 +304,7 @@ def client_settings(settings: StackSettings) -> dict[str, str]:
         "SECRETS_DIR": str(paths.secrets),
         "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{settings.kafka_port}",
         "CONNECT_URL": f"http://127.0.0.1:{settings.connect_port}",
-        "CONNECT_SECRETS_DIR": str(connect_secrets(paths)),
+        "CONNECT_PROVIDERS_DIR": str(connect_secrets(paths)),
         "ES_URL": f"http://127.0.0.1:{settings.es_port}",
         "ES_USERNAME": "elastic",
     }

@@ -7,6 +7,7 @@ copied into the state directory under a folder named after its version, complete
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pwd
 import shutil
@@ -141,8 +142,16 @@ def find_java() -> Path:
 
 
 def maven_copy(settings: StackSettings, pom: str, target: Path, properties: dict[str, str]) -> Path:
-    """Resolve `stack/maven/<pom>.xml` and copy its jars to `target` (once per version)."""
-    if (target / COMPLETE_MARKER).exists():
+    """Resolve `stack/maven/<pom>.xml` and copy its jars to `target` (once per version and pom).
+
+    The marker holds a fingerprint of the pom and the properties: a dependency added to the pom is
+    resolved on the next `up` even though the version did not change.
+    """
+    fingerprint = hashlib.sha256(
+        (MAVEN_DIR / f"{pom}.xml").read_bytes() + repr(sorted(properties.items())).encode()
+    ).hexdigest()
+    marker = target / COMPLETE_MARKER
+    if marker.exists() and marker.read_text().strip() == fingerprint:
         return target
     staging = target.with_name(f".{target.name}.partial")
     shutil.rmtree(staging, ignore_errors=True)
@@ -161,7 +170,7 @@ def maven_copy(settings: StackSettings, pom: str, target: Path, properties: dict
         cmd.append(f"-Dmaven.repo.local={settings.stack_maven_repo}")
     log.info("resolving from Maven Central", component=target.name)
     run(cmd, step=f"install: maven {pom}")
-    (staging / COMPLETE_MARKER).touch()
+    (staging / COMPLETE_MARKER).write_text(fingerprint)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target

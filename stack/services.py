@@ -81,7 +81,8 @@ def readiness_check(name: str, settings: StackSettings, elastic_password: str) -
     if name == "kafka":
         return lambda: _kafka_metadata(settings.kafka_port)
     if name == "connect":
-        return lambda: _http_ok(f"http://127.0.0.1:{settings.connect_port}/connectors")
+        auth = ("streamviews", read_secret_file(settings.paths.secrets / "connect_password"))
+        return lambda: _http_ok(f"http://127.0.0.1:{settings.connect_port}/connectors", auth)
     if name == "elasticsearch":
         return lambda: _es_health(settings.es_port, elastic_password)
     if service(name).is_pipeline:
@@ -161,12 +162,20 @@ def _http_get(url: str, auth: tuple[str, str] | None = None, timeout: float = 3)
         return e.code, e.read()
 
 
-def _http_ok(url: str) -> tuple[bool, str]:
+def _http_ok(url: str, auth: tuple[str, str] | None = None) -> tuple[bool, str]:
     try:
-        status, _ = _http_get(url)
+        status, _ = _http_get(url, auth=auth)
     except OSError as e:
         return False, f"GET {url}: {e}"
     return status == 200, f"GET {url}: HTTP {status}"
+
+
+def read_secret_file(path: Path) -> str:
+    """A generated password (empty when it is not there yet: the probe then fails and says why)."""
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
 
 
 def _es_health(port: int, password: str) -> tuple[bool, str]:

@@ -42,10 +42,10 @@ class _Template(string.Template):
 def load(path: Path, postgres: PostgresSettings, connect: ConnectSettings | None = None) -> tuple[str, dict[str, str]]:
     """A connector file with this environment's values filled in: (name, config).
 
-    `@{SECRETS_DIR}` is the folder the worker's config providers read (CONNECT_SECRETS_DIR, else
+    `@{SECRETS_DIR}` is the folder the worker's config providers read (CONNECT_PROVIDERS_DIR, else
     SECRETS_DIR, else /run/secrets).
     """
-    secrets = (connect.secrets_dir if connect else None) or postgres.secrets_dir or "/run/secrets"
+    secrets = (connect.providers_dir if connect else None) or postgres.secrets_dir or "/run/secrets"
     values = {
         "PGHOST": postgres.host,
         "PGPORT": str(postgres.port),
@@ -64,7 +64,9 @@ def apply(connect: ConnectSettings, postgres: PostgresSettings, folder: Path = C
     names = []
     for path in sorted(folder.glob("*.json")):
         name, config = load(path, postgres, connect)
-        response = httpx.put(f"{connect.url}/connectors/{name}/config", json=config, timeout=60)
+        response = httpx.put(
+            f"{connect.url}/connectors/{name}/config", json=config, auth=connect.basic_auth(), timeout=60
+        )
         if response.status_code not in (200, 201):
             raise ConnectorError(f"{name}: Connect answered {response.status_code}: {response.text[:2000]}")
         log.info("connector applied", connector=name, created=response.status_code == 201)
@@ -74,7 +76,7 @@ def apply(connect: ConnectSettings, postgres: PostgresSettings, folder: Path = C
 
 def state(connect: ConnectSettings, name: str) -> tuple[str, list[str]]:
     """(connector state, task states) as Connect reports them; ("MISSING", []) when not registered."""
-    response = httpx.get(f"{connect.url}/connectors/{name}/status", timeout=30)
+    response = httpx.get(f"{connect.url}/connectors/{name}/status", auth=connect.basic_auth(), timeout=30)
     if response.status_code == 404:
         return "MISSING", []
     response.raise_for_status()
@@ -116,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"{name}: connector {connector}, tasks {', '.join(tasks) or '-'}; {slot}")
         else:
-            httpx.delete(f"{connect.url}/connectors/{args.name}", timeout=30).raise_for_status()
+            httpx.delete(
+                f"{connect.url}/connectors/{args.name}", auth=connect.basic_auth(), timeout=30
+            ).raise_for_status()
             print(f"{args.name} deleted; drop its slot with pg_drop_replication_slot() if it is gone for good")
     except (ConnectorError, httpx.HTTPError, psycopg.Error) as e:
         print(f"error: {e}", file=sys.stderr)

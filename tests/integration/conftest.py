@@ -107,7 +107,8 @@ def es(es_settings: ElasticsearchSettings) -> Elasticsearch:
 
 @pytest.fixture(scope="session")
 def connect(stack: StackSettings) -> ConnectSettings:
-    return ConnectSettings(url=f"http://127.0.0.1:{stack.connect_port}")
+    """Kafka Connect's REST API, with the stack's credentials (`connect.basic_auth()`)."""
+    return ConnectSettings(url=f"http://127.0.0.1:{stack.connect_port}", secrets_dir=stack.paths.secrets)
 
 
 def pipeline_env(stack: StackSettings, **overrides: str) -> dict[str, str]:

@@ -32,7 +32,7 @@ def connector(connect, stack):
     """The app-social connector, RUNNING with its task (polled, never slept for)."""
 
     def running() -> bool:
-        response = httpx.get(f"{connect.url}/connectors/app-social/status", timeout=10)
+        response = httpx.get(f"{connect.url}/connectors/app-social/status", auth=connect.basic_auth(), timeout=10)
         if response.status_code != 200:
             return False
         status = response.json()
@@ -149,14 +149,16 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
         **load(
             CONNECTORS_DIR / "app-social.json",
             PostgresSettings(port=stack.pgport, secrets_dir=stack.paths.secrets),
-            ConnectSettings(secrets_dir=connect_secrets(stack.paths)),
+            ConnectSettings(providers_dir=connect_secrets(stack.paths), secrets_dir=stack.paths.secrets),
         )[1],
         "topic.prefix": prefix,
         "slot.name": slot,
         "table.include.list": "app.likes",
     }
     config.pop("heartbeat.action.query")
-    httpx.put(f"{connect.url}/connectors/{name}/config", json=config, timeout=60).raise_for_status()
+    httpx.put(
+        f"{connect.url}/connectors/{name}/config", json=config, auth=connect.basic_auth(), timeout=60
+    ).raise_for_status()
     topic, group = f"{prefix}.app.likes", f"it-{name}"
     with pg("sv_owner", autocommit=True) as owner:
         catalog.define(
@@ -209,7 +211,7 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
     finally:
         with pg("sv_owner", autocommit=True) as owner:
             catalog.drop_stream(owner, prefix)
-        httpx.delete(f"{connect.url}/connectors/{name}", timeout=30)
+        httpx.delete(f"{connect.url}/connectors/{name}", auth=connect.basic_auth(), timeout=30)
         with pg("postgres", autocommit=True) as conn:
             wait_for(
                 lambda: (

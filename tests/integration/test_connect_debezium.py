@@ -70,18 +70,18 @@ def connector(connect, source_table, stack, admin):
     }
     url = f"{connect.url}/connectors/{name}"
     for _ in range(2):  # a second PUT of the same config changes nothing
-        response = httpx.put(f"{url}/config", json=config, timeout=30)
+        response = httpx.put(f"{url}/config", json=config, auth=connect.basic_auth(), timeout=30)
         assert response.status_code in (200, 201), response.text
     yield name, url
-    httpx.delete(url, timeout=30).raise_for_status()
+    httpx.delete(url, auth=connect.basic_auth(), timeout=30).raise_for_status()
     topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith(source_table)]
     if topics:
         for future in admin.delete_topics(topics).values():
             future.result(30)
 
 
-def connector_state(url: str) -> str | None:
-    response = httpx.get(f"{url}/status", timeout=10)
+def connector_state(url: str, auth: tuple[str, str] | None) -> str | None:
+    response = httpx.get(f"{url}/status", auth=auth, timeout=10)
     if response.status_code != 200:
         return None
     status = response.json()
@@ -91,13 +91,15 @@ def connector_state(url: str) -> str | None:
     return tasks[0]["state"] if status["connector"]["state"] == "RUNNING" else None
 
 
-def test_debezium_connector_streams_snapshot_and_live_changes(pg, kafka, stack, source_table, connector):
+def test_debezium_connector_streams_snapshot_and_live_changes(pg, kafka, stack, source_table, connect, connector):
     name, url = connector
     with pg("sv_owner", autocommit=True) as conn:
         conn.execute(f"INSERT INTO {source_table}.likes VALUES (1, 100)")  # before the snapshot, most likely
 
-    wait_for(lambda: connector_state(url) == "RUNNING", timeout=90, what=f"connector {name} RUNNING")
-    stored = httpx.get(f"{url}/config", timeout=10).json()
+    wait_for(
+        lambda: connector_state(url, connect.basic_auth()) == "RUNNING", timeout=90, what=f"connector {name} RUNNING"
+    )
+    stored = httpx.get(f"{url}/config", auth=connect.basic_auth(), timeout=10).json()
     password = (stack.paths.secrets / "pg_cdc_password").read_text().strip()
     assert password not in json.dumps(stored)
 
@@ -143,9 +145,12 @@ def test_a_connector_config_cannot_make_the_worker_resolve_and_log_another_secre
         "database.dbname": "x",
         "topic.prefix": "probe",
     }
-    response = httpx.put(f"{connect.url}/connector-plugins/PostgresConnector/config/validate", json=config, timeout=60)
+    validate = f"{connect.url}/connector-plugins/PostgresConnector/config/validate"
+    response = httpx.put(validate, json=config, auth=connect.basic_auth(), timeout=60)
 
     assert secret not in response.text
     for log in ("connect.log", "connect.out"):
         assert secret not in (stack.paths.logs / log).read_text(errors="replace"), log
     assert stack.paths.logs.stat().st_mode & 0o007 == 0  # and logs are not for other local users
+    # Nor is the REST API: without the stack's credentials, nothing is validated (or resolved).
+    assert httpx.put(validate, json=config, timeout=60).status_code == 401

@@ -37,7 +37,10 @@ SECRET_NAMES = {
     "pg_cdc_password",
     "elastic_password",
     "kibana_password",
+    "connect_password",
 }
+# Derived by docker/gen-secrets.sh from the passwords: Connect's `user=password` file.
+DERIVED_SECRETS = {"connect_credentials"}
 # The settings the Python code reads (pipelines/settings.py); passwords come from $SECRETS_DIR files.
 CLIENT_SETTINGS = {
     "PGHOST",
@@ -235,7 +238,7 @@ def test_secrets_are_the_generated_files_and_services_use_only_declared_ones(
     compose: dict[str, Any], services: dict[str, dict[str, Any]]
 ) -> None:
     declared = compose["secrets"]
-    assert set(declared) == SECRET_NAMES
+    assert set(declared) == SECRET_NAMES | DERIVED_SECRETS
     for name, spec in declared.items():
         assert spec == {"file": f"./secrets/{name}"}
     used = set()
@@ -257,8 +260,11 @@ def test_gen_secrets_creates_each_password_once(tmp_path: Path) -> None:
     folder = tmp_path / "secrets"
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700, "only the owner may enter ./secrets"
     first = {path.name: path.read_text() for path in folder.iterdir()}
-    assert set(first) == SECRET_NAMES
+    assert set(first) == SECRET_NAMES | DERIVED_SECRETS
+    assert first["connect_credentials"] == f"streamviews={first['connect_password']}\n"
     for name, value in first.items():
+        if name in DERIVED_SECRETS:
+            continue
         assert re.fullmatch(r"[A-Za-z0-9]{32}", value), f"{name}: 32 alphanumerics, no trailing newline"
     assert len(set(first.values())) == len(first)
     subprocess.run(["bash", str(script)], check=True, capture_output=True)
@@ -355,7 +361,11 @@ def test_python_services_share_one_image_and_use_the_client_settings(
         assert set(env) <= CLIENT_SETTINGS, f"{name}: unknown settings {sorted(set(env) - CLIENT_SETTINGS)}"
         assert env["SECRETS_DIR"] == "/run/secrets"
     assert environment(services["dbsetup"])["PGUSER"] == "postgres"
-    assert set(services["dbsetup"]["secrets"]) == SECRET_NAMES - {"elastic_password", "kibana_password"}
+    assert set(services["dbsetup"]["secrets"]) == SECRET_NAMES - {
+        "elastic_password",
+        "kibana_password",
+        "connect_password",
+    }
 
 
 def test_each_python_service_holds_only_the_password_of_its_own_role(
