@@ -23,7 +23,13 @@ from elasticsearch import Elasticsearch
 
 from pipelines.cv import catalog, view_catalog
 from pipelines.cv.engine import StreamMaintainer
-from pipelines.settings import ConnectSettings, ElasticsearchSettings, KafkaSettings, PostgresSettings
+from pipelines.settings import (
+    AuditSettings,
+    ConnectSettings,
+    ElasticsearchSettings,
+    KafkaSettings,
+    PostgresSettings,
+)
 from stack.configure import client_settings
 from stack.settings import StackSettings
 
@@ -156,3 +162,19 @@ def apply_rows(conn: psycopg.Connection, stream: str, ops: list[int], rows: list
     """One batch of stream rows (+1 insert / -1 delete each) through the engine, in one transaction."""
     with conn.transaction():
         StreamMaintainer(stream).apply(conn, ops, [list(c) for c in zip(*rows, strict=True)])
+
+
+@pytest.fixture
+def audit_log(pg, es):
+    """A throwaway audit log: its schema and index prefix, dropped (tables, documents) afterwards."""
+    schema = unique("audit_t")
+    settings = AuditSettings(schema_name=schema, index_prefix=f"audit-{schema.replace('_', '')}")
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute("SELECT audit.create_log(%s)", (schema,))
+    yield settings
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute("DELETE FROM audit.tables WHERE log_schema = %s", (schema,))  # checkpoints go with them
+        conn.execute("DELETE FROM audit.index_deletions WHERE log_schema = %s", (schema,))
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    for index in es.indices.get(index=f"{settings.index_prefix}-*", allow_no_indices=True):
+        es.indices.delete(index=index)

@@ -45,22 +45,6 @@ WORDS = [
 ]
 
 
-@pytest.fixture
-def audit_log(pg, es):
-    """A throwaway audit log: its schema and index prefix, dropped (tables, documents) afterwards."""
-    schema = unique("audit_t")
-    settings = AuditSettings(schema_name=schema, index_prefix=f"audit-{schema.replace('_', '')}")
-    with pg("sv_owner", autocommit=True) as conn:
-        conn.execute("SELECT audit.create_log(%s)", (schema,))
-    yield settings
-    with pg("sv_owner", autocommit=True) as conn:
-        conn.execute("DELETE FROM audit.tables WHERE log_schema = %s", (schema,))  # checkpoints go with them
-        conn.execute("DELETE FROM audit.index_deletions WHERE log_schema = %s", (schema,))
-        conn.execute(f"DROP SCHEMA {schema} CASCADE")
-    for index in es.indices.get(index=f"{settings.index_prefix}-*", allow_no_indices=True):
-        es.indices.delete(index=index)
-
-
 def audit_env(stack, log: AuditSettings, role: str, **overrides: str) -> dict[str, str]:
     return pipeline_env(
         stack,
@@ -370,27 +354,6 @@ def _es_healthy(es) -> bool:
 
 
 # --- Retention -------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("before", ["today", "in ten years"])
-def test_the_indexer_cannot_drop_anything_younger_than_the_configured_retention(pg, audit_log, before):
-    with pg("sv_owner", autocommit=True) as owner:
-        owner.execute("INSERT INTO audit.retention (log_schema, days) VALUES (%s, 30)", (audit_log.schema_name,))
-        owner.execute("SELECT audit.ensure_table(%s, 0, current_date)", (audit_log.schema_name,))
-    day = "current_date" if before == "today" else "current_date + 3650"
-    try:
-        with (
-            pg("sv_indexer", autocommit=True) as indexer,
-            pytest.raises(psycopg.errors.InsufficientPrivilege, match="keeps 30"),
-        ):
-            indexer.execute(f"SELECT audit.drop_expired(%s, {day})", (audit_log.schema_name,)).fetchall()
-        with pg("sv_owner") as owner:
-            assert owner.execute(
-                "SELECT count(*) FROM audit.tables WHERE log_schema = %s", (audit_log.schema_name,)
-            ).fetchone() == (1,)
-    finally:
-        with pg("sv_owner", autocommit=True) as owner:
-            owner.execute("DELETE FROM audit.retention WHERE log_schema = %s", (audit_log.schema_name,))
 
 
 def test_retention_drops_old_days_tables_and_their_indices_and_keeps_the_rest(pg, es, pg_settings, audit_log):
