@@ -195,12 +195,6 @@ KNOWN = frozenset(
     | set(REFUSED)
     | {"percentile_cont", "topk_agg", "exact_count_distinct", "approx_count_distinct"}
 )
-SUPPORTED = (
-    "count, sum, min, max, avg, stddev/variance (_samp, _pop), corr, covar_*, regr_*, bool_and/bool_or/every, "
-    "bit_and/bit_or/bit_xor, count(DISTINCT x) (or exact_count_distinct), approx_count_distinct, "
-    "array_agg(DISTINCT x), hll_add_agg, "
-    "percentile_cont(...) WITHIN GROUP (ORDER BY x), topk_agg(x, k), and aggregates with a combine function"
-)
 
 
 # Result types of the calls PostgreSQL itself does not know (the others are typed by PostgreSQL).

@@ -123,8 +123,3 @@ def expire(view: ViewDef, storage: sql.Identifier) -> sql.Composed:
     """Delete the steps no read will merge again."""
     assert view.window is not None
     return sql.SQL("DELETE FROM {} WHERE {} <= {}").format(storage, ident(STEP_COLUMN), horizon(view.window))
-
-
-def describe(window: Window) -> str:
-    """How a window is shown to users: `ts > now() - interval '5 minutes'`."""
-    return f"{window.column} > now() - interval {_literal(window.width)}"
