@@ -30,7 +30,10 @@ from psycopg import sql
 
 from loadgen import audit_baselines as base
 from loadgen import seed_baselines as seed
-from loadgen.bench_streamviews import CpuSample, Drain, Probe, ServiceProcess, backend_pid, forget_group, pipeline_env
+from loadgen.drain import CpuSample, Drain
+from loadgen.freshness import Probe
+from loadgen.pipeline_processes import ServiceProcess, backend_pid, pipeline_env
+from loadgen.throwaway import forget_group
 from loadgen.workload import PRODUCER_CONFIG, EventSource
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_INDEXER, ROLE_WRITER, KafkaSettings, PostgresSettings

@@ -42,9 +42,10 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen import seed_baselines as seed
-from loadgen.bench_pageviews import machine_line
-from loadgen.bench_streamviews import process_cpu_seconds, throwaway_definitions
+from loadgen.bench_report import machine_line
+from loadgen.drain import process_cpu_seconds
 from loadgen.pageview_views import LATENCY_MEAN_CENTS, UIDS
+from loadgen.throwaway import throwaway_definitions
 from loadgen.workload import new_rng
 from pipelines.cv import catalog
 from pipelines.cv.engine import StreamMaintainer

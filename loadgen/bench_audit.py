@@ -54,8 +54,10 @@ from loadgen.audit_pipelines import (
     measure_lag,
     wait_for_count,
 )
-from loadgen.bench_social import CONSUMER_PASSES, Results, create_topic
-from loadgen.bench_streamviews import percentile
+from loadgen.bench_report import Results
+from loadgen.bench_social import CONSUMER_PASSES
+from loadgen.freshness import percentile
+from loadgen.throwaway import create_topic
 from loadgen.workload import EventSource
 from pipelines.audit import elastic
 from pipelines.logs import configure_logging, get_logger

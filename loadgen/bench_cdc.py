@@ -23,7 +23,7 @@ import time
 
 import psycopg
 
-from loadgen.bench_streamviews import percentile
+from loadgen.freshness import percentile
 from loadgen.workload import new_rng, pgbench_gaussian
 from pipelines.settings import ROLE_OWNER, ROLE_WRITER, PostgresSettings
 

@@ -16,7 +16,7 @@ view, fed by COPY).
    (`seed_baselines.bare_consumer_rate`): `.value()` only, + `orjson.loads`, + a msgspec Struct decoder.
 3. Define stream `bench_pv_<id>` and view `bench_<id>.url_stats` (schema `bench_<id>`), start the
    runner (`--streams bench_pv_<id> --group bench-pv-<id>`, as sv_writer, default batch settings
-   unless `--batch-max`) and time the drain in `ops.kafka_offsets` (`bench_streamviews.wait_drained`),
+   unless `--batch-max`) and time the drain in `ops.kafka_offsets` (`drain.wait_drained`),
    sampling the CPU of the runner, its PostgreSQL backends and the Kafka broker; then stop it and
    check the view against what was produced (each view's own check, `loadgen.pageview_views`).
 
@@ -32,7 +32,6 @@ import argparse
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import uuid
 from collections.abc import Callable
@@ -48,19 +47,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen import seed_baselines as seed
 from loadgen.audit_pipelines import find_pid
-from loadgen.bench_social import Results, create_topic
-from loadgen.bench_streamviews import (
-    REPO_ROOT,
-    Drain,
-    PipelineWorkers,
-    delete_topic,
-    forget_group,
-    high_watermarks,
-    throwaway_definitions,
-    wait_drained,
-)
+from loadgen.bench_report import Results, machine_line
+from loadgen.drain import Drain, high_watermarks, wait_drained
 from loadgen.pageview_views import LATENCY_MEAN_CENTS, UIDS, VIEWS, Checked, PageViews, PageviewView, page_views
+from loadgen.pipeline_processes import PipelineWorkers
 from loadgen.seed_baselines import BenchmarkError
+from loadgen.throwaway import create_topic, delete_topic, forget_group, throwaway_definitions
 from loadgen.workload import EventSource
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import KafkaSettings, PostgresSettings
@@ -246,27 +238,6 @@ def main(argv: list[str] | None = None) -> int:
     print_report(args, view, results, run, postgres)
     failed = any(note.startswith("failed") for note in results.notes.values())
     return 1 if failed or (run is not None and run.checked.problems) else 0
-
-
-def source_commit() -> str:
-    """The checked-out commit, with `+ uncommitted changes` when the work tree differs; `unknown` outside git."""
-    git = ["git", "-C", str(REPO_ROOT)]
-    try:
-        head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
-        status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True, check=True)
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head.stdout.strip() + (" + uncommitted changes" if status.stdout.strip() else "")
-
-
-def machine_line(postgres: PostgresSettings | None = None) -> str:
-    """What a report's figures were measured on: cores, the PostgreSQL settings that shape writes, the commit."""
-    facts = seed.postgres_facts(postgres)
-    return (
-        f"{os.cpu_count()} cores; PostgreSQL {facts.get('server_version')},"
-        f" synchronous_commit={facts.get('synchronous_commit')}, shared_buffers={facts.get('shared_buffers')};"
-        f" commit {source_commit()}"
-    )
 
 
 def print_report(

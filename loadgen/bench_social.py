@@ -26,19 +26,19 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
-from typing import Any
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen import bench_streamviews
 from loadgen import seed_baselines as seed
+from loadgen.bench_report import Results
+from loadgen.throwaway import create_topic
 from loadgen.workload import EventSource, Like, WorkloadSettings, encode_like, follow_lists, like_events
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import KafkaSettings, PostgresSettings
@@ -221,56 +221,6 @@ def measure_social_queries(
         load_seconds=run.likes_load.seconds + run.follows_load.seconds,
         load_changes=run.likes_load.changes + run.follows_load.changes,
     )
-
-
-class Results:
-    """Figures by key, with "(pending)" for hooks and "failed" for errors, so one failure never hides the rest."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, float] = {}
-        self.notes: dict[str, str] = {}
-
-    def measure(self, key: str, fn: Callable[[], Any]) -> Any:
-        """Run one measurement; record its figure, or why there is none."""
-        started = time.monotonic()
-        log.info("measuring", step=key)
-        try:
-            value = fn()
-        except NotImplementedError:
-            self.notes[key] = "(pending)"
-            return None
-        except Exception as e:
-            log.exception("measurement failed", step=key)
-            self.notes[key] = f"failed: {str(e).splitlines()[0][:60] if str(e) else type(e).__name__}"
-            return None
-        log.info("measured", step=key, value=value, seconds=round(time.monotonic() - started, 1))
-        if isinstance(value, int | float):
-            self.values[key] = float(value)
-        return value
-
-    def show(self, key: str) -> str:
-        """A figure as printed: thousands separated, or its note."""
-        if key in self.values:
-            return f"{self.values[key]:,.0f}"
-        return self.notes.get(key, "(not run)")
-
-    def ratio(self, numerator: str, denominator: str) -> str:
-        """`a / b` as `12.3x`, or "(pending)" when either side is missing."""
-        if numerator in self.values and self.values.get(denominator):
-            return f"{self.values[numerator] / self.values[denominator]:.2f}x"
-        return "(pending)"
-
-    def verdict(self, numerator: str, denominator: str, target: float) -> str:
-        """The target of `a / b` and PASS/MISS, or "(pending)" when either side is missing."""
-        if numerator in self.values and self.values.get(denominator):
-            met = self.values[numerator] / self.values[denominator] >= target
-            return f">= {target:g}x  {'PASS' if met else 'MISS'}"
-        return f">= {target:g}x  (pending)"
-
-
-def create_topic(admin: AdminClient, name: str, partitions: int) -> None:
-    """Create a bench topic (the stack never auto-creates topics)."""
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name].result(30)
 
 
 def main(argv: list[str] | None = None) -> int:
