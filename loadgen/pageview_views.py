@@ -33,7 +33,7 @@ LATENCY_MEAN_CENTS = 8_000  # latency in hundredths of a millisecond: exponentia
 CHECKED_URLS = 5  # urls whose basic view row is compared in full
 P99 = 0.99  # the fraction of the issue13 view's percentile_cont
 # How far the view's p99 may stand from the exact percentile_cont, in fractions of the url's ranks.
-# At compression 100 (pipelines.cv.aggregate_calls) the digest of a url's ~100 values keeps the tail
+# At compression 100 (pipelines.cv.views.aggregate_calls) the digest of a url's ~100 values keeps the tail
 # as single values, but reads rank q*n - 1/2 (centroid centres) where percentile_cont reads q*(n - 1):
 # 0.49 of a rank apart, and up to 50 values its p99 is the maximum, exactly 1% of rank away. So 1% (one
 # value either side at 100 events per url) holds for an exact digest at any count, and a digest that

@@ -22,7 +22,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql
 
 from loadgen import seed_baselines as seed
-from pipelines.cv import catalog, view_catalog
+from pipelines.cv import catalog
+from pipelines.cv.views import view_catalog
 from pipelines.logs import get_logger
 from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.settings import ROLE_READER, ROLE_WRITER, KafkaSettings, PostgresSettings

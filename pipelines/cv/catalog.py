@@ -2,7 +2,7 @@
 
 Every definition change takes the stream's lock exclusively (pipelines hold it shared while they
 apply a batch) and bumps the catalog's version, which pipelines compare at every batch. How views
-are created, replaced, altered and dropped is in pipelines.cv.view_catalog.
+are created, replaced, altered and dropped is in pipelines.cv.views.view_catalog.
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from pipelines.cv import compiler, general, stream_sql
+from pipelines.cv import stream_sql
 from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, state_table_name
 from pipelines.cv.statement_text import split_statements
 from pipelines.cv.statements import parse_change
-from pipelines.cv.view_types import ViewTypes
+from pipelines.cv.views import compiler, general
+from pipelines.cv.views.view_types import ViewTypes
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_WRITER
 
@@ -83,7 +84,7 @@ def define(conn: psycopg.Connection, statement: str) -> str:
     Returns the outcome as a line for people.
     """
     # Imported here: views are defined with this module's locks and loaders.
-    from pipelines.cv import view_catalog
+    from pipelines.cv.views import view_catalog
 
     change = parse_change(statement)
     streams = load_streams(conn)

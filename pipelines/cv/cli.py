@@ -37,7 +37,7 @@ import pydantic
 import structlog
 from confluent_kafka import KafkaException
 
-from pipelines.cv import catalog, view_catalog
+from pipelines.cv import catalog
 from pipelines.cv.cli_common import (
     FAILURE,
     KAFKA_TIMEOUT_S,
@@ -57,6 +57,7 @@ from pipelines.cv.cli_common import (
 from pipelines.cv.definitions import DefinitionError, StreamDef, parse
 from pipelines.cv.statement_text import Statement, numbered_statements
 from pipelines.cv.status import status_table, stream_statuses, watermarks
+from pipelines.cv.views import view_catalog
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.runtime.deadletter import dead_letter_topic

@@ -1,7 +1,7 @@
 """A stream column's declaration parsed: its type and its constraints (NOT NULL, DEFAULT, CHECK).
 
 A stream's columns are declared like a table's and are what its events must carry (see
-pipelines.cv.values for how each type is read):
+pipelines.cv.decoding.values for how each type is read):
 
 - types: smallint, integer, bigint, numeric[(p[, s])], double precision, real, boolean, text,
   varchar[(n)], timestamptz, date, uuid, jsonb;

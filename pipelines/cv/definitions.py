@@ -171,7 +171,7 @@ class Aggregate:
 
     Attributes:
         name: The storage column (the output's name when the output is this aggregate itself).
-        kind: How it is computed and merged (see pipelines.cv.aggregates).
+        kind: How it is computed and merged (see pipelines.cv.views.aggregates).
         arg_sql: Its argument over stream columns (None: count(*)).
         filter_sql: FILTER (WHERE ...): only rows passing it count.
         params: Kind-specific constants: a t-digest's compression, a top-K summary's capacity, the

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from pipelines.cv import arrays, catalog, compiler, stream_sql
+from pipelines.cv import arrays, catalog, stream_sql
 from pipelines.cv.definitions import StreamDef, ViewDef
+from pipelines.cv.views import compiler
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 

@@ -8,7 +8,7 @@ the offsets stored in PostgreSQL fence them, so N processes give exactly the res
 The catalog is watched while the runner works: every `PIPELINE_CATALOG_POLL_S` it compares the
 catalog's version (bumped by every definition and drop). When it moved, the runner reloads the
 streams, creates missing topics, builds each stream's decoder from its declaration
-(pipelines.cv.decoding) and re-subscribes, so a stream defined on a running system starts flowing
+(pipelines.cv.decoding.stream_decoder) and re-subscribes, so a stream defined on a running system starts flowing
 within about a second, and a dropped one stops.
 
 A batch is one poll over all the topics: each topic's messages are decoded by its stream's decoder,
@@ -28,7 +28,7 @@ import psycopg
 from confluent_kafka import KafkaException, Message
 
 from pipelines.cv import catalog
-from pipelines.cv.decoding import StreamDecoder
+from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.definitions import DefinitionError, StreamDef
 from pipelines.cv.sink import StreamChanges, ViewSink
 from pipelines.errors import StreamviewsError

@@ -38,7 +38,7 @@ from pglast import ast
 from pglast.enums import ConstrType, OnCommitAction
 
 from pipelines.cv.column_definitions import constraint_label, parse_check, parse_column
-from pipelines.cv.decoding import StreamDecoder
+from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.definitions import (
     Column,
     DefinitionError,

@@ -2,7 +2,7 @@
 
 A keyed stream's batch becomes deltas in a temporary table, in one statement that also moves the
 stream's state (`cv.state_<stream>`); an append-only stream's batch is read by each view straight from
-its array parameters. Either way the views (pipelines.cv.compiler) read rows with a sign, `_cv_sign`:
+its array parameters. Either way the views (pipelines.cv.views.compiler) read rows with a sign, `_cv_sign`:
 +1 for a row entering, -1 for a row leaving.
 """
 

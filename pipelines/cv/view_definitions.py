@@ -6,7 +6,7 @@
 
 Everything is checked that can be without a database: the expressions may use only the stream's
 columns, and every output column is a GROUP BY column or an expression over aggregate calls the
-engine can keep (pipelines.cv.aggregate_calls turns each call into stored aggregates and a reader).
+engine can keep (pipelines.cv.views.aggregate_calls turns each call into stored aggregates and a reader).
 Types are resolved later, by PostgreSQL, when the view is compiled.
 """
 
@@ -18,7 +18,6 @@ from pglast import ast
 from pglast.enums import JoinType, SetOperation
 from pglast.stream import RawStream
 
-from pipelines.cv.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
 from pipelines.cv.definitions import (
     DISTINCT_KINDS,
     MAX_VIEW_NAME,
@@ -36,7 +35,8 @@ from pipelines.cv.definitions import (
     reject_unsupported,
     walk,
 )
-from pipelines.cv.windows import split_window, step_group
+from pipelines.cv.views.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
+from pipelines.cv.views.windows import split_window, step_group
 
 BUCKET_UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
 
@@ -47,7 +47,7 @@ def parse_view(
     """The view a CREATE CONTINUOUS VIEW declares (parsed as CREATE VIEW) over one of `streams`.
 
     `user_aggregates`: names of aggregates defined in the database beyond the built-in ones (kept as
-    their transition state; see pipelines.cv.aggregate_calls).
+    their transition state; see pipelines.cv.views.aggregate_calls).
     """
     schema = plain_identifier(node.view.schemaname or "public", "CREATE CONTINUOUS VIEW")
     name = plain_identifier(node.view.relname, "CREATE CONTINUOUS VIEW")

@@ -22,7 +22,7 @@ from pipelines.errors import StreamviewsError
 INSERT, DELETE = 1, -1
 
 # Every fixed `InvalidEvent.reason`, e.g. to create metric labels up front. A stream's named CHECK
-# constraints add their own names (see pipelines.cv.decoding).
+# constraints add their own names (see pipelines.cv.decoding.stream_decoder).
 REASONS = (
     "oversized",
     "empty",

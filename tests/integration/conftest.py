@@ -21,8 +21,9 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from elasticsearch import Elasticsearch
 
-from pipelines.cv import catalog, view_catalog
+from pipelines.cv import catalog
 from pipelines.cv.engine import StreamMaintainer
+from pipelines.cv.views import view_catalog
 from pipelines.settings import (
     AuditSettings,
     ConnectSettings,

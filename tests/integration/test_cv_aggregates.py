@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.cv import catalog
-from pipelines.cv.aggregate_calls import topk_capacity
 from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.views.aggregate_calls import topk_capacity
 from tests.integration.conftest import apply_rows, throwaway_views, unique
 
 TS = datetime(2030, 1, 1, tzinfo=UTC)

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.cv import catalog, view_catalog
+from pipelines.cv import catalog
 from pipelines.cv.definitions import DefinitionError
 from pipelines.cv.engine import StreamMaintainer
+from pipelines.cv.views import view_catalog
 from tests.integration.conftest import throwaway_views, unique
 
 DAY0 = datetime(2030, 1, 1, tzinfo=UTC)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from pipelines.cv import catalog, view_catalog
+from pipelines.cv import catalog
+from pipelines.cv.views import view_catalog
 from tests.integration.conftest import pipeline_env, unique, wait_for
 
 SCRIPT = Path(sys.executable).parent / "streamviews"

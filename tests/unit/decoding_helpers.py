@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
-from pipelines.cv.decoding import StreamDecoder
+from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.definitions import StreamDef, parse
 from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.cdc.connectors import CONNECTORS_DIR, load
-from pipelines.cv.decoding import StreamDecoder
+from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.runtime.events import DELETE, INSERT, InvalidEvent
 from pipelines.settings import PostgresSettings
 from tests.unit.test_events import STREAMS

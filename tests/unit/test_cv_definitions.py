@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cv import compiler
 from pipelines.cv.definitions import (
     Aggregate,
     Check,
@@ -17,6 +16,7 @@ from pipelines.cv.definitions import (
     parse,
 )
 from pipelines.cv.statement_text import numbered_statements, split_statements
+from pipelines.cv.views import compiler
 
 SOCIAL_SQL = Path(__file__).resolve().parents[2] / "sql" / "views" / "social.sql"
 

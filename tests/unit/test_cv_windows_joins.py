@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.cv.definitions import DefinitionError, Join, Window, parse
-from pipelines.cv.windows import STEP_COLUMN
+from pipelines.cv.views.windows import STEP_COLUMN
 
 CLICKS = (
     "CREATE STREAM clicks (url text, uid bigint, ms int, ts timestamptz) WITH (topic = 'c', timestamp_column = 'ts')"

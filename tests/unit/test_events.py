@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipelines.cv.decoding import StreamDecoder
+from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.definitions import StreamDef, parse
 from pipelines.cv.statement_text import split_statements
 from pipelines.errors import StreamviewsError

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 from types import SimpleNamespace
 
-from pipelines.cv.decoding import StreamDecoder
+from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.definitions import parse
 from pipelines.cv.runner import Source, StreamRunner
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from pipelines.cv.decoding import DecodedBatch
+from pipelines.cv.decoding.stream_decoder import DecodedBatch
 from pipelines.runtime.events import DELETE, INSERT
 from tests.unit.decoding_helpers import (
     ACTIONS,

@@ -8,13 +8,13 @@ and the options `format`, `kafka_key`, `action_field`, `timestamp_column`, `unkn
   order (size, syntax, unknown fields, each column in declared order with its CHECKs, table CHECKs,
   the record key, the action), so every rejection has one stable reason and a detail naming the
   field and the value.
-- `decode_batch` is the hot path: json batches go through the fast path (pipelines.cv.fast_json),
+- `decode_batch` is the hot path: json batches go through the fast path (pipelines.cv.decoding.fast_json),
   and `decode` explains the records it could not vouch for. (csv and debezium batches are decoded
   by `decode`, record by record.)
 
-How each column type is read is in pipelines.cv.values, a column's absence and CHECKs in
-pipelines.cv.fields, CHECK and DEFAULT in pipelines.cv.checks (their expressions in
-pipelines.cv.expressions). A JSON null is NULL, `wrong_type` on a NOT NULL column.
+How each column type is read is in pipelines.cv.decoding.values, a column's absence and CHECKs in
+pipelines.cv.decoding.fields, CHECK and DEFAULT in pipelines.cv.decoding.checks (their expressions in
+pipelines.cv.decoding.expressions). A JSON null is NULL, `wrong_type` on a NOT NULL column.
 
 Formats:
 
@@ -41,11 +41,11 @@ from typing import Any, Protocol
 
 import msgspec
 
-from pipelines.cv.checks import compile_check, enforce
+from pipelines.cv.decoding.checks import compile_check, enforce
+from pipelines.cv.decoding.fast_json import FastJson
+from pipelines.cv.decoding.fields import Field
+from pipelines.cv.decoding.values import ANY_JSON, as_written
 from pipelines.cv.definitions import DefinitionError, StreamDef
-from pipelines.cv.fast_json import FastJson
-from pipelines.cv.fields import Field
-from pipelines.cv.values import ANY_JSON, as_written
 from pipelines.runtime.events import DELETE, INSERT, InvalidEvent, RepeatedFields
 
 DEBEZIUM_OPS = {"c": INSERT, "r": INSERT, "u": INSERT, "d": DELETE}

@@ -4,7 +4,7 @@ A retraction can take away a group's minimum, and the next one is then unknown t
 So the view keeps, for each such aggregate, a table `cv.<storage>__m<i>` counting the rows behind
 every (group, value); a batch moves the counts first (forgetting values whose count reaches 0), and
 then, after the upsert, each changed group reads its extreme from the first entry of that table's
-index (pipelines.cv.compiler.fix_extremes). An
+index (pipelines.cv.views.compiler.fix_extremes). An
 append-only stream needs none of this: least()/greatest() of the stored and the batch's are exact.
 """
 

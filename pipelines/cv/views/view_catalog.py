@@ -18,11 +18,12 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv import compiler, extremes, read_views, stream_sql, view_types
+from pipelines.cv import stream_sql
 from pipelines.cv.catalog import bump, lock_stream
 from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, storage_name
 from pipelines.cv.statements import AlterView, Drop, with_options
-from pipelines.cv.view_types import ViewTypes
+from pipelines.cv.views import compiler, extremes, read_views, view_types
+from pipelines.cv.views.view_types import ViewTypes
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_READER, ROLE_WRITER
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pipelines.cv.checks import compile_check, compile_default, enforce
+from pipelines.cv.decoding.checks import compile_check, compile_default, enforce
+from pipelines.cv.decoding.values import json_converter, text_converter, wrong_type
 from pipelines.cv.definitions import Column, StreamDef
-from pipelines.cv.values import json_converter, text_converter, wrong_type
 from pipelines.runtime.events import InvalidEvent, from_epoch_ms
 
 

@@ -15,10 +15,10 @@ import psycopg
 from pglast import ast
 from psycopg import sql
 
-from pipelines.cv import general
-from pipelines.cv.aggregate_calls import OWN_RESULT_TYPES
 from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, split_arguments, walk
-from pipelines.cv.general import StateFunctions
+from pipelines.cv.views import general
+from pipelines.cv.views.aggregate_calls import OWN_RESULT_TYPES
+from pipelines.cv.views.general import StateFunctions
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class ViewTypes:
     """Column types of a view, resolved by PostgreSQL (see `resolve`).
 
     `calls`: each aggregate call's result type; `states`: how aggregates kept as their transition
-    state are merged and finalized, by stored column (see pipelines.cv.general).
+    state are merged and finalized, by stored column (see pipelines.cv.views.general).
     """
 
     groups: tuple[str, ...]

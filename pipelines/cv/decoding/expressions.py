@@ -22,8 +22,8 @@ from pglast.stream import RawStream
 from psycopg.types.json import Jsonb
 
 from pipelines.cv.column_definitions import resolve_type
+from pipelines.cv.decoding.values import EXACT, INT_RANGES, INTEGER, json_converter, text_converter
 from pipelines.cv.definitions import Column, DefinitionError
-from pipelines.cv.values import EXACT, INT_RANGES, INTEGER, json_converter, text_converter
 from pipelines.runtime.events import InvalidEvent
 
 

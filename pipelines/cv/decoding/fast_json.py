@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 
-from pipelines.cv.checks import CompiledCheck
+from pipelines.cv.decoding.checks import CompiledCheck
+from pipelines.cv.decoding.fields import Field
+from pipelines.cv.decoding.values import ANY_JSON, INT_RANGES, INTEGER, NUMBER, as_real
 from pipelines.cv.definitions import StreamDef
-from pipelines.cv.fields import Field
-from pipelines.cv.values import ANY_JSON, INT_RANGES, INTEGER, NUMBER, as_real
 from pipelines.runtime.events import INSERT, InvalidEvent, from_epoch_ms, quoted_names, repeat_suspects
 
 if TYPE_CHECKING:
-    from pipelines.cv.decoding import RecordLike
+    from pipelines.cv.decoding.stream_decoder import RecordLike
 
 _UNSET = msgspec.UNSET
 # A column kind's JSON values, as the quote count of `FastJson._repeated` sees them.

@@ -16,9 +16,9 @@ from pglast import ast
 from pglast.enums import SQLValueFunctionOp
 from psycopg.types.json import Jsonb
 
+from pipelines.cv.decoding.expressions import EvalError, ExpressionCompiler
+from pipelines.cv.decoding.values import as_written
 from pipelines.cv.definitions import Check, Column, DefinitionError
-from pipelines.cv.expressions import EvalError, ExpressionCompiler
-from pipelines.cv.values import as_written
 from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent
 
 

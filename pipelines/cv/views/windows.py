@@ -2,7 +2,7 @@
 
 A window view keeps its groups per *step* of the window (1/60 of its width): the storage has one more
 group column, `_cv_step`, the start of the step the row's timestamp falls in. Reading the view merges
-the steps that overlap the last `width` (see pipelines.cv.aggregates.window_merge), so each read is the
+the steps that overlap the last `width` (see pipelines.cv.views.aggregates.window_merge), so each read is the
 aggregate over the window to one step: a read at time t covers events from at least t - width and at
 most one step earlier. Steps older than that are deleted by the runner's expiry, and a batch's rows
 that are already older are skipped, so nothing outside the window is ever kept.

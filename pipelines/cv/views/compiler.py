@@ -6,7 +6,7 @@ row leaving it; see pipelines.cv.stream_sql). Each view then applies the deltas 
 takes row locks in the same order (views in name order, groups in key order): several pipeline
 processes can never deadlock.
 
-How each aggregate is computed over a batch and merged is in pipelines.cv.aggregates.
+How each aggregate is computed over a batch and merged is in pipelines.cv.views.aggregates.
 
 DISTINCT aggregates need to know when a value enters or leaves a group. When the stream's key is
 covered by the group columns plus x, the batch's deltas netted per (group, x) are exactly those
@@ -21,12 +21,12 @@ from dataclasses import replace
 
 from psycopg import sql
 
-from pipelines.cv import extremes, windows
-from pipelines.cv.aggregates import REMOVED, ROWS, stored_columns
 from pipelines.cv.definitions import Aggregate, StreamDef, ViewDef, split_arguments, storage_name
-from pipelines.cv.general import StateFunctions
 from pipelines.cv.sql_text import comma_list, ident, raw
-from pipelines.cv.view_types import ViewTypes
+from pipelines.cv.views import extremes, windows
+from pipelines.cv.views.aggregates import REMOVED, ROWS, stored_columns
+from pipelines.cv.views.general import StateFunctions
+from pipelines.cv.views.view_types import ViewTypes
 
 CV_SCHEMA = "cv"
 

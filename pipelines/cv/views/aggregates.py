@@ -17,7 +17,7 @@ How each kind merges a batch (`v` the stored row, `d` the batch's aggregate for 
 
 Any kind but the DISTINCT ones takes a FILTER (WHERE ...). Each view also keeps the number of stream
 rows behind a group (ROWS), and, with array_agg(DISTINCT), the values a batch removes (REMOVED). See
-pipelines.cv.compiler for the statements these make up, and `window_merge` for how the stored values
+pipelines.cv.views.compiler for the statements these make up, and `window_merge` for how the stored values
 of a sliding window's steps are merged when it is read.
 """
 
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from pipelines.cv.definitions import Aggregate, ViewDef
-from pipelines.cv.general import StateFunctions
 from pipelines.cv.sql_text import ident, raw
+from pipelines.cv.views.general import StateFunctions
 
 ROWS = "_cv_rows"  # stream rows behind a group: the group is deleted when it reaches 0
 REMOVED = "_cv_removed"  # scratch column carrying a batch's removals into ON CONFLICT; always NULL at rest
@@ -67,7 +67,7 @@ def stored_columns(
     `aggregates`: the view's, with their arguments and filters as inputs computed beforehand.
 
     `extreme_merges`: min/max over a keyed stream, by stored column: their merge (the engine then reads
-    them from their value counts, pipelines.cv.extremes, since a retraction may take an extreme away).
+    them from their value counts, pipelines.cv.views.extremes, since a retraction may take an extreme away).
     """
     columns = []
     rows = sql.SQL("sum({})").format(rows_sign)

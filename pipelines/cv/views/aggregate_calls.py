@@ -2,7 +2,7 @@
 
 A view does not store `avg(x)`: it stores what any later batch can be added to and any retraction
 taken from (count(x) and sum(x)), and its read view computes the average from them. Each call
-becomes one or more *stored aggregates* (kinds in pipelines.cv.aggregates) and a *reader*: SQL over
+becomes one or more *stored aggregates* (kinds in pipelines.cv.views.aggregates) and a *reader*: SQL over
 the stored values, given the call's result type as PostgreSQL resolves it.
 
 | call                                     | stored                                      | exact |
@@ -166,7 +166,7 @@ MOMENTS = {
     "stddev_samp": "stddev_samp",
     "stddev_pop": "stddev_pop",
 }
-# Aggregates kept as their PostgreSQL transition state (pg_aggregate); see pipelines.cv.general.
+# Aggregates kept as their PostgreSQL transition state (pg_aggregate); see pipelines.cv.views.general.
 GENERAL_BUILTINS = frozenset({"bit_and", "bit_or", "bit_xor"})
 # Calls refused, with the reason a user needs.
 REFUSED = {
