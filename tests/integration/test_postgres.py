@@ -105,6 +105,14 @@ def test_only_the_writer_reads_kafka_offsets(pg):
             conn.execute("SELECT * FROM ops.kafka_offsets")
 
 
+def test_no_role_may_stream_the_clusters_physical_wal(stack, secrets_dir):
+    # Physical replication (pg_basebackup, a standby) would copy every database; pg_hba refuses it.
+    password = (secrets_dir / "pg_cdc_password").read_text().strip()
+    conninfo = f"host=127.0.0.1 port={stack.pgport} user=sv_cdc password={password} replication=true dbname=x"
+    with pytest.raises(psycopg.OperationalError, match=r"pg_hba\.conf"):
+        psycopg.connect(conninfo).close()
+
+
 def test_only_the_cdc_role_may_replicate(pg):
     with pg("postgres") as conn:
         rows = dict(conn.execute("SELECT rolname, rolreplication FROM pg_roles WHERE rolname LIKE 'sv\\_%'").fetchall())

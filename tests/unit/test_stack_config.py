@@ -49,6 +49,7 @@ def test_postgres_listens_on_loopback_with_logical_wal_and_scram(context):
     hba = [line.split() for line in render("pg_hba.conf", context).splitlines() if line and not line.startswith("#")]
     assert all(rule[-1] == "scram-sha-256" for rule in hba)
     assert all(rule[0] == "local" or rule[3] == "127.0.0.1/32" for rule in hba)
+    assert all(rule[1] != "replication" for rule in hba), "no physical replication"
 
 
 def test_kafka_runs_kraft_on_loopback_without_topic_auto_creation(context):
