@@ -14,12 +14,27 @@ import subprocess
 import sys
 import time
 
+import psycopg
+
 from pipelines.audit import elastic
+from pipelines.audit.backlog import backlog
 from pipelines.cdc import connectors
+from pipelines.cv.cli_common import kafka_admin
+from pipelines.cv.status import runner_status, status_table
 from pipelines.dbsetup import setup_database
 from pipelines.errors import StackError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger
-from pipelines.settings import ConnectSettings, ElasticsearchSettings, LogSettings, PostgresSettings
+from pipelines.settings import (
+    ROLE_INDEXER,
+    ROLE_WRITER,
+    STREAM_RUNNER_GROUP,
+    AuditSettings,
+    ConnectSettings,
+    ElasticsearchSettings,
+    KafkaSettings,
+    LogSettings,
+    PostgresSettings,
+)
 from stack.configure import DATABASE, connect_secrets, prepare, read_secret
 from stack.install import install
 from stack.procmem import tree_memory_mib
@@ -141,8 +156,44 @@ def status(settings: StackSettings) -> int:
             f"{svc.name:<14}{info.state:<10}{info.pid or '-':>8}{info.uptime_s:>8}s{svc.port(settings) or '-':>7}"
             f"{memory:>11}  {'yes' if ready else 'NO'} ({detail})"
         )
+    if processes["postgres"].state == RUNNING and processes["kafka"].state == RUNNING:
+        print()
+        for line in pipeline_lag(settings):
+            print(line)
     print(f"\nclient settings: {settings.paths.env_file}   logs: {settings.paths.logs}")
     return 0 if all_ready else 1
+
+
+def pipeline_lag(settings: StackSettings) -> list[str]:
+    """How far the pipelines are behind: each stream for the supervised runner's group, and the puller.
+
+    Read as `streamviews status` reads it (offsets stored in PostgreSQL against Kafka's high
+    watermarks) and from the audit ledger; a failure is one line, never the end of `status`.
+    """
+    postgres = PostgresSettings(
+        host="127.0.0.1", port=settings.pgport, database=DATABASE, secrets_dir=settings.paths.secrets
+    )
+    kafka = KafkaSettings(bootstrap_servers=f"127.0.0.1:{settings.kafka_port}")
+    lines = []
+    try:
+        with psycopg.connect(postgres.conninfo(user=ROLE_WRITER), connect_timeout=5) as conn:
+            statuses = runner_status(conn, kafka_admin(kafka), kafka, STREAM_RUNNER_GROUP)
+        lines.append(status_table(STREAM_RUNNER_GROUP, statuses))
+    except (psycopg.Error, StreamviewsError) as e:
+        lines.append(f"stream lag unavailable: {str(e).strip().splitlines()[0]}")
+    audit = AuditSettings()
+    try:
+        with psycopg.connect(postgres.conninfo(user=ROLE_INDEXER), connect_timeout=5) as conn:
+            behind = backlog(conn, audit.schema_name)
+    except psycopg.Error as e:
+        lines.append(f"audit puller lag unavailable: {str(e).strip().splitlines()[0]}")
+    else:
+        last = behind.last_checkpoint.strftime("%Y-%m-%d %H:%M:%S %Z") if behind.last_checkpoint else "never"
+        lines.append(
+            f"\naudit puller ({audit.schema_name}): {behind.rows_behind} rows behind in {behind.tables} tables;"
+            f" last checkpoint {last}"
+        )
+    return lines
 
 
 def logs(settings: StackSettings, names: list[str], follow: bool, lines: int) -> None:

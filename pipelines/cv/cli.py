@@ -56,7 +56,7 @@ from pipelines.cv.cli_common import (
 )
 from pipelines.cv.definitions import DefinitionError, StreamDef, parse
 from pipelines.cv.statement_text import Statement, numbered_statements
-from pipelines.cv.status import status_table, stream_statuses, watermarks
+from pipelines.cv.status import runner_status, status_table
 from pipelines.cv.views import view_catalog
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
@@ -243,26 +243,9 @@ def cmd_drop(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     """Print each stream's consumer lag, last commit and dead letters for the runner's group."""
     group = args.group or PipelineSettings().group_id or STREAM_RUNNER_GROUP
-    settings = PostgresSettings()
+    settings, kafka = PostgresSettings(), KafkaSettings()
     with database(settings, settings.user) as conn:
-        streams = conn.execute("SELECT name, topic FROM cv.streams ORDER BY name").fetchall()
-        if args.streams:
-            unknown = sorted(set(args.streams) - {name for name, _ in streams})
-            if unknown:
-                raise DefinitionError(f"no stream named {', '.join(unknown)}")
-            streams = [(name, topic) for name, topic in streams if name in args.streams]
-        topics = [topic for _, topic in streams]
-        offsets = conn.execute(
-            "SELECT topic, partition, next_offset, updated_at FROM ops.kafka_offsets"
-            " WHERE group_id = %s AND topic = ANY(%s)",
-            (group, topics),
-        ).fetchall()
-        dead = conn.execute(
-            "SELECT topic, reason, count FROM ops.dead_letters WHERE group_id = %s AND topic = ANY(%s)",
-            (group, topics),
-        ).fetchall()
-    kafka = KafkaSettings()
-    statuses = stream_statuses(streams, watermarks(kafka_admin(kafka), kafka, set(topics)), offsets, dead)
+        statuses = runner_status(conn, kafka_admin(kafka), kafka, group, args.streams)
     if args.json:
         print(json.dumps({"group": group, "streams": [s.as_json() for s in statuses]}, indent=2))
     else:

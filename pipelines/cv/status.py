@@ -10,10 +10,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import psycopg
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from pipelines.cv.cli_common import KAFKA_TIMEOUT_S, CommandError, kafka_message, kafka_topics, table
+from pipelines.cv.definitions import DefinitionError
 from pipelines.settings import KafkaSettings
 
 
@@ -120,3 +122,29 @@ def status_table(group: str, statuses: list[StreamStatus]) -> str:
     if not rows:
         return f"{header}\nno streams"
     return header + "\n" + table(("STREAM", "TOPIC", "PARTITIONS", "LAG", "LAST COMMIT", "DEAD LETTERS"), rows)
+
+
+def runner_status(
+    conn: psycopg.Connection, admin: AdminClient, kafka: KafkaSettings, group: str, only: list[str] | None = None
+) -> list[StreamStatus]:
+    """Each declared stream's status for `group` (a role that reads ops.kafka_offsets: the writer).
+
+    Raises:
+        DefinitionError: `only` names a stream that is not declared.
+    """
+    streams = conn.execute("SELECT name, topic FROM cv.streams ORDER BY name").fetchall()
+    if only:
+        unknown = sorted(set(only) - {name for name, _ in streams})
+        if unknown:
+            raise DefinitionError(f"no stream named {', '.join(unknown)}")
+        streams = [(name, topic) for name, topic in streams if name in only]
+    topics = [topic for _, topic in streams]
+    offsets = conn.execute(
+        "SELECT topic, partition, next_offset, updated_at FROM ops.kafka_offsets"
+        " WHERE group_id = %s AND topic = ANY(%s)",
+        (group, topics),
+    ).fetchall()
+    dead = conn.execute(
+        "SELECT topic, reason, count FROM ops.dead_letters WHERE group_id = %s AND topic = ANY(%s)", (group, topics)
+    ).fetchall()
+    return stream_statuses(streams, watermarks(admin, kafka, set(topics)), offsets, dead)

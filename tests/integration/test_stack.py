@@ -29,6 +29,10 @@ def test_status_reports_every_service_ready(stack):
     assert done.returncode == 0, done.stdout
     for name in ("postgres", "kafka", "elasticsearch", "connect"):
         assert any(line.startswith(name) and " yes " in line for line in done.stdout.splitlines()), done.stdout
+    # ... and how far the pipelines are behind: each stream's lag for the runner's group, the puller's rows.
+    assert f"consumer group {STREAM_RUNNER_GROUP}" in done.stdout
+    assert any(line.startswith("likes ") and line.split()[3].isdigit() for line in done.stdout.splitlines())
+    assert "audit puller (audit):" in done.stdout
 
 
 def test_a_killed_service_is_restarted_by_the_process_manager(stack):
