@@ -170,9 +170,7 @@ def pipeline_lag(settings: StackSettings) -> list[str]:
     Read as `streamviews status` reads it (offsets stored in PostgreSQL against Kafka's high
     watermarks) and from the audit ledger; a failure is one line, never the end of `status`.
     """
-    postgres = PostgresSettings(
-        host="127.0.0.1", port=settings.pgport, database=DATABASE, secrets_dir=settings.paths.secrets
-    )
+    postgres = admin_settings(settings)  # each role's password from the stack's secrets
     kafka = KafkaSettings(bootstrap_servers=f"127.0.0.1:{settings.kafka_port}")
     lines = []
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 from confluent_kafka.admin import AdminClient
 
 from pipelines.errors import StackError
-from pipelines.settings import ROLE_INDEXER, ROLE_WRITER
+from pipelines.settings import ROLE_INDEXER, ROLE_WRITER, ConnectSettings
 from stack.settings import StackSettings
 from stack.supervisor import GAVE_UP, Supervisor
 
@@ -81,7 +81,7 @@ def readiness_check(name: str, settings: StackSettings, elastic_password: str) -
     if name == "kafka":
         return lambda: _kafka_metadata(settings.kafka_port)
     if name == "connect":
-        auth = ("streamviews", read_secret_file(settings.paths.secrets / "connect_password"))
+        auth = ConnectSettings(secrets_dir=settings.paths.secrets).basic_auth()
         return lambda: _http_ok(f"http://127.0.0.1:{settings.connect_port}/connectors", auth)
     if name == "elasticsearch":
         return lambda: _es_health(settings.es_port, elastic_password)
@@ -168,14 +168,6 @@ def _http_ok(url: str, auth: tuple[str, str] | None = None) -> tuple[bool, str]:
     except OSError as e:
         return False, f"GET {url}: {e}"
     return status == 200, f"GET {url}: HTTP {status}"
-
-
-def read_secret_file(path: Path) -> str:
-    """A generated password (empty when it is not there yet: the probe then fails and says why)."""
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return ""
 
 
 def _es_health(port: int, password: str) -> tuple[bool, str]:

@@ -13,10 +13,10 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv import stream_sql
-from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, state_table_name
+from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse
 from pipelines.cv.statement_text import split_statements
 from pipelines.cv.statements import parse_change
-from pipelines.cv.views import compiler, general
+from pipelines.cv.views import general
 from pipelines.cv.views.view_types import ViewTypes
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_WRITER
@@ -180,9 +180,7 @@ def drop_stream(conn: psycopg.Connection, name: str) -> str:
         if feeders:
             raise DefinitionError(f"stream {name} is fed by {', '.join(feeders)}; drop those streams first")
         lock_stream(conn, name, shared=False)
-        conn.execute(
-            sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(compiler.CV_SCHEMA, state_table_name(name)))
-        )
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stream_sql.state_table_of(name)))
         if conn.execute("DELETE FROM cv.streams WHERE name = %s", (name,)).rowcount == 0:
             raise DefinitionError(f"no stream named {name}")
         bump(conn)

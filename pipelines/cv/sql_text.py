@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from psycopg import sql
 
+CV_SCHEMA = "cv"  # the engine's schema: catalog, streams' state, views' storage, helper functions
+
+
+def string_literal(text: str) -> str:
+    """`text` as an SQL string constant, for SQL kept as text (a definition, a group expression)."""
+    return "'" + text.replace("'", "''") + "'"
+
 
 def ident(*parts: str) -> sql.Identifier:
     """A quoted name: `ident("cv", "state_likes")` is `"cv"."state_likes"`."""

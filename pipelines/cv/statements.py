@@ -21,6 +21,7 @@ from pglast.enums import AlterTableType
 from pglast.stream import RawStream
 
 from pipelines.cv.definitions import DefinitionError, parse_rewritten, plain_identifier
+from pipelines.cv.sql_text import string_literal
 
 _CHANGE = re.compile(r"\s*(ALTER|DROP)\s+(STREAM|CONTINUOUS\s+VIEW)\b", re.IGNORECASE)
 ALTERABLE = frozenset({"ttl"})
@@ -95,7 +96,7 @@ def with_options(definition: str, options: dict[str, str]) -> str:
     head = re.match(r"\s*CREATE\s+CONTINUOUS\s+VIEW\b", definition, re.IGNORECASE)
     assert head is not None, definition
     node = pglast.parse_sql("CREATE VIEW" + definition[head.end() :])[0].stmt
-    options_sql = ", ".join(f"{k} = '{v.replace(chr(39), chr(39) * 2)}'" for k, v in sorted(options.items()))
+    options_sql = ", ".join(f"{k} = {string_literal(v)}" for k, v in sorted(options.items()))
     with_clause = f" WITH ({options_sql})" if options else ""
     view, query = RawStream()(node.view), RawStream()(node.query)
     return f"CREATE CONTINUOUS VIEW {view}{with_clause} AS {query}"

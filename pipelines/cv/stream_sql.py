@@ -12,15 +12,18 @@ import pglast
 from pglast import ast
 from psycopg import sql
 
-from pipelines.cv.definitions import StreamDef, ViewDef, walk
-from pipelines.cv.sql_text import comma_list, ident, raw
-
-CV_SCHEMA = "cv"
+from pipelines.cv.definitions import StreamDef, ViewDef, state_table_name, walk
+from pipelines.cv.sql_text import CV_SCHEMA, comma_list, ident, raw
 
 
 def state_table(stream: StreamDef) -> sql.Identifier:
     """The table of a keyed stream's current rows."""
-    return ident(CV_SCHEMA, stream.state_table)
+    return state_table_of(stream.name)
+
+
+def state_table_of(stream: str) -> sql.Identifier:
+    """The state table of a stream given by name."""
+    return ident(CV_SCHEMA, state_table_name(stream))
 
 
 def delta_table(stream: StreamDef) -> sql.Identifier:

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -157,6 +157,17 @@ def writer(pg: Callable[..., psycopg.Connection], streams: object) -> Iterator[p
     """
     with pg("sv_writer", autocommit=True) as conn:
         yield conn
+
+
+def as_stream_table(conn: psycopg.Connection, stream: str, columns: str, rows: Iterable[tuple]) -> None:
+    """The rows in a temporary table named like the stream, so a view's own SELECT runs over them.
+
+    The oracle of the view tests; call it inside a transaction the caller rolls back.
+    """
+    conn.execute(f"CREATE TEMP TABLE {stream} ({columns}) ON COMMIT DROP")
+    with conn.cursor().copy(f"COPY {stream} FROM STDIN") as copy:
+        for row in rows:
+            copy.write_row(row)
 
 
 def apply_rows(conn: psycopg.Connection, stream: str, ops: list[int], rows: list[tuple]) -> None:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from pipelines.cv import catalog
 from pipelines.cv.definitions import DefinitionError
 from pipelines.cv.views.aggregate_calls import topk_capacity
-from tests.integration.conftest import apply_rows, throwaway_views, unique
+from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 TS = datetime(2030, 1, 1, tzinfo=UTC)
 KEYED_VIEW = """
@@ -66,10 +66,7 @@ def streams(stack, pg):
 def recomputed(conn, stream, columns, rows, query, groups):
     """The view's own SELECT over `rows` in a temporary table named like the stream (rolled back)."""
     with conn.transaction(force_rollback=True):
-        conn.execute(f"CREATE TEMP TABLE {stream} ({columns}) ON COMMIT DROP")
-        with conn.cursor().copy(f"COPY {stream} FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+        as_stream_table(conn, stream, columns, rows)
         result = conn.execute(f"SELECT * FROM ({query}) AS q WHERE g = ANY(%s) ORDER BY g", (groups,))
         return [dict(zip([d.name for d in result.description], r, strict=True)) for r in result]
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from pipelines.cv import catalog
 from pipelines.cv.definitions import DefinitionError
-from tests.integration.conftest import apply_rows, throwaway_views, unique
+from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 INNER = """SELECT p.section, count(*) AS n, count(DISTINCT c.uid) AS users, avg(c.ms) AS avg_ms
            FROM {stream} AS c JOIN {table} AS p ON p.url = c.url GROUP BY p.section"""
@@ -41,10 +41,7 @@ def streams(stack, pg):
 
 def recomputed(conn, streams, rows, query, key, keys):
     with conn.transaction(force_rollback=True):
-        conn.execute(f"CREATE TEMP TABLE {streams['stream']} (url text, uid bigint, ms int) ON COMMIT DROP")
-        with conn.cursor().copy(f"COPY {streams['stream']} FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+        as_stream_table(conn, streams["stream"], "url text, uid bigint, ms int", rows)
         query = query.format(stream=streams["stream"], table=streams["table"])
         return conn.execute(f"SELECT * FROM ({query}) q WHERE {key} = ANY(%s) ORDER BY 1", (keys,)).fetchall()
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pipelines.cv import catalog
 from pipelines.cv.definitions import DefinitionError
 from pipelines.cv.engine import StreamMaintainer
-from tests.integration.conftest import apply_rows, throwaway_views, unique
+from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 WIDTH = "10 minutes"
 SELECT = """SELECT g, count(*) AS n, count(DISTINCT u) AS users, avg(x) AS avg_x, max(x) AS top,
@@ -51,10 +51,7 @@ def read_and_recompute(conn, view, stream, columns, rows, select, groups):
     merged = f"WHERE cv.window_step(ts, '{WIDTH}') > now() - interval '{WIDTH}' - interval '{WIDTH}' / 60"
     with conn.transaction(force_rollback=True):
         got = conn.execute(f"SELECT * FROM {view} WHERE g = ANY(%s) ORDER BY g", (groups,)).fetchall()
-        conn.execute(f"CREATE TEMP TABLE {stream} ({columns}) ON COMMIT DROP")
-        with conn.cursor().copy(f"COPY {stream} FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+        as_stream_table(conn, stream, columns, rows)
         query = select.format(stream=stream, where=merged)
         expected = conn.execute(f"SELECT * FROM ({query}) q WHERE g = ANY(%s) ORDER BY g", (groups,)).fetchall()
     return got, expected

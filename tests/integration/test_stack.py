@@ -35,17 +35,22 @@ def test_status_reports_every_service_ready(stack):
     assert "audit puller (audit):" in done.stdout
 
 
-def test_a_killed_service_is_restarted_by_the_process_manager(stack):
+def kill_and_see_restarted(stack, name: str) -> None:
+    """SIGKILL a supervised service and wait until supervisord runs a new process of it."""
     supervisor = Supervisor(stack.paths)
-    killed = supervisor.processes()["connect"].pid
+    killed = supervisor.processes()[name].pid
 
     os.kill(killed, signal.SIGKILL)
 
     wait_for(
-        lambda: (info := supervisor.processes()["connect"]).state == RUNNING and info.pid != killed,
+        lambda: (info := supervisor.processes()[name]).state == RUNNING and info.pid != killed,
         timeout=60,
-        what="supervisord to restart connect",
+        what=f"supervisord to restart {name}",
     )
+
+
+def test_a_killed_service_is_restarted_by_the_process_manager(stack):
+    kill_and_see_restarted(stack, "connect")
     probe = readiness_check("connect", stack, read_secret(stack.paths, "elastic_password"))
     wait_for(lambda: probe()[0], timeout=120, what="the restarted connect worker to answer")
 
@@ -53,16 +58,7 @@ def test_a_killed_service_is_restarted_by_the_process_manager(stack):
 def test_a_killed_runner_comes_back_as_the_same_static_member_of_its_group(stack, admin):
     # Static membership (PIPELINE_INSTANCE_ID): the restarted runner takes its partitions back at once
     # instead of waiting for the dead member's session to expire (40 s before, about 2 s now).
-    supervisor = Supervisor(stack.paths)
-    killed = supervisor.processes()["streams"].pid
-
-    os.kill(killed, signal.SIGKILL)
-
-    wait_for(
-        lambda: (info := supervisor.processes()["streams"]).state == RUNNING and info.pid != killed,
-        timeout=60,
-        what="supervisord to restart the stream runner",
-    )
+    kill_and_see_restarted(stack, "streams")
 
     def members() -> list[str | None]:
         group = admin.describe_consumer_groups([STREAM_RUNNER_GROUP])[STREAM_RUNNER_GROUP].result()

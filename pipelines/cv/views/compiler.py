@@ -22,13 +22,11 @@ from dataclasses import replace
 from psycopg import sql
 
 from pipelines.cv.definitions import Aggregate, StreamDef, ViewDef, split_arguments, storage_name
-from pipelines.cv.sql_text import comma_list, ident, raw
+from pipelines.cv.sql_text import CV_SCHEMA, comma_list, ident, raw
 from pipelines.cv.views import extremes, windows
 from pipelines.cv.views.aggregates import REMOVED, ROWS, stored_columns
 from pipelines.cv.views.general import StateFunctions
 from pipelines.cv.views.view_types import ViewTypes
-
-CV_SCHEMA = "cv"
 
 
 def storage_table(view: ViewDef) -> sql.Identifier:

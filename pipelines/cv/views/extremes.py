@@ -13,7 +13,7 @@ from __future__ import annotations
 from psycopg import sql
 
 from pipelines.cv.definitions import Aggregate, StreamDef, ViewDef
-from pipelines.cv.sql_text import comma_list, ident, raw
+from pipelines.cv.sql_text import CV_SCHEMA, comma_list, ident, raw
 
 
 def kept_extremes(view: ViewDef, stream: StreamDef) -> list[tuple[int, Aggregate]]:
@@ -25,7 +25,7 @@ def kept_extremes(view: ViewDef, stream: StreamDef) -> list[tuple[int, Aggregate
 
 def counts_table(view: ViewDef, index: int) -> sql.Identifier:
     """`cv.<storage>__m<index>`: rows behind each (group, value) of aggregate `index`."""
-    return ident("cv", f"{view.storage_name}__m{index}")
+    return ident(CV_SCHEMA, f"{view.storage_name}__m{index}")
 
 
 def create_counts_table(view: ViewDef, index: int, group_types: tuple[str, ...], value_type: str) -> list[sql.Composed]:

@@ -21,6 +21,7 @@ from psycopg.types.json import Jsonb
 from pipelines.cv import stream_sql
 from pipelines.cv.catalog import bump, lock_stream
 from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, storage_name
+from pipelines.cv.sql_text import CV_SCHEMA
 from pipelines.cv.statements import AlterView, Drop, with_options
 from pipelines.cv.views import compiler, extremes, read_views, view_types
 from pipelines.cv.views.view_types import ViewTypes
@@ -254,8 +255,8 @@ def drop_view_relations(conn: psycopg.Connection, schema: str, view: str) -> Non
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.storage_table_of(schema, view)))
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.refs_table_of(schema, view)))
     counts = conn.execute(  # min/max value counts: <storage>__m<i>
-        "SELECT relname FROM pg_class WHERE relnamespace = 'cv'::regnamespace AND relkind = 'r' AND relname ~ %s",
-        (f"^{storage_name(schema, view)}__m[0-9]+$",),
+        "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace AND relkind = 'r' AND relname ~ %s",
+        (CV_SCHEMA, f"^{storage_name(schema, view)}__m[0-9]+$"),
     ).fetchall()
     for (table,) in counts:
-        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier("cv", table)))
+        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(CV_SCHEMA, table)))

@@ -18,7 +18,7 @@ from pglast.enums import BoolExprType, SQLValueFunctionOp
 from psycopg import sql
 
 from pipelines.cv.definitions import DefinitionError, GroupColumn, StreamDef, ViewDef, Window
-from pipelines.cv.sql_text import ident
+from pipelines.cv.sql_text import ident, string_literal
 
 STEP_COLUMN = "_cv_step"
 STEPS_PER_WINDOW = 60  # cv.window_step() divides a window by the same number
@@ -99,11 +99,7 @@ def _interval(node: ast.Node) -> str | None:
 
 def step_group(window: Window) -> GroupColumn:
     """The extra group column of a window's storage: the start of each row's step."""
-    return GroupColumn(STEP_COLUMN, f"cv.window_step({window.column}, {_literal(window.width)}::interval)")
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
+    return GroupColumn(STEP_COLUMN, f"cv.window_step({window.column}, {string_literal(window.width)}::interval)")
 
 
 def horizon(window: Window) -> sql.Composed:
