@@ -1,5 +1,7 @@
 """Installing what the stack runs: Debian packages, the service account, and the Maven distributions.
 
+Also the docker-compose CLI the tests check docker-compose.yml with (stack/compose_cli.py).
+
 Each step checks first and does nothing when its result is already there, so a warm `up` spends no
 time here. Downloads go through Maven's local repository (a shared cache); each distribution is then
 copied into the state directory under a folder named after its version, completed atomically.
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from pipelines.errors import StackError
 from pipelines.logs import get_logger
+from stack.compose_cli import ensure_compose_cli
 from stack.settings import StackSettings
 from stack.shell import ServiceUser, make_dir, run
 
@@ -51,6 +54,7 @@ def install(settings: StackSettings) -> tuple[ServiceUser, Distributions]:
     check_traversable(settings.paths.root, user)
     dist = make_dir(settings.paths.dist, user)
     versions = {"kafka.version": settings.kafka_version, "log4j.version": settings.log4j_version}
+    ensure_compose_cli(settings.paths)
     return user, Distributions(
         java=find_java(),
         kafka=maven_copy(settings, "kafka", dist / f"kafka-{settings.kafka_version}", versions),
