@@ -65,7 +65,7 @@ def main() -> int:
     rows = sorted(pairs, key=lambda _: rng.random())
 
     with (
-        psycopg.connect(settings.conninfo(user=ROLE_WRITER), autocommit=True) as app,
+        psycopg.connect(settings.conninfo(user=ROLE_WRITER, dbname=settings.app_database), autocommit=True) as app,
         psycopg.connect(settings.conninfo(user=ROLE_OWNER), autocommit=True) as owner,
     ):
         started = time.monotonic()
@@ -79,7 +79,9 @@ def main() -> int:
         stop = threading.Event()
 
         def background() -> None:
-            with psycopg.connect(settings.conninfo(user=ROLE_WRITER), autocommit=True) as conn:
+            with psycopg.connect(
+                settings.conninfo(user=ROLE_WRITER, dbname=settings.app_database), autocommit=True
+            ) as conn:
                 uid = 10_000_001
                 while not stop.is_set():
                     tick = time.monotonic()

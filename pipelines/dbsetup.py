@@ -4,13 +4,17 @@ Run by `python -m stack up` for the local stack and as the `dbsetup` one-shot se
 docker-compose.yml; every step is idempotent, so it runs on each start.
 
 1. As the superuser: one login role per duty (owner, writer, reader, indexer, cdc), each with its
-   password from `SECRETS_DIR` and its timeouts (`ROLE_TIMEOUTS`); the database, owned by
-   `sv_owner`, closed to PUBLIC.
+   password from `SECRETS_DIR` and its timeouts (`ROLE_TIMEOUTS`); two databases owned by `sv_owner`
+   and closed to PUBLIC: the views' (`PGDATABASE`), which the CDC role may not connect to, and the
+   captured application tables' (`APP_DATABASE`), the only one it may.
 2. As the superuser, in the database: `sql/extensions.sql` (hll, rum, tdigest, TimescaleDB when
    offered; advisory locks for the working roles only).
-3. As `sv_owner`: each `sql/migrations/NNNN_*.sql` not yet applied, each in its own transaction with
-   its row in `ops.schema_migrations`; an applied migration whose text changed is an error. Then
-   the audit log's retention (`AUDIT_RETENTION_DAYS`) into `audit.retention`.
+3. As `sv_owner`: each `sql/app_migrations/NNNN_*.sql` in APP_DATABASE, then each
+   `sql/migrations/NNNN_*.sql` in the views' database, each not yet applied in its own transaction
+   with its row in that database's `ops.schema_migrations`; an applied migration whose text changed
+   is an error. Before migration 0012 drops the views' database's old `app` schema, its rows move
+   to APP_DATABASE (pipelines/cdc/captured_tables.py). Then the audit log's retention
+   (`AUDIT_RETENTION_DAYS`) into `audit.retention`.
 4. As `sv_owner`: the streams and continuous views of `sql/views/*.sql` (an unchanged definition is
    left alone, a new view is backfilled), then `sql/functions/*.sql` (CREATE OR REPLACE).
 
@@ -28,6 +32,8 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from pipelines.cdc.captured_tables import move_captured_tables
+from pipelines.cdc.connectors import CONNECTORS_DIR
 from pipelines.cv import catalog
 from pipelines.cv.definitions import DefinitionError
 from pipelines.errors import DatabaseSetupError
@@ -84,6 +90,9 @@ def setup_database(admin: PostgresSettings) -> None:
     ensure_roles_and_database(admin)
     with psycopg.connect(admin.conninfo(), autocommit=True) as conn:
         conn.execute((SQL_DIR / "extensions.sql").read_text())
+    with psycopg.connect(admin.conninfo(user=ROLE_OWNER, dbname=admin.app_database)) as conn:
+        apply_migrations(conn, load_migrations(SQL_DIR / "app_migrations"))
+    move_captured_tables(admin, CONNECTORS_DIR)
     with psycopg.connect(admin.conninfo(user=ROLE_OWNER)) as conn:
         apply_migrations(conn, load_migrations())
         # The retention the audit log keeps: audit.drop_expired never drops anything younger.
@@ -129,25 +138,39 @@ def ensure_roles_and_database(admin: PostgresSettings) -> None:
                         sql.Identifier(role), sql.Identifier(setting), sql.Literal(value)
                     )
                 )
+        # The owner may see and signal the reader's sessions, for ops.stop_overrunning_reads (migration 0014).
+        conn.execute(sql.SQL("GRANT {} TO {}").format(sql.Identifier(ROLE_READER), sql.Identifier(ROLE_OWNER)))
         # Belt and braces for the query role: its sessions start read-only, on top of having no
         # write privileges anywhere.
         conn.execute(
             sql.SQL("ALTER ROLE {} SET default_transaction_read_only = on").format(sql.Identifier(ROLE_READER))
         )
-        database = admin.database
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (database,)).fetchone():
+        database, app_database = admin.database, admin.app_database
+        if database == app_database:
+            raise DatabaseSetupError(
+                f"APP_DATABASE must differ from PGDATABASE ({database}): the CDC role may not see the views"
+            )
+        for name in (database, app_database):
+            if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+                conn.execute(
+                    sql.SQL("CREATE DATABASE {} OWNER {} ENCODING 'UTF8'").format(
+                        sql.Identifier(name), sql.Identifier(ROLE_OWNER)
+                    )
+                )
+                log.info("created database", database=name)
+            conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(name)))
+        # CONNECT is what keeps the CDC role's REPLICATION to the captured tables: a walsender, like
+        # any session, needs it to attach to a database and create or read a logical slot there.
+        views_roles = [role for role in APP_ROLES if role != ROLE_CDC]
+        conn.execute(
+            sql.SQL("REVOKE CONNECT ON DATABASE {} FROM {}").format(sql.Identifier(database), sql.Identifier(ROLE_CDC))
+        )
+        for name, roles in ((database, views_roles), (app_database, [ROLE_OWNER, ROLE_WRITER, ROLE_CDC])):
             conn.execute(
-                sql.SQL("CREATE DATABASE {} OWNER {} ENCODING 'UTF8'").format(
-                    sql.Identifier(database), sql.Identifier(ROLE_OWNER)
+                sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
+                    sql.Identifier(name), sql.SQL(", ").join(map(sql.Identifier, roles))
                 )
             )
-            log.info("created database", database=database)
-        conn.execute(sql.SQL("REVOKE ALL ON DATABASE {} FROM PUBLIC").format(sql.Identifier(database)))
-        conn.execute(
-            sql.SQL("GRANT CONNECT ON DATABASE {} TO {}").format(
-                sql.Identifier(database), sql.SQL(", ").join(map(sql.Identifier, APP_ROLES))
-            )
-        )
         # The owner creates the schemas (migrations); the pipelines stage each batch in temporary tables.
         conn.execute(
             sql.SQL("GRANT CREATE, TEMPORARY ON DATABASE {} TO {}").format(

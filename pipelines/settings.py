@@ -85,6 +85,9 @@ class PostgresSettings(_Settings):
     host: str = "127.0.0.1"
     port: int = 5432
     database: str = "streamviews"
+    # The captured application tables (app.likes, app.follows) live in a database of their own, the
+    # only one the CDC role may connect to: its REPLICATION attribute then decodes nothing else.
+    app_database: str = Field("streamviews_app", validation_alias="APP_DATABASE")
     user: str = ROLE_WRITER
     password: SecretStr | None = None
     application_name: str = Field("streamviews", validation_alias="PGAPPNAME")

@@ -35,7 +35,7 @@ from pipelines.settings import (
     LogSettings,
     PostgresSettings,
 )
-from stack.configure import DATABASE, connect_secrets, prepare, read_secret
+from stack.configure import APP_DATABASE, DATABASE, connect_secrets, prepare, read_secret
 from stack.install import install
 from stack.procmem import tree_memory_mib
 from stack.services import SERVICE_NAMES, SERVICES, readiness_check, service, wait_ready
@@ -67,7 +67,11 @@ def up(settings: StackSettings) -> None:
         supervisor.start(svc.name)
         if svc.name == "postgres":
             _wait(settings, supervisor, "postgres", elastic_password)
-            setup_database(admin_settings(settings))
+            admin = admin_settings(settings)
+            # A running server keeps its old pg_hba.conf until told: the one just rendered may be stricter.
+            with psycopg.connect(admin.conninfo(dbname="postgres"), autocommit=True) as conn:
+                conn.execute("SELECT pg_reload_conf()")
+            setup_database(admin)
     for name in SERVICE_NAMES:
         _wait(settings, supervisor, name, elastic_password)
     connectors.apply(
@@ -76,7 +80,13 @@ def up(settings: StackSettings) -> None:
             providers_dir=connect_secrets(settings.paths),
             secrets_dir=settings.paths.secrets,
         ),
-        PostgresSettings(host="127.0.0.1", port=settings.pgport, database=DATABASE, secrets_dir=settings.paths.secrets),
+        PostgresSettings(
+            host="127.0.0.1",
+            port=settings.pgport,
+            database=DATABASE,
+            app_database=APP_DATABASE,
+            secrets_dir=settings.paths.secrets,
+        ),
     )
     es_settings = ElasticsearchSettings(url=f"http://127.0.0.1:{settings.es_port}", secrets_dir=settings.paths.secrets)
     with elastic.client(es_settings) as es:
@@ -96,6 +106,7 @@ def admin_settings(settings: StackSettings) -> PostgresSettings:
         host="127.0.0.1",
         port=settings.pgport,
         database=DATABASE,
+        app_database=APP_DATABASE,
         user="postgres",
         password=None,
         secrets_dir=settings.paths.secrets,

@@ -27,6 +27,7 @@ log = get_logger("stack.configure")
 
 TEMPLATES = Path(__file__).with_name("templates")
 DATABASE = "streamviews"
+APP_DATABASE = "streamviews_app"  # the captured application tables, the CDC role's only database
 SECRET_NAMES = (
     secret_file_name("postgres"),
     *(secret_file_name(r) for r in APP_ROLES),
@@ -123,6 +124,7 @@ def render_context(settings: StackSettings, user: ServiceUser, dist: Distributio
         "java": dist.java,
         "java_home": dist.java_home,
         "pg_bin": settings.pg_bin,
+        "app_database": APP_DATABASE,
         "pg_conf": paths.service("postgres") / "conf",
         "pg_data": paths.service("postgres") / "data",
         "pg_socket_dir": paths.service("postgres") / "run",
@@ -300,6 +302,7 @@ def client_settings(settings: StackSettings) -> dict[str, str]:
         "PGHOST": "127.0.0.1",
         "PGPORT": str(settings.pgport),
         "PGDATABASE": DATABASE,
+        "APP_DATABASE": APP_DATABASE,
         "PGPASSFILE": str(paths.secrets / "pgpass"),
         "SECRETS_DIR": str(paths.secrets),
         "KAFKA_BOOTSTRAP_SERVERS": f"127.0.0.1:{settings.kafka_port}",

@@ -1,7 +1,7 @@
 """`python -m pipelines.cdc.connectors apply|status|delete`: the Kafka Connect connectors in connectors/.
 
 Each `connectors/<name>.json` holds `{"name": ..., "config": {...}}`. `apply` renders the
-environment's values into it (`@{PGHOST}`, `@{PGPORT}`, `@{PGDATABASE}`, `@{SECRETS_DIR}`) and PUTs
+environment's values into it (`@{PGHOST}`, `@{PGPORT}`, `@{APP_DATABASE}`, `@{SECRETS_DIR}`) and PUTs
 it to `/connectors/<name>/config`, which creates or updates: running it twice changes nothing.
 Passwords are never in the files: they reference the worker's config providers,
 e.g. `${dir:@{SECRETS_DIR}:pg_cdc_password}`.
@@ -50,6 +50,7 @@ def load(path: Path, postgres: PostgresSettings, connect: ConnectSettings | None
         "PGHOST": postgres.host,
         "PGPORT": str(postgres.port),
         "PGDATABASE": postgres.database,
+        "APP_DATABASE": postgres.app_database,
         "SECRETS_DIR": str(secrets),
     }
     try:
@@ -57,6 +58,16 @@ def load(path: Path, postgres: PostgresSettings, connect: ConnectSettings | None
     except (KeyError, ValueError) as e:
         raise ConnectorError(f"{path.name}: {e}") from e
     return document["name"], document["config"]
+
+
+def slot_names(folder: Path = CONNECTORS_DIR) -> list[tuple[str, str]]:
+    """(slot, publication) of every connector file naming a slot; no environment needed."""
+    slots = []
+    for path in sorted(folder.glob("*.json")):
+        config = json.loads(path.read_text())["config"]
+        if "slot.name" in config:
+            slots.append((config["slot.name"], config.get("publication.name", "dbz_publication")))
+    return slots
 
 
 def apply(connect: ConnectSettings, postgres: PostgresSettings, folder: Path = CONNECTORS_DIR) -> list[str]:
@@ -69,6 +80,16 @@ def apply(connect: ConnectSettings, postgres: PostgresSettings, folder: Path = C
         )
         if response.status_code not in (200, 201):
             raise ConnectorError(f"{name}: Connect answered {response.status_code}: {response.text[:2000]}")
+        # A task that failed (e.g. its database was down for long) stays FAILED until restarted; an
+        # unchanged config does not restart it, so `apply` (and `make up`) heals it explicitly.
+        restart = httpx.post(
+            f"{connect.url}/connectors/{name}/restart",
+            params={"includeTasks": "true", "onlyFailed": "true"},
+            auth=connect.basic_auth(),
+            timeout=60,
+        )
+        if restart.status_code not in (202, 204, 404, 409):
+            raise ConnectorError(f"{name}: restarting failed tasks: Connect answered {restart.status_code}")
         log.info("connector applied", connector=name, created=response.status_code == 201)
         names.append(name)
     return names
@@ -86,7 +107,8 @@ def state(connect: ConnectSettings, name: str) -> tuple[str, list[str]]:
 
 def slot_lag(postgres: PostgresSettings, slot: str) -> tuple[bool, int] | None:
     """(active, bytes of WAL not yet confirmed) of a replication slot; None if it does not exist."""
-    with psycopg.connect(postgres.conninfo(user=ROLE_CDC), autocommit=True) as conn:
+    # The CDC role may connect to the captured tables' database only; slots are listed cluster-wide.
+    with psycopg.connect(postgres.conninfo(user=ROLE_CDC, dbname=postgres.app_database), autocommit=True) as conn:
         return conn.execute(
             "SELECT active, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint"
             " FROM pg_replication_slots WHERE slot_name = %s",

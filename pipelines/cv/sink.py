@@ -61,7 +61,13 @@ class ViewSink:
             maintainer.forget_sessions()
 
     def housekeeping(self, conn: psycopg.Connection) -> None:
-        """Delete time buckets past each view's retention."""
+        """Delete time buckets past each view's retention; stop reads that lifted their timeouts.
+
+        The second duty sits here because the runner is the one service always running against the
+        views' database: see migration 0014 for why PostgreSQL needs the help.
+        """
+        for pid, action, running in conn.execute("SELECT * FROM ops.stop_overrunning_reads()").fetchall():
+            log.warning("stopped an overrunning read", pid=pid, action=action, seconds=round(running.total_seconds()))
         for name in self.streams:
             try:
                 deleted = self._maintainer(name).expire(conn)

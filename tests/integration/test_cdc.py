@@ -1,5 +1,7 @@
 """Change data capture: rows written to app.likes and app.follows reach the same social views.
 
+The captured tables live in their own database (APP_DATABASE), the only one the CDC role may reach.
+
 Debezium (registered by `make up` from connectors/app-social.json) streams the tables' changes; the
 supervised stream runner applies them through the declared streams app_likes and app_follows
 (sql/views/social.sql), which feed `likes` and `follows`. Each test uses its own ids.
@@ -21,7 +23,7 @@ from pipelines.cdc.connectors import CONNECTORS_DIR, load
 from pipelines.cv import catalog
 from pipelines.cv.runner import DEFAULT_GROUP
 from pipelines.settings import ConnectSettings, PostgresSettings
-from stack.configure import connect_secrets, read_secret
+from stack.configure import APP_DATABASE, connect_secrets, read_secret
 from stack.services import readiness_check
 from stack.supervisor import Supervisor
 from tests.integration.conftest import wait_for
@@ -51,7 +53,7 @@ def ids():
 
 @pytest.fixture
 def app(pg):
-    with pg("sv_writer", autocommit=True) as conn:
+    with pg("sv_writer", dbname=APP_DATABASE, autocommit=True) as conn:
         yield conn
 
 
@@ -115,7 +117,7 @@ def test_the_replication_slot_keeps_up_while_the_captured_tables_are_idle(connec
     with pg("sv_owner", autocommit=True) as owner:
         owner.execute("CREATE TEMP TABLE churn AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 20000) g")
         owner.execute("UPDATE churn SET pad = pad || 'y'")  # WAL that no captured table explains
-    with pg("sv_cdc", autocommit=True) as cdc:
+    with pg("sv_cdc", dbname=APP_DATABASE, autocommit=True) as cdc:
         start = cdc.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
 
         def confirmed_past_start() -> bool:
@@ -137,7 +139,7 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
     supervised runner: the rows the first connector already delivered change nothing.
     """
     post = ids(1)
-    with pg("sv_writer", autocommit=True) as app:
+    with pg("sv_writer", dbname=APP_DATABASE, autocommit=True) as app:
         for uid in range(1, 21):
             app.execute("INSERT INTO app.likes (oid, uid) VALUES (%s, %s)", (post, ids(100 + uid)))
     with pg("sv_reader", autocommit=True) as reader:
@@ -242,7 +244,7 @@ def test_no_change_is_lost_when_connect_and_then_postgres_restart_mid_stream(con
             uid += 1
             while not stop.is_set():
                 try:
-                    with pg("sv_writer", autocommit=True) as conn:
+                    with pg("sv_writer", dbname=APP_DATABASE, autocommit=True) as conn:
                         conn.execute("INSERT INTO app.likes (oid, uid) VALUES (%s, %s)", (post, uid))
                     committed.append(uid)
                     break

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from confluent_kafka import Consumer
 
-from stack.configure import connect_secrets
+from stack.configure import APP_DATABASE, connect_secrets
 from tests.integration.conftest import unique, wait_for
 
 
@@ -20,7 +20,7 @@ from tests.integration.conftest import unique, wait_for
 def source_table(pg):
     """A table with a publication for it, readable by the CDC role; dropped with its slot afterwards."""
     schema = unique("cdc")
-    with pg("sv_owner", autocommit=True) as conn:
+    with pg("sv_owner", dbname=APP_DATABASE, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
         conn.execute(f"CREATE TABLE {schema}.likes (oid bigint, uid bigint, PRIMARY KEY (oid, uid))")
         conn.execute(f"CREATE PUBLICATION {schema}_pub FOR TABLE {schema}.likes")
@@ -41,7 +41,7 @@ def source_table(pg):
         conn.execute(
             "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
         )
-    with pg("sv_owner", autocommit=True) as conn:
+    with pg("sv_owner", dbname=APP_DATABASE, autocommit=True) as conn:
         conn.execute(f"DROP PUBLICATION {schema}_pub")
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
@@ -58,7 +58,7 @@ def connector(connect, source_table, stack, admin):
         "database.user": "sv_cdc",
         # Resolved by the worker's DirectoryConfigProvider: the password never enters the config.
         "database.password": f"${{dir:{connect_secrets(stack.paths)}:pg_cdc_password}}",
-        "database.dbname": "streamviews",
+        "database.dbname": APP_DATABASE,
         "topic.prefix": source_table,
         "table.include.list": f"{source_table}.likes",
         "publication.name": f"{source_table}_pub",
@@ -93,7 +93,7 @@ def connector_state(url: str, auth: tuple[str, str] | None) -> str | None:
 
 def test_debezium_connector_streams_snapshot_and_live_changes(pg, kafka, stack, source_table, connect, connector):
     name, url = connector
-    with pg("sv_owner", autocommit=True) as conn:
+    with pg("sv_owner", dbname=APP_DATABASE, autocommit=True) as conn:
         conn.execute(f"INSERT INTO {source_table}.likes VALUES (1, 100)")  # before the snapshot, most likely
 
     wait_for(
@@ -103,7 +103,7 @@ def test_debezium_connector_streams_snapshot_and_live_changes(pg, kafka, stack, 
     password = (stack.paths.secrets / "pg_cdc_password").read_text().strip()
     assert password not in json.dumps(stored)
 
-    with pg("sv_owner", autocommit=True) as conn:
+    with pg("sv_owner", dbname=APP_DATABASE, autocommit=True) as conn:
         conn.execute(f"INSERT INTO {source_table}.likes VALUES (2, 200)")
 
     topic = f"{source_table}.{source_table}.likes"

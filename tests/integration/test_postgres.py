@@ -6,13 +6,16 @@ their duty and nothing more.
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pytest
 from psycopg import errors
 
-from pipelines.dbsetup import apply_migrations, load_migrations, setup_database
+from pipelines.dbsetup import SQL_DIR, apply_migrations, load_migrations, setup_database
 from pipelines.settings import ROLE_TIMEOUTS, PostgresSettings
-from tests.integration.conftest import unique
+from stack.configure import APP_DATABASE
+from tests.integration.conftest import unique, wait_for
 
 
 def test_the_cluster_is_configured_for_change_data_capture_on_loopback_only(pg):
@@ -100,7 +103,7 @@ def test_the_writer_writes_data_and_offsets_but_cannot_change_the_schema(pg, own
 
 
 def test_only_the_writer_reads_kafka_offsets(pg):
-    for role in ("sv_reader", "sv_indexer", "sv_cdc"):
+    for role in ("sv_reader", "sv_indexer"):
         with pg(role) as conn, pytest.raises(errors.InsufficientPrivilege):
             conn.execute("SELECT * FROM ops.kafka_offsets")
 
@@ -113,22 +116,55 @@ def test_no_role_may_stream_the_clusters_physical_wal(stack, secrets_dir):
         psycopg.connect(conninfo).close()
 
 
+@pytest.mark.parametrize("replication", ["", " replication=database"])
+@pytest.mark.parametrize("database", ["streamviews", "postgres", "template1"])
+def test_the_cdc_role_cannot_attach_to_any_database_but_the_captured_tables(stack, secrets_dir, database, replication):
+    # REPLICATION decodes every change of a database the role can attach to (a logical slot there
+    # would show ops.kafka_offsets and the views' storage): pg_hba and CONNECT keep it out.
+    password = (secrets_dir / "pg_cdc_password").read_text().strip()
+    conninfo = f"host=127.0.0.1 port={stack.pgport} user=sv_cdc password={password} dbname={database}{replication}"
+    with pytest.raises(psycopg.OperationalError, match=r"pg_hba\.conf|CONNECT privilege"):
+        psycopg.connect(conninfo).close()
+
+
+def test_the_cdc_role_lacks_connect_on_the_views_database_whatever_pg_hba_says(pg):
+    # The production image keeps the official pg_hba.conf: the privilege is what holds there.
+    with pg("postgres") as conn:
+        assert conn.execute("SELECT has_database_privilege('sv_cdc', 'streamviews', 'CONNECT')").fetchone() == (False,)
+        assert conn.execute("SELECT has_database_privilege('sv_cdc', %s, 'CONNECT')", (APP_DATABASE,)).fetchone() == (
+            True,
+        )
+
+
+def test_the_captured_tables_and_their_slot_live_in_their_own_database(pg):
+    with pg("postgres") as conn:
+        slots = conn.execute(
+            "SELECT slot_name, database FROM pg_replication_slots WHERE slot_type = 'logical'"
+        ).fetchall()
+    assert ("streamviews_app_social", APP_DATABASE) in slots
+    assert not [slot for slot, database in slots if database == "streamviews"]
+    with pg("sv_owner") as conn:
+        assert conn.execute("SELECT to_regnamespace('app')").fetchone() == (None,)
+    with pg("sv_writer", dbname=APP_DATABASE) as conn:
+        assert conn.execute("SELECT count(*) >= 0 FROM app.likes").fetchone() == (True,)
+
+
 def test_only_the_cdc_role_may_replicate(pg):
     with pg("postgres") as conn:
         rows = dict(conn.execute("SELECT rolname, rolreplication FROM pg_roles WHERE rolname LIKE 'sv\\_%'").fetchall())
     assert rows == {"sv_owner": False, "sv_writer": False, "sv_reader": False, "sv_indexer": False, "sv_cdc": True}
 
 
-@pytest.mark.parametrize("role", ["sv_reader", "sv_cdc"])
-def test_only_the_roles_doing_the_work_can_take_advisory_locks(pg, role):
-    # A reader holding the key the pipelines lock per batch would hold every batch.
-    with pg(role) as conn, pytest.raises(errors.InsufficientPrivilege):
+def test_only_the_roles_doing_the_work_can_take_advisory_locks(pg):
+    # A reader holding the key the pipelines lock per batch would hold every batch. (The CDC role
+    # cannot connect to this database at all.)
+    with pg("sv_reader") as conn, pytest.raises(errors.InsufficientPrivilege):
         conn.execute("SELECT pg_advisory_xact_lock_shared(17222, hashtext('likes'))")
 
 
 def test_every_role_has_a_statement_timeout_so_no_query_pins_a_core(pg):
     for role, (statement, idle) in ROLE_TIMEOUTS.items():
-        with pg(role) as conn:
+        with pg(role, dbname=APP_DATABASE if role == "sv_cdc" else "streamviews") as conn:
             shown = conn.execute(
                 "SELECT current_setting('statement_timeout'), current_setting('idle_in_transaction_session_timeout')"
             ).fetchone()
@@ -142,3 +178,53 @@ def test_database_setup_is_idempotent(stack, pg, secrets_dir):
         assert apply_migrations(conn, load_migrations()) == []
         applied = [r[0] for r in conn.execute("SELECT version FROM ops.schema_migrations ORDER BY version")]
     assert applied == [m.version for m in load_migrations()]
+    with pg("sv_owner", dbname=APP_DATABASE) as conn:
+        app_migrations = load_migrations(SQL_DIR / "app_migrations")
+        assert apply_migrations(conn, app_migrations) == []
+
+
+def test_a_reader_that_lifts_its_statement_timeout_is_cancelled_by_the_watchdog(pg):
+    """The role's 10 s is only a default; ops.stop_overrunning_reads (called by the runner) is the bound."""
+    failures: list[BaseException] = []
+
+    def long_read() -> None:
+        with pg("sv_reader", autocommit=True) as reader:
+            reader.execute("SET statement_timeout = 0")
+            try:
+                reader.execute("SELECT pg_sleep(600)")
+            except psycopg.Error as e:
+                failures.append(e)
+
+    thread = threading.Thread(target=long_read, daemon=True)
+    thread.start()
+    with pg("sv_writer", autocommit=True) as writer:
+        stopped = wait_for(
+            lambda: writer.execute("SELECT action FROM ops.stop_overrunning_reads('1 second')").fetchall(),
+            timeout=30,
+            what="the watchdog to meet the long read",
+        )
+    thread.join(30)
+    assert stopped == [("cancelled",)]
+    assert [type(e) for e in failures] == [errors.QueryCanceled]
+
+
+def test_a_reader_idle_in_a_transaction_past_the_bound_is_disconnected(pg):
+    with pg("sv_reader") as reader:
+        reader.execute("SET idle_in_transaction_session_timeout = 0")
+        reader.execute("SELECT 1")  # the transaction stays open, holding its snapshot
+        with pg("sv_writer", autocommit=True) as writer:
+            stopped = wait_for(
+                lambda: writer.execute(
+                    "SELECT action FROM ops.stop_overrunning_reads('1 hour', '1 second')"
+                ).fetchall(),
+                timeout=30,
+                what="the watchdog to meet the idle transaction",
+            )
+        assert stopped == [("terminated",)]
+        with pytest.raises(psycopg.OperationalError):
+            reader.execute("SELECT 1")
+
+
+def test_only_the_pipelines_may_call_the_watchdog(pg):
+    with pg("sv_reader") as reader, pytest.raises(errors.InsufficientPrivilege):
+        reader.execute("SELECT * FROM ops.stop_overrunning_reads()")

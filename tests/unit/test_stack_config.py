@@ -47,9 +47,16 @@ def test_postgres_listens_on_loopback_with_logical_wal_and_scram(context):
     assert "password_encryption = scram-sha-256" in conf
     assert "%u@%d" in conf  # the escaped @ of the log prefix survives rendering
     hba = [line.split() for line in render("pg_hba.conf", context).splitlines() if line and not line.startswith("#")]
-    assert all(rule[-1] == "scram-sha-256" for rule in hba)
+    assert all(rule[-1] in ("scram-sha-256", "reject") for rule in hba)
     assert all(rule[0] == "local" or rule[3] == "127.0.0.1/32" for rule in hba)
     assert all(rule[1] != "replication" for rule in hba), "no physical replication"
+    # The CDC role (REPLICATION) reaches the captured tables' database and nothing else: first match wins.
+    cdc = [(rule[0], rule[1], rule[-1]) for rule in hba if rule[2] in ("sv_cdc", "all")]
+    assert cdc[:3] == [
+        ("host", "streamviews_app", "scram-sha-256"),
+        ("host", "all", "reject"),
+        ("local", "all", "reject"),
+    ]
 
 
 def test_kafka_runs_kraft_on_loopback_without_topic_auto_creation(context):
