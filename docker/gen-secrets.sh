@@ -5,8 +5,8 @@
 #
 # Access is restricted by the directory (0700, owner only), not by the files. Compose bind-mounts
 # each file into /run/secrets with its host owner and mode, and several services read them as
-# their own non-root users (elasticsearch, kibana, kafka connect, the pipelines), so the files
-# themselves must be readable by those users (0644).
+# their own non-root users (elasticsearch, kibana, kafka connect, grafana, the pipelines), so the
+# files themselves must be readable by those users (0644).
 set -euo pipefail
 
 SECRET_NAMES=(
@@ -19,6 +19,7 @@ SECRET_NAMES=(
   elastic_password      # Elasticsearch superuser (elastic)
   kibana_password       # Elasticsearch kibana_system user, which Kibana logs in as
   connect_password      # Kafka Connect's REST API (HTTP basic authentication, user streamviews)
+  grafana_password      # Grafana's admin user
 )
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

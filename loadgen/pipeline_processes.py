@@ -73,6 +73,9 @@ def pipeline_env(
             "PGAPPNAME": application_name,
             "KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
             "LOG_FORMAT": "json",
+            # No metrics endpoint: several workers would contend for one port. Their metrics are
+            # still kept (the cost is measured), just not served.
+            "METRICS_PORT": "0",
         }
     )
     if postgres.secrets_dir is not None:

@@ -234,6 +234,22 @@ class PipelineSettings(_Settings):
         return socket.gethostname() if self.instance_id == "hostname" else self.instance_id
 
 
+class MetricsSettings(_Settings):
+    """Where a long-running service serves its Prometheus metrics (`GET /metrics`, pipelines/metrics.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="METRICS_", extra="ignore", frozen=True, populate_by_name=True)
+
+    # Loopback by default: the metrics name topics and streams, which is nobody else's business. A
+    # container that Prometheus scrapes from another one listens on 0.0.0.0.
+    host: str = "127.0.0.1"
+    # 0: no metrics endpoint. Each process needs its own port (the local stack gives the stream
+    # runner 9481, the audit writer 9482 and the ctid puller 9483).
+    port: int = Field(9480, ge=0, le=65535)
+    # Seconds between refreshes of the gauges that are read rather than counted: consumer lag, the
+    # puller's backlog. Replication slots are read every other refresh (a query, not a local look-up).
+    refresh_s: float = Field(5.0, gt=0)
+
+
 class AuditSettings(_Settings):
     """The audit log: where its tables live, its Elasticsearch indices, the puller's pace, retention."""
 

@@ -20,7 +20,7 @@ from pipelines.audit import elastic
 from pipelines.audit.backlog import backlog
 from pipelines.cdc import connectors
 from pipelines.cv.cli_common import kafka_admin
-from pipelines.cv.status import runner_status, status_table
+from pipelines.cv.status import age, runner_status, status_table
 from pipelines.dbsetup import setup_database
 from pipelines.errors import StackError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger
@@ -122,6 +122,11 @@ def check_ports_free(settings: StackSettings) -> None:
         "CONNECT_PORT": settings.connect_port,
         "ES_PORT": settings.es_port,
         "ES_TRANSPORT_PORT": settings.es_transport_port,
+        "STREAMS_METRICS_PORT": settings.streams_metrics_port,
+        "AUDIT_METRICS_PORT": settings.audit_metrics_port,
+        "CTID_PULLER_METRICS_PORT": settings.ctid_puller_metrics_port,
+        # Debian's own prometheus.service, where systemd started it, listens on 9090 too.
+        "PROMETHEUS_PORT": settings.prometheus_port,
     }
     for variable, port in ports.items():
         with socket.socket() as probe:
@@ -176,7 +181,7 @@ def status(settings: StackSettings) -> int:
 
 
 def pipeline_lag(settings: StackSettings) -> list[str]:
-    """How far the pipelines are behind: each stream for the supervised runner's group, and the puller.
+    """How far the pipelines are behind, and how fresh: each stream for the supervised runner's group, the puller.
 
     Read as `streamviews status` reads it (offsets stored in PostgreSQL against Kafka's high
     watermarks) and from the audit ledger; a failure is one line, never the end of `status`.
@@ -198,9 +203,10 @@ def pipeline_lag(settings: StackSettings) -> list[str]:
         lines.append(f"audit puller lag unavailable: {str(e).strip().splitlines()[0]}")
     else:
         last = behind.last_checkpoint.strftime("%Y-%m-%d %H:%M:%S %Z") if behind.last_checkpoint else "never"
+        fresh = "caught up" if behind.indexed_up_to_s is None else f"writes up to {age(behind.indexed_up_to_s)} indexed"
         lines.append(
             f"\naudit puller ({audit.schema_name}): {behind.rows_behind} rows behind in {behind.tables} tables;"
-            f" last checkpoint {last}"
+            f" {fresh}; last checkpoint {last}"
         )
     return lines
 

@@ -8,6 +8,7 @@ once, when its result is missing; data is never touched afterwards.
 from __future__ import annotations
 
 import base64
+import hashlib
 import resource
 import secrets
 import shutil
@@ -26,6 +27,8 @@ from stack.shell import ServiceUser, make_dir, run, write_file
 log = get_logger("stack.configure")
 
 TEMPLATES = Path(__file__).with_name("templates")
+ALERT_RULES = REPO_ROOT / "monitoring" / "alerts.yml"  # copied beside the local Prometheus's configuration
+PROMETHEUS_BIN = Path("/usr/bin/prometheus")  # Debian's package (stack/install.py)
 DATABASE = "streamviews"
 APP_DATABASE = "streamviews_app"  # the captured application tables, the CDC role's only database
 SECRET_NAMES = (
@@ -62,6 +65,7 @@ def prepare(settings: StackSettings, user: ServiceUser, dist: Distributions) -> 
     configure_kafka(settings, user, dist, context)
     configure_connect(settings, user, context)
     configure_elasticsearch(settings, user, dist, context)
+    configure_prometheus(settings, user, context)
     write_file(paths.supervisord_conf, render_supervisord(context), user, 0o600)
     write_file(paths.env_file, client_env(settings), user)
     write_file(paths.secrets / "pgpass", pgpass(settings), user, 0o600)
@@ -77,7 +81,10 @@ def render_supervisord(context: dict[str, object]) -> str:
         )
         for name in PIPELINES
     )
-    return render("supervisord.conf", {**context, "pipeline_programs": programs})
+    return render(
+        "supervisord.conf",
+        {**context, "pipeline_programs": programs, "prometheus_digest": prometheus_digest(context)},
+    )
 
 
 def ensure_secrets(paths: StackPaths, user: ServiceUser) -> None:
@@ -136,6 +143,8 @@ def render_context(settings: StackSettings, user: ServiceUser, dist: Distributio
         "plugin_path": dist.connect_plugins,
         "es_home": paths.service("elasticsearch"),
         "es_dist": dist.elasticsearch,
+        "prometheus_bin": PROMETHEUS_BIN,
+        "prometheus_home": paths.service("prometheus"),
         "python": sys.executable,
         "repo_root": REPO_ROOT,
         "client_settings": client_settings(settings),
@@ -150,6 +159,8 @@ def pipeline_env(context: dict[str, object], name: str) -> str:
         # One process per pipeline here: its name is a stable static-membership id, so a pipeline
         # supervisord restarts takes its partitions back at once.
         "PIPELINE_INSTANCE_ID": f"local-{name}",
+        # Its own metrics port (STREAMS_METRICS_PORT, ...), which the local Prometheus scrapes.
+        "METRICS_PORT": str(context[f"{name}_metrics_port"]),
         "LOG_FORMAT": "json",
         "PYTHONUNBUFFERED": "1",
     }
@@ -286,6 +297,20 @@ def configure_elasticsearch(
             env=env,
             stdin=read_secret(settings.paths, "elastic_password"),
         )
+
+
+def configure_prometheus(settings: StackSettings, user: ServiceUser, context: dict[str, object]) -> None:
+    """Scrape configuration and alerting rules in the state directory (the service user reads no checkout)."""
+    home = make_dir(settings.paths.service("prometheus"), user)
+    make_dir(home / "data", user)
+    write_file(home / "prometheus.yml", render("prometheus.yml", context), user)
+    write_file(home / "alerts.yml", ALERT_RULES.read_text(), user)
+
+
+def prometheus_digest(context: dict[str, object]) -> str:
+    """A fingerprint of Prometheus's configuration and rules: part of its program, so a change restarts it."""
+    content = render("prometheus.yml", context) + ALERT_RULES.read_text()
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
 def _chown_tree(root: Path, user: ServiceUser) -> None:

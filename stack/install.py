@@ -27,6 +27,7 @@ from stack.shell import ServiceUser, make_dir, run
 log = get_logger("stack.install")
 
 MAVEN_DIR = Path(__file__).with_name("maven")
+PROMETHEUS_PACKAGE = "prometheus"
 COMPLETE_MARKER = ".complete"
 
 
@@ -53,8 +54,8 @@ def install(settings: StackSettings) -> tuple[ServiceUser, Distributions]:
     make_dir(settings.paths.root, user)
     check_traversable(settings.paths.root, user)
     dist = make_dir(settings.paths.dist, user)
-    versions = {"kafka.version": settings.kafka_version, "log4j.version": settings.log4j_version}
     ensure_compose_cli(settings.paths)
+    versions = {"kafka.version": settings.kafka_version, "log4j.version": settings.log4j_version}
     return user, Distributions(
         java=find_java(),
         kafka=maven_copy(settings, "kafka", dist / f"kafka-{settings.kafka_version}", versions),
@@ -65,7 +66,7 @@ def install(settings: StackSettings) -> tuple[ServiceUser, Distributions]:
 
 
 def ensure_debian_packages(postgres_major: int) -> None:
-    """PostgreSQL with the hll, rum and tdigest extensions, a JDK and Maven, from Debian's archive."""
+    """PostgreSQL with the hll, rum and tdigest extensions, a JDK, Maven and Prometheus, from Debian's archive."""
     wanted = {
         f"postgresql-{postgres_major}": None,
         f"postgresql-{postgres_major}-hll": None,
@@ -73,6 +74,8 @@ def ensure_debian_packages(postgres_major: int) -> None:
         f"postgresql-{postgres_major}-tdigest": None,
         "openjdk-17-jdk-headless": "java",
         "maven": "mvn",
+        # Prometheus 2.42 and promtool (which checks and unit-tests monitoring/alerts.yml).
+        PROMETHEUS_PACKAGE: "promtool",
     }
     missing = [
         package
@@ -82,14 +85,43 @@ def ensure_debian_packages(postgres_major: int) -> None:
     if not missing:
         return
     if os.geteuid() != 0:
+        hint = (
+            " (--no-install-recommends for prometheus, then `sudo systemctl disable --now prometheus`:"
+            " the stack supervises its own)"
+            if PROMETHEUS_PACKAGE in missing
+            else ""
+        )
         raise StackError(
             f"install: missing Debian packages {' '.join(missing)}; "
-            f"run `sudo apt-get install -y {' '.join(missing)}` once, or run `make up` as root"
+            f"run `sudo apt-get install -y {' '.join(missing)}` once{hint}, or run `make up` as root"
         )
     log.info("installing Debian packages", packages=missing)
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update", "-qq"], step="install: apt-get update", env=env)
-    run(["apt-get", "install", "-y", "-qq", *missing], step="install: apt-get install", env=env)
+    others = [package for package in missing if package != PROMETHEUS_PACKAGE]
+    if others:
+        run(["apt-get", "install", "-y", "-qq", *others], step="install: apt-get install", env=env)
+    if PROMETHEUS_PACKAGE in missing:
+        run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", PROMETHEUS_PACKAGE],
+            step="install: apt-get install prometheus",
+            env=env,
+        )
+        disable_system_prometheus()
+
+
+def disable_system_prometheus() -> None:
+    """Stop the system-wide Prometheus Debian's package starts: the stack supervises its own.
+
+    On a host booted with systemd the package's postinst enables and starts `prometheus.service` on
+    port 9090 of every interface, the port the stack's Prometheus wants. (Its recommended node
+    exporter, which would take 9100, is not installed: `--no-install-recommends`.) In a container
+    without systemd nothing was started.
+    """
+    if not Path("/run/systemd/system").is_dir() or shutil.which("systemctl") is None:
+        return
+    log.info("disabling the system prometheus.service; the stack runs its own under supervisord")
+    run(["systemctl", "disable", "--now", "prometheus.service"], step="install: disable system prometheus")
 
 
 def _dpkg_installed(package: str) -> bool:

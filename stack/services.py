@@ -1,7 +1,8 @@
 """The stack's services: start order, where each logs, and how to tell that it really answers.
 
 A service is ready when a client gets a real answer from it (Kafka metadata, `pg_isready`, Connect's
-`/connectors`, Elasticsearch cluster health yellow or green), not when its process exists.
+`/connectors`, Elasticsearch cluster health yellow or green, Prometheus's `/-/ready`), not when its
+process exists.
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ class Service:
         return self.port_setting is None
 
     def port(self, settings: StackSettings) -> int | None:
-        """The port its clients use (pipelines have none)."""
-        return int(getattr(settings, self.port_setting)) if self.port_setting else None
+        """The port its clients use; a pipeline's is where it serves its metrics (`<name>_metrics_port`)."""
+        if self.port_setting:
+            return int(getattr(settings, self.port_setting))
+        return getattr(settings, f"{self.name}_metrics_port", None)
 
     def log_files(self, settings: StackSettings) -> list[Path]:
         """Its log files, most useful first."""
@@ -57,6 +60,8 @@ SERVICES = (
     Service("kafka", "kafka_port", ("kafka.log", "kafka.out")),
     Service("elasticsearch", "es_port", ("elasticsearch/streamviews.log", "elasticsearch.out")),
     Service("connect", "connect_port", ("connect.log", "connect.out")),
+    # Scrapes the pipelines below and itself; the alerting rules are monitoring/alerts.yml.
+    Service("prometheus", "prometheus_port", ("prometheus.log",)),
     # Every declared stream (sql/views/ and whatever users define) runs in `streams`.
     Service("streams", None, ("streams.log",), module="pipelines.cv.runner"),
     Service("audit", None, ("audit.log",), module="pipelines.audit.writer"),
@@ -85,9 +90,23 @@ def readiness_check(name: str, settings: StackSettings, elastic_password: str) -
         return lambda: _http_ok(f"http://127.0.0.1:{settings.connect_port}/connectors", auth)
     if name == "elasticsearch":
         return lambda: _es_health(settings.es_port, elastic_password)
+    if name == "prometheus":
+        # 200 once the TSDB is open and the configuration loaded (503 while it replays its WAL).
+        url = f"http://127.0.0.1:{settings.prometheus_port}/-/ready"
+        return lambda: _once_started(settings, name, lambda: _http_ok(url))
     if service(name).is_pipeline:
         return lambda: _supervised_for(settings, name, seconds=3)
     raise StackError(f"no readiness check for {name}")
+
+
+def _once_started(settings: StackSettings, name: str, check: Check) -> tuple[bool, str]:
+    """`check`, once supervisord counts the process as started (past its `startsecs`).
+
+    Prometheus answers within a second, before supervisord calls it RUNNING: ready that early, `up`
+    would report it STARTING, and not ready, in the status it prints.
+    """
+    state = Supervisor(settings.paths).processes()[name].state
+    return check() if state == "RUNNING" else (False, state)
 
 
 def _supervised_for(settings: StackSettings, name: str, seconds: int) -> tuple[bool, str]:

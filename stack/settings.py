@@ -36,6 +36,17 @@ class StackSettings(BaseSettings):
     connect_port: int = 8083
     es_port: int = 9200
     es_transport_port: int = 9300
+    # Each supervised pipeline serves its Prometheus metrics on its own port (METRICS_PORT).
+    streams_metrics_port: int = 9481
+    audit_metrics_port: int = 9482
+    ctid_puller_metrics_port: int = 9483
+    prometheus_port: int = 9090
+
+    # Prometheus keeps a week (or this much disk, whichever comes first) and scrapes every 5 s, so a
+    # test or a person sees a change within seconds.
+    prometheus_retention: str = "7d"
+    prometheus_retention_size: str = "1GB"
+    prometheus_scrape_interval: str = "5s"
 
     kafka_heap: str = "256m"
     connect_heap: str = "384m"

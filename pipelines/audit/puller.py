@@ -31,8 +31,10 @@ Why no row is ever missed and none is ever indexed twice:
    request, and the next pass starts only when all have settled. Killed at any point, the puller
    redoes at most the chunks of the pass in flight, with the same ids.
 
-Lag is logged every PIPELINE_REPORT_INTERVAL_S: rows written but not yet indexed, and how long the
-oldest unindexed batch has waited (as observed by this process, within one poll). Retention
+Lag is logged every PIPELINE_REPORT_INTERVAL_S and exported as metrics every METRICS_REFRESH_S
+(pipelines/metrics.py): rows written but not yet indexed, and how long the oldest unindexed batch has
+waited (as observed by this process, within one poll). Bulk requests are sent by
+pipelines/audit/bulk.py, which counts the ones not fully acknowledged. Retention
 (pipelines/audit/retention.py) runs in this loop every AUDIT_RETENTION_INTERVAL_S, so it never races a bulk
 request for the day it deletes.
 """
@@ -46,38 +48,35 @@ import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import date, datetime
 from pathlib import Path
 
-import orjson
 import psycopg
 from elasticsearch import ApiError, Elasticsearch, TransportError
 from psycopg import sql
 
-from pipelines.audit import elastic, retention
+from pipelines import metrics
+from pipelines.audit import bulk, elastic, retention
+from pipelines.audit.bulk import PullerError, document
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
-from pipelines.settings import AuditSettings, ElasticsearchSettings, PipelineSettings, PostgresSettings
+from pipelines.settings import (
+    AuditSettings,
+    ElasticsearchSettings,
+    MetricsSettings,
+    PipelineSettings,
+    PostgresSettings,
+)
 
 log = get_logger("ctid_puller")
 
-# Bulk item statuses worth retrying: the document is fine, Elasticsearch was not (overloaded, a shard
-# not ready, a node leaving).
-RETRYABLE_STATUSES = frozenset((408, 409, 429, 500, 502, 503, 504))
 # A pass that read fewer rows than this sleeps AUDIT_PULL_IDLE_S before the next: a trickle then goes
 # out in bulks of hundreds of documents, not in one request per commit.
 MIN_PASS_ROWS = 500
-# Bulk requests stay well under Elasticsearch's http.max_content_length (100 MB): a chunk of blocks
-# whose rows keep large contents out of line (TOAST) can hold far more text than its 8 KiB blocks.
-MAX_BULK_BYTES = 16 * 1024 * 1024
 # Chunks are gathered into bulk requests of at least this many rows (the last of a pass may be
 # smaller): large enough that a trickle over many tables is one request, small enough that a backlog
 # is shipped while the next chunks are read.
 MIN_BULK_ROWS = 2_000
-
-
-class PullerError(StreamviewsError):
-    """Elasticsearch refused a document for good, even stripped to its core fields."""
 
 
 @dataclass(frozen=True)
@@ -134,9 +133,11 @@ class CtidPuller:
         *,
         report_interval_s: float = 10.0,
         heartbeat_file: str = "",
+        metrics_refresh_s: float = 5.0,
     ) -> None:
         self.conninfo, self.es, self.settings = conninfo, es, settings
         self.report_interval_s, self.heartbeat_file = report_interval_s, heartbeat_file
+        self.metrics_refresh_s = metrics_refresh_s  # how often the backlog gauges are set
         self.running = True
         self._conn: psycopg.Connection | None = None
         # Per table, the writer's (seq, commit time) as seen at each pass, from the oldest unindexed on.
@@ -160,7 +161,7 @@ class CtidPuller:
         log.info("puller started", schema=self.settings.schema_name, index_prefix=self.settings.index_prefix)
         self._apply_templates()
         failures = 0
-        next_report = next_retention = time.monotonic()
+        next_report = next_retention = next_lag = time.monotonic()
         try:
             while self.running:
                 self._beat()
@@ -173,6 +174,9 @@ class CtidPuller:
                     if now >= next_report:
                         self.report()
                         next_report = now + self.report_interval_s
+                    elif now >= next_lag:
+                        self.lag()  # sets the backlog gauges, as report() does
+                        next_lag = now + self.metrics_refresh_s
                     failures = 0
                 except (psycopg.Error, TransportError, ApiError, StreamviewsError) as e:
                     failures += 1
@@ -293,12 +297,13 @@ class CtidPuller:
         delay = 0.5
         while docs:
             try:
-                failed = self._bulk(docs)
+                failed = bulk.send(self.es, docs, self._count)
             except TransportError as e:
                 failed, reason = docs, f"{type(e).__name__}: {e}"
             else:
                 reason = "some documents were not acknowledged"
             self._count(documents=len(docs) - len(failed), bulks=1)
+            metrics.PULLER_ROWS_INDEXED.inc(len(docs) - len(failed))
             docs = failed
             if docs:
                 if not self.running:
@@ -307,48 +312,6 @@ class CtidPuller:
                 log.warning("bulk not acknowledged; retrying", pending=len(docs), error=reason, retry_in_s=delay)
                 self._sleep(delay)
                 delay = min(delay * 2, self.settings.max_backoff_s)
-
-    def _bulk(self, docs: dict[str, tuple[str, dict]]) -> dict[str, tuple[str, dict]]:
-        """Bulk requests of at most MAX_BULK_BYTES; returns the documents to send again (see `_send`)."""
-        again: dict[str, tuple[str, dict]] = {}
-        lines: list[bytes] = []
-        size = 0
-        for doc_id, (index, doc) in docs.items():
-            action, source = orjson.dumps({"index": {"_index": index, "_id": doc_id}}), orjson.dumps(doc)
-            if lines and size + len(action) + len(source) > MAX_BULK_BYTES:
-                again |= self._send(lines, docs)
-                lines, size = [], 0
-            lines += (action, source)
-            size += len(action) + len(source) + 2
-        if lines:
-            again |= self._send(lines, docs)
-        return again
-
-    def _send(self, lines: list[bytes], docs: dict[str, tuple[str, dict]]) -> dict[str, tuple[str, dict]]:
-        """One bulk request; returns its retryable failures and, stripped, the documents refused for good."""
-        response = self.es.bulk(operations=b"\n".join(lines) + b"\n", refresh=False)
-        if not response["errors"]:
-            return {}
-        again = {}
-        for item in response["items"]:
-            result = item["index"]
-            doc_id, status = result["_id"], result["status"]
-            if status < 300:
-                continue
-            if status in RETRYABLE_STATUSES:
-                again[doc_id] = docs[doc_id]
-                continue
-            # Refused for good (a mapping conflict on an optional field): index the row's core so the
-            # ids still match PostgreSQL one to one, and say why on the document and in the log.
-            index, doc = docs[doc_id]
-            if "index_error" in doc:
-                raise PullerError(f"{doc_id}: Elasticsearch refused even the stripped document: {result.get('error')}")
-            error = result.get("error", {})
-            log.error("document refused; indexing its core fields only", id=doc_id, error=error)
-            self._count(stripped=1)
-            stripped = {k: doc[k] for k in CORE_FIELDS} | {"index_error": str(error.get("reason", error))[:500]}
-            again[doc_id] = (index, stripped)
-        return again
 
     def advance(self, chunk: Chunk) -> bool:
         """Store the checkpoint after the chunk; True when the table is caught up with the snapshot's ledger."""
@@ -386,6 +349,7 @@ class CtidPuller:
 
         The wait is measured from that batch's commit as this process observed it (each pass reads
         the ledger, so within one pass); just after a start, the first batch seen is the oldest.
+        The backlog gauges of the service's metrics are set to these figures.
         """
         states = self.tables()
         for gone in self._seen.keys() - {s.table for s in states}:
@@ -393,7 +357,9 @@ class CtidPuller:
         now = self._observe(states)
         behind = sum(max(s.rows - s.rows_indexed, 0) for s in states)
         waits = [(now - seen[0][1]).total_seconds() for seen in self._seen.values() if seen]
-        return {"tables": len(states), "rows_behind": behind, "seconds_behind": round(max(waits, default=0.0), 3)}
+        seconds = round(max(waits, default=0.0), 3)
+        metrics.set_puller_backlog(behind, seconds)
+        return {"tables": len(states), "rows_behind": behind, "seconds_behind": seconds}
 
     def _observe(self, states: list[TableState]) -> datetime:
         """Remember each table's newest batch; forget the batches indexed since. Returns the database's now."""
@@ -454,18 +420,6 @@ class CtidPuller:
             self._conn = None
 
 
-CORE_FIELDS = ("ts", "uid", "content", "pg_table", "pg_ctid")
-
-
-def document(table: str, block: int, offset: int, row: tuple) -> dict:
-    """The Elasticsearch document of one audit row: its columns, optional fields, table and ctid."""
-    ts, uid, content, fields = row
-    doc = dict(fields) if fields else {}
-    doc.update(ts=ts.astimezone(UTC).isoformat(), uid=uid, content=content)
-    doc.update(pg_table=table, pg_ctid=f"({block},{offset})")
-    return doc
-
-
 def _identifier(table: str) -> sql.Composable:
     schema, name = table.split(".")
     return sql.Identifier(schema, name)
@@ -478,8 +432,15 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configure_logging()
     audit, es_settings, postgres = AuditSettings(), ElasticsearchSettings(), PostgresSettings()
-    pipeline = PipelineSettings()
-    log.info("settings", audit=audit.describe(), elasticsearch=es_settings.describe(), postgres=postgres.describe())
+    pipeline, metrics_settings = PipelineSettings(), MetricsSettings()
+    log.info(
+        "settings",
+        audit=audit.describe(),
+        elasticsearch=es_settings.describe(),
+        postgres=postgres.describe(),
+        metrics=metrics_settings.describe(),
+    )
+    metrics.serve(metrics_settings, "ctid_puller", metrics.PULLER_FAMILIES)
     with elastic.client(es_settings) as es:
         CtidPuller(
             postgres.conninfo(),
@@ -487,6 +448,7 @@ def main(argv: list[str] | None = None) -> int:
             audit,
             report_interval_s=pipeline.report_interval_s,
             heartbeat_file=pipeline.heartbeat_file,
+            metrics_refresh_s=metrics_settings.refresh_s,
         ).run()
     return 0
 

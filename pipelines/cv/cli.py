@@ -7,7 +7,7 @@
     streamviews list --sql                     # their definitions
     streamviews drop object_likes              # a view (unqualified: public.object_likes) ...
     streamviews drop clicks                    # ... or a stream that has no views left
-    streamviews status                         # per stream: lag, last commit, dead letters
+    streamviews status                         # per stream: lag, freshness, last commit, dead letters
     streamviews status --json --group my-group
     streamviews run [--group G] [--streams a,b]  # the stream runner (see `streamviews run --help`)
 
@@ -304,7 +304,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     add_drop("drop-view", "view", "the same as drop --view")
     add_drop("drop-stream", "stream", "the same as drop --stream")
 
-    status = commands.add_parser("status", help="per stream: partitions, consumer lag, last commit, dead letters")
+    status = commands.add_parser(
+        "status", help="per stream: partitions, consumer lag, freshness, last commit, dead letters"
+    )
     status.add_argument("streams", nargs="*", metavar="STREAM", help="only these streams (default: all)")
     status.add_argument("--group", help=f"consumer group (default: PIPELINE_GROUP_ID or {STREAM_RUNNER_GROUP})")
     status.add_argument("--json", action="store_true", help="print JSON for machines")

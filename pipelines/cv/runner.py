@@ -14,6 +14,10 @@ within about a second, and a dropped one stops.
 A batch is one poll over all the topics: each topic's messages are decoded by its stream's decoder,
 the rows of a stream declared `into` another join that stream's changes, and the sink applies every
 stream's changes in one transaction with the offsets of every partition the poll read.
+
+Besides the pipeline's metrics (pipelines/metrics.py), the runner exports the lag of every logical
+replication slot of the cluster: the Debezium slots feed its CDC streams, and a slot that stops
+advancing holds WAL back on the database the views live on.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import psycopg
 from confluent_kafka import KafkaException, Message
 
+from pipelines import metrics
 from pipelines.cv import catalog
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.definitions import DefinitionError, StreamDef
@@ -37,12 +42,24 @@ from pipelines.runtime.consumer import UNDECODABLE, Decoded, Pipeline
 from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.runtime.events import InvalidEvent
 from pipelines.runtime.topics import ensure_topics
-from pipelines.settings import STREAM_RUNNER_GROUP, KafkaSettings, PipelineSettings, PostgresSettings
+from pipelines.settings import (
+    STREAM_RUNNER_GROUP,
+    KafkaSettings,
+    MetricsSettings,
+    PipelineSettings,
+    PostgresSettings,
+)
 
 log = get_logger("cv.runner")
 
 NAME = "streams"
 DEFAULT_GROUP = STREAM_RUNNER_GROUP
+# Every logical slot of the cluster (pg_replication_slots is readable by any role): how many WAL bytes
+# it holds back from its consumer's last confirmed position, and whether a consumer is connected.
+SLOTS_SQL = (
+    "SELECT slot_name, pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint, active"
+    " FROM pg_replication_slots WHERE slot_type = 'logical'"
+)
 
 
 @dataclass(frozen=True)
@@ -62,6 +79,7 @@ class StreamRunner:
         default_group: True for the default group (no `--group`): it also runs every stream declared
             without a `consumer_group`.
         only: Run just these streams (and those feeding them); None runs all of the group's.
+        metrics_refresh_s: How often the lag gauges are set (the slots' every other time).
     """
 
     def __init__(
@@ -73,6 +91,7 @@ class StreamRunner:
         settings: PipelineSettings,
         default_group: bool = True,
         only: frozenset[str] | None = None,
+        metrics_refresh_s: float = 5.0,
     ) -> None:
         self.kafka, self.postgres, self.settings, self.only = kafka, postgres, settings, only
         self.group_id, self.default_group = group_id, default_group
@@ -85,15 +104,35 @@ class StreamRunner:
             kafka=kafka,
             postgres=postgres,
             settings=settings,
+            metrics_refresh_s=metrics_refresh_s,
         )
         self.sources: dict[str, Source] = {}  # by topic
         self.version: int | None = None
         self._conn: psycopg.Connection | None = None
-        self._next_check = 0.0
+        self._next_check = self._next_slots = 0.0
+        self._slots_refresh_s = 2 * metrics_refresh_s
 
     def run(self) -> None:
         """Load the catalog, then consume until SIGTERM/SIGINT, reloading whenever the catalog changes."""
-        self.pipeline.run(tick=self.watch_catalog)
+        self.pipeline.run(tick=self.tick)
+
+    def tick(self) -> None:
+        """Between polls: the catalog, and now and then the replication slots' gauges."""
+        self.watch_catalog()
+        now = time.monotonic()
+        if now >= self._next_slots:
+            self._next_slots = now + self._slots_refresh_s
+            self.export_slots()
+
+    def export_slots(self) -> None:
+        """Set the replication-slot gauges (a failure only logs: the catalog connection is retried)."""
+        try:
+            slots = self._catalog_connection().execute(SLOTS_SQL).fetchall()
+        except psycopg.Error as e:
+            log.warning("cannot read the replication slots; will retry", error=str(e).strip())
+            self._close()
+            return
+        metrics.set_replication_slots(slots)
 
     def watch_catalog(self) -> None:
         """Reload the streams when the catalog's version moved (checked at most every poll interval)."""
@@ -128,6 +167,7 @@ class StreamRunner:
         self._ensure_topics(sources.values())
         self.sources = sources
         self.sink.streams = tuple(sorted({source.target for source in sources.values()}))
+        self.pipeline.metrics.name_streams({topic: source.stream.name for topic, source in sources.items()})
         self.version = version
         log.info(
             "catalog loaded",
@@ -148,6 +188,7 @@ class StreamRunner:
         """A poll's messages, topic by topic through each stream's decoder, into changes per target stream."""
         payload: dict[str, StreamChanges] = {}
         rejected: list[tuple[Message, InvalidEvent]] = []
+        counts: dict[str, int] = {}
         size = 0
         for topic, group in by_topic.items():
             source = self.sources.get(topic)
@@ -165,7 +206,8 @@ class StreamRunner:
                     changes = payload[source.target] = StreamChanges()
                 changes.extend(decoded.ops, decoded.columns)
                 size += len(decoded.ops)
-        return Decoded(payload, size, rejected)
+            counts[topic] = len(decoded.ops)
+        return Decoded(payload, size, rejected, counts)
 
     def _ensure_topics(self, sources: Iterable[Source]) -> None:
         partitions: dict[str, int] = {}
@@ -204,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging()
     settings, kafka, postgres = PipelineSettings(), KafkaSettings(), PostgresSettings()
+    metrics_settings = MetricsSettings()
     group_id = args.group or settings.group_id or DEFAULT_GROUP
     only = frozenset(name.strip() for name in args.streams.split(",") if name.strip()) or None
     log.info(
@@ -213,7 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         streams=sorted(only) if only else "all",
         kafka=kafka.describe(),
         postgres=postgres.describe(),
+        metrics=metrics_settings.describe(),
     )
+    metrics.serve(metrics_settings, NAME, metrics.RUNNER_FAMILIES)
     StreamRunner(
         group_id=group_id,
         kafka=kafka,
@@ -221,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         settings=settings,
         default_group=not args.group,
         only=only,
+        metrics_refresh_s=metrics_settings.refresh_s,
     ).run()
     return 0
 

@@ -1,7 +1,10 @@
-"""`streamviews status`: how far the runner's consumer group is behind on each stream.
+"""`streamviews status`: how far the runner's consumer group is behind on each stream, and how fresh.
 
 The lag of a partition counts from the group's next offset, as stored in PostgreSQL with the views
 (ops.kafka_offsets), to the partition's high watermark in Kafka; dead letters are counted per reason.
+Freshness is the age of the newest event committed: the latest Kafka timestamp the group stored with
+its offsets (`last_event_at`, in the batch's own transaction), against the database's clock. It is
+read from PostgreSQL alone, so it needs no metrics endpoint, and it grows while a stream is idle.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from pipelines.cv.cli_common import KAFKA_TIMEOUT_S, CommandError, kafka_message, kafka_topics, table
 from pipelines.cv.definitions import DefinitionError
+from pipelines.runtime.checkpoint import partition_lag
 from pipelines.settings import KafkaSettings
 
 
@@ -29,6 +33,8 @@ class StreamStatus:
     lag: int | None = None
     lag_by_partition: dict[int, int] = field(default_factory=dict)
     last_commit: datetime | None = None
+    newest_event: datetime | None = None  # the latest Kafka timestamp committed
+    freshness_s: float | None = None  # its age when the status was read
     dead_letters: dict[str, int] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
@@ -40,17 +46,10 @@ class StreamStatus:
             "lag": self.lag,
             "lag_by_partition": {str(p): n for p, n in sorted(self.lag_by_partition.items())},
             "last_commit": self.last_commit.isoformat() if self.last_commit else None,
+            "newest_event": self.newest_event.isoformat() if self.newest_event else None,
+            "freshness_s": self.freshness_s,
             "dead_letters": self.dead_letters,
         }
-
-
-def partition_lag(low: int, high: int, next_offset: int | None) -> int:
-    """Records a group has still to read in a partition: from its next offset (or the low watermark) to the high one.
-
-    Records below the low watermark are gone (retention), so they never count.
-    """
-    start = low if next_offset is None else max(next_offset, low)
-    return max(0, high - start)
 
 
 def watermarks(admin: AdminClient, kafka: KafkaSettings, topics: set[str]) -> dict[str, dict[int, tuple[int, int]]]:
@@ -84,21 +83,33 @@ def watermarks(admin: AdminClient, kafka: KafkaSettings, topics: set[str]) -> di
 def stream_statuses(
     streams: list[tuple[str, str]],
     marks: dict[str, dict[int, tuple[int, int]]],
-    offsets: list[tuple[str, int, int, datetime]],
+    offsets: list[tuple[str, int, int, datetime, datetime | None]],
     dead: list[tuple[str, str, int]],
+    now: datetime | None = None,
 ) -> list[StreamStatus]:
-    """Combine the catalog's streams, Kafka's watermarks and the group's stored offsets and dead letters."""
+    """Combine the catalog's streams, Kafka's watermarks and the group's stored offsets and dead letters.
+
+    `offsets` are (topic, partition, next offset, last commit, newest event time); freshness is
+    measured at `now` (the database's clock; default: this machine's).
+    """
+    now = now or datetime.now(UTC)
     committed: dict[str, dict[int, int]] = {}
     last: dict[str, datetime] = {}
-    for topic, partition, next_offset, updated_at in offsets:
+    newest: dict[str, datetime] = {}
+    for topic, partition, next_offset, updated_at, event_at in offsets:
         committed.setdefault(topic, {})[partition] = next_offset
         last[topic] = max(last.get(topic, updated_at), updated_at)
+        if event_at is not None:
+            newest[topic] = max(newest.get(topic, event_at), event_at)
     dead_by_topic: dict[str, dict[str, int]] = {}
     for topic, reason, count in dead:
         dead_by_topic.setdefault(topic, {})[reason] = count
     statuses = []
     for name, topic in streams:
         status = StreamStatus(name, topic, last_commit=last.get(topic), dead_letters=dead_by_topic.get(topic, {}))
+        if topic in newest:
+            status.newest_event = newest[topic]
+            status.freshness_s = round(max((now - newest[topic]).total_seconds(), 0.0), 3)
         if topic in marks:
             status.partitions = len(marks[topic])
             status.lag_by_partition = {
@@ -117,11 +128,22 @@ def status_table(group: str, statuses: list[StreamStatus]) -> str:
         dead = ", ".join(f"{reason}={n}" for reason, n in sorted(s.dead_letters.items())) or "0"
         partitions = "-" if s.partitions is None else s.partitions
         lag = "topic missing" if s.lag is None else s.lag
-        rows.append((s.stream, s.topic, partitions, lag, commit, dead))
+        rows.append((s.stream, s.topic, partitions, lag, age(s.freshness_s), commit, dead))
     header = f"consumer group {group}"
     if not rows:
         return f"{header}\nno streams"
-    return header + "\n" + table(("STREAM", "TOPIC", "PARTITIONS", "LAG", "LAST COMMIT", "DEAD LETTERS"), rows)
+    columns = ("STREAM", "TOPIC", "PARTITIONS", "LAG", "FRESHNESS", "LAST COMMIT", "DEAD LETTERS")
+    return header + "\n" + table(columns, rows)
+
+
+def age(seconds: float | None) -> str:
+    """How long ago, in the largest unit that keeps two digits: `42s ago`, `17m ago`, `5h ago`, `3d ago`."""
+    if seconds is None:
+        return "never"
+    for unit, size, below in (("s", 1, 120), ("m", 60, 7_200), ("h", 3_600, 172_800)):
+        if seconds < below:
+            return f"{int(seconds // size)}{unit} ago"
+    return f"{int(seconds // 86_400)}d ago"
 
 
 def runner_status(
@@ -140,11 +162,12 @@ def runner_status(
         streams = [(name, topic) for name, topic in streams if name in only]
     topics = [topic for _, topic in streams]
     offsets = conn.execute(
-        "SELECT topic, partition, next_offset, updated_at FROM ops.kafka_offsets"
+        "SELECT topic, partition, next_offset, updated_at, last_event_at FROM ops.kafka_offsets"
         " WHERE group_id = %s AND topic = ANY(%s)",
         (group, topics),
     ).fetchall()
+    (now,) = conn.execute("SELECT now()").fetchone()
     dead = conn.execute(
         "SELECT topic, reason, count FROM ops.dead_letters WHERE group_id = %s AND topic = ANY(%s)", (group, topics)
     ).fetchall()
-    return stream_statuses(streams, watermarks(admin, kafka, set(topics)), offsets, dead)
+    return stream_statuses(streams, watermarks(admin, kafka, set(topics)), offsets, dead, now)

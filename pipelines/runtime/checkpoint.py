@@ -55,13 +55,25 @@ class Batch:
     payload: Any = None  # what the sink's apply() takes, made by the pipeline's decoder
     size: int = 0  # records in the payload
     dead_letters: Counter[tuple[str, str]] = field(default_factory=Counter)  # (topic, reason) -> n
+    counts: dict[str, int] = field(default_factory=dict)  # records in the payload, per topic
     start: dict[TopicPartition, int | None] = field(default_factory=dict)  # stored position expected
     end: dict[TopicPartition, int] = field(default_factory=dict)  # next offset after the batch
+    # The Kafka timestamp (ms) of each partition's last record in the batch: how fresh it leaves the views.
+    event_ms: dict[TopicPartition, int] = field(default_factory=dict)
 
     @property
     def consumed(self) -> int:
         """Records consumed that carried something: valid or dead-lettered (tombstones are not counted)."""
         return self.size + sum(self.dead_letters.values())
+
+
+def partition_lag(low: int, high: int, next_offset: int | None) -> int:
+    """Records a group has still to read in a partition: from its next offset (or the low watermark) to the high one.
+
+    Records below the low watermark are gone (retention), so they never count.
+    """
+    start = low if next_offset is None else max(next_offset, low)
+    return max(0, high - start)
 
 
 class Checkpoint:
@@ -91,6 +103,17 @@ class Checkpoint:
             ).fetchall()
         return {(topic, partition): offset for topic, partition, offset in rows}
 
+    def stored_event_times(self, partitions: list[TopicPartition]) -> dict[TopicPartition, float]:
+        """The newest Kafka timestamp committed per partition, in epoch seconds (absent: none yet)."""
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                "SELECT topic, partition, extract(epoch FROM last_event_at)::float8 FROM ops.kafka_offsets"
+                " WHERE group_id = %s AND last_event_at IS NOT NULL"
+                " AND (topic, partition) IN (SELECT * FROM unnest(%s::text[], %s::int[]))",
+                (self.group_id, [t for t, _ in partitions], [p for _, p in partitions]),
+            ).fetchall()
+        return {(topic, partition): seconds for topic, partition, seconds in rows}
+
     def commit(self, batch: Batch) -> int:
         """Apply the batch and store its offsets atomically; returns the changes the sink made.
 
@@ -98,7 +121,7 @@ class Checkpoint:
         2. Lock the batch's offset rows in (topic, partition) order and check each still holds the
            position the batch started from; otherwise raise Fenced (nothing was written).
         3. Hand the records to the sink (views, audit tables), which writes them in this transaction.
-        4. Store the next offsets.
+        4. Store the next offsets, and the newest Kafka timestamp committed (freshness).
         5. Add the dead-letter counts.
         6. Commit. On any error roll back, so the batch is applied again after a re-seek or not at all.
         """
@@ -159,11 +182,19 @@ class Checkpoint:
     def _store_offsets(self, conn: psycopg.Connection, batch: Batch) -> None:
         parts = sorted(batch.end)
         conn.execute(
-            "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset)"
-            " SELECT %s, * FROM unnest(%s::text[], %s::int[], %s::bigint[])"
+            "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset, last_event_at)"
+            " SELECT %s, t, p, o, to_timestamp(ms / 1000.0)"
+            " FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::bigint[]) AS u (t, p, o, ms)"
             " ON CONFLICT (group_id, topic, partition)"
-            " DO UPDATE SET next_offset = excluded.next_offset, updated_at = now()",
-            (self.group_id, [t for t, _ in parts], [p for _, p in parts], [batch.end[tp] for tp in parts]),
+            " DO UPDATE SET next_offset = excluded.next_offset, updated_at = now(),"
+            " last_event_at = greatest(ops.kafka_offsets.last_event_at, excluded.last_event_at)",
+            (
+                self.group_id,
+                [t for t, _ in parts],
+                [p for _, p in parts],
+                [batch.end[tp] for tp in parts],
+                [batch.event_ms.get(tp) for tp in parts],
+            ),
         )
 
     def _count_dead_letters(self, conn: psycopg.Connection, batch: Batch) -> None:

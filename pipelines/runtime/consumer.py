@@ -33,13 +33,14 @@ from typing import Any, Protocol
 import psycopg
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
 
+from pipelines import metrics
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
-from pipelines.runtime.checkpoint import Batch, Checkpoint, Fenced, Record, Sink
+from pipelines.runtime.checkpoint import Batch, Checkpoint, Fenced, Record, Sink, partition_lag
 from pipelines.runtime.deadletter import DeadLetters, dead_letter_topic
 from pipelines.runtime.events import InvalidEvent
 from pipelines.runtime.topics import ensure_topics
-from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
+from pipelines.settings import KafkaSettings, MetricsSettings, PipelineSettings, PostgresSettings
 
 log = get_logger("consumer")
 
@@ -57,6 +58,7 @@ class Decoded:
     payload: Any  # what the sink's apply() takes
     size: int  # records in the payload
     rejected: list[tuple[Message, InvalidEvent]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)  # records in the payload per topic (for metrics)
 
 
 class BatchDecoder(Protocol):
@@ -73,19 +75,23 @@ def per_record(decode: RecordDecoder) -> BatchDecoder:
     def decode_batch(by_topic: dict[str, list[Message]]) -> Decoded:
         records: list[Record] = []
         rejected: list[tuple[Message, InvalidEvent]] = []
-        for message in (m for messages in by_topic.values() for m in messages):
-            try:
-                record = decode(message.key(), message.value(), message.timestamp()[1])
-            except InvalidEvent as e:
-                rejected.append((message, e))
-                continue
-            except Exception as e:  # a decoder bug must not crash-loop on one record
-                log.exception("decoder failed", topic=message.topic(), offset=message.offset())
-                rejected.append((message, InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}")))
-                continue
-            if record is not None:
-                records.append((message.partition(), record))
-        return Decoded(records, len(records), rejected)
+        counts: dict[str, int] = {}
+        for topic, messages in by_topic.items():
+            before = len(records)
+            for message in messages:
+                try:
+                    record = decode(message.key(), message.value(), message.timestamp()[1])
+                except InvalidEvent as e:
+                    rejected.append((message, e))
+                    continue
+                except Exception as e:  # a decoder bug must not crash-loop on one record
+                    log.exception("decoder failed", topic=message.topic(), offset=message.offset())
+                    rejected.append((message, InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}")))
+                    continue
+                if record is not None:
+                    records.append((message.partition(), record))
+            counts[topic] = len(records) - before
+        return Decoded(records, len(records), rejected, counts)
 
     return decode_batch
 
@@ -153,6 +159,7 @@ class Pipeline:
         kafka: KafkaSettings,
         postgres: PostgresSettings,
         settings: PipelineSettings,
+        metrics_refresh_s: float = 5.0,
     ) -> None:
         self.name, self.group_id = name, group_id
         self.decode, self.sink = decode, sink
@@ -174,6 +181,11 @@ class Pipeline:
         # Where each assigned (topic, partition) will stand in PostgreSQL once the batches decoded so
         # far have committed (None: never committed); reset from PostgreSQL by a rewind.
         self.positions: dict[tuple[str, int], int | None] = {}
+        # Where each assigned partition stands in PostgreSQL as far as this process knows (committed
+        # batches only): the consumer lag is measured from here.
+        self.stored: dict[tuple[str, int], int | None] = {}
+        self.metrics = metrics.PipelineMetrics(name)
+        self._metrics_refresh_s = metrics_refresh_s  # METRICS_REFRESH_S: how often the lag gauges are set
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-commit")
         self._inflight: tuple[Batch, Future[int]] | None = None
         self.running = True
@@ -194,6 +206,7 @@ class Pipeline:
         else:
             self.consumer.unsubscribe()
             self.positions.clear()
+            self.stored.clear()
         log.info("subscribed", pipeline=self.name, topics=list(topics))
 
     def run(self, tick: Callable[[], None] | None = None) -> None:
@@ -211,7 +224,7 @@ class Pipeline:
         log.info("pipeline started", pipeline=self.name, sink=str(self.sink), group_id=self.group_id)
         next_housekeeping = time.monotonic()
         next_report = time.monotonic() + self.settings.report_interval_s
-        next_beat = 0.0
+        next_beat = next_lag = 0.0
         try:
             while self.running:
                 if tick is not None:
@@ -233,6 +246,9 @@ class Pipeline:
                 if self.settings.heartbeat_file and now >= next_beat:
                     Path(self.settings.heartbeat_file).touch()
                     next_beat = now + 1
+                if now >= next_lag:
+                    self._refresh_lag()
+                    next_lag = now + self._metrics_refresh_s
                 if now >= next_report:
                     log.info("progress", pipeline=self.name, **self.totals, dead_letters=dict(self.dead_letters.counts))
                     next_report = now + self.settings.report_interval_s
@@ -259,7 +275,10 @@ class Pipeline:
     def _commit(self, batch: Batch) -> int:
         """In the committer thread: dead letters reach Kafka before the batch's offsets commit."""
         self.dead_letters.flush()
-        return self.checkpoint.commit(batch)
+        started = time.perf_counter()
+        changed = self.checkpoint.commit(batch)
+        self.metrics.commit_seconds(time.perf_counter() - started)
+        return changed
 
     def _settle(self, *, rewind: bool = True) -> bool:
         """Wait for the batch in flight, if any; True if it committed (or there was none).
@@ -275,6 +294,7 @@ class Pipeline:
         except (Fenced, psycopg.Error, StreamviewsError) as e:
             self.totals["retries"] += 1
             self._failures += 1
+            self.metrics.rolled_back()
             # A fence resolves at once; anything else backs off, so a persistent fault does not spin.
             delay = 0.0 if isinstance(e, Fenced) else min(0.25 * 2**self._failures, 30.0)
             log.warning(
@@ -292,6 +312,10 @@ class Pipeline:
         self.totals["batches"] += 1
         self.totals["records"] += batch.consumed
         self.totals["changes"] += changed
+        self.metrics.committed(batch.consumed, batch.counts, batch.dead_letters, batch.event_ms)
+        for tp, offset in batch.end.items():
+            if tp in self.stored:
+                self.stored[tp] = offset
         # Kafka's committed offsets only inform lag tooling; PostgreSQL's are the truth.
         offsets = [TopicPartition(t, p, o) for (t, p), o in batch.end.items() if (t, p) in self.positions]
         if offsets:
@@ -308,7 +332,7 @@ class Pipeline:
         run: list[Message] | None = None  # where the current run's messages go; None: a revoked partition
         topic = partition = None
         last: Message | None = None  # the last message kept of the current run
-        ends: dict[tuple[str, int], int] = {}
+        ends: dict[tuple[str, int], Message] = {}  # each partition's last message kept
         for message in messages:
             if message.error() is not None:
                 if message.error().code() != KafkaError._PARTITION_EOF:
@@ -316,7 +340,7 @@ class Pipeline:
                 continue
             if message.partition() != partition or message.topic() != topic:
                 if last is not None:
-                    ends[(topic, partition)] = last.offset()
+                    ends[(topic, partition)] = last
                 topic, partition, last = message.topic(), message.partition(), None
                 tp = (topic, partition)
                 if tp in positions:  # else: revoked while this poll was in flight
@@ -328,7 +352,7 @@ class Pipeline:
                 run.append(message)
                 last = message
         if last is not None:
-            ends[(topic, partition)] = last.offset()
+            ends[(topic, partition)] = last
         if by_topic:
             try:
                 decoded = self.decode(by_topic)
@@ -336,13 +360,15 @@ class Pipeline:
                 log.exception("batch decoder failed", pipeline=self.name)
                 error = InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}")
                 decoded = Decoded(None, 0, [(m, error) for group in by_topic.values() for m in group])
-            batch.payload, batch.size = decoded.payload, decoded.size
+            batch.payload, batch.size, batch.counts = decoded.payload, decoded.size, decoded.counts
             for message, error in decoded.rejected:
                 self.dead_letters.send(message, error)
                 batch.dead_letters[(message.topic(), error.reason)] += 1
-        for tp, offset in ends.items():
-            batch.end[tp] = offset + 1
-            positions[tp] = offset + 1  # where the next batch starts, once this one commits
+        for tp, message in ends.items():
+            batch.end[tp] = positions[tp] = message.offset() + 1  # where the next batch starts, once committed
+            ms = message.timestamp()[1]
+            if ms >= 0:  # -1: the record carries no timestamp
+                batch.event_ms[tp] = ms
         return batch
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -351,8 +377,9 @@ class Pipeline:
         for tp in partitions:
             key = (tp.topic, tp.partition)
             tp.offset = stored.get(key, OFFSET_BEGINNING)
-            self.positions[key] = stored.get(key)
+            self.positions[key] = self.stored[key] = stored.get(key)
         consumer.assign(partitions)
+        self._seed_freshness(list(stored))
         log.info(
             "partitions assigned",
             pipeline=self.name,
@@ -366,6 +393,7 @@ class Pipeline:
         self._settle(rewind=False)
         for tp in partitions:
             self.positions.pop((tp.topic, tp.partition), None)
+            self.stored.pop((tp.topic, tp.partition), None)
         consumer.unassign()
         log.info(
             "partitions revoked", pipeline=self.name, partitions=[f"{tp.topic}[{tp.partition}]" for tp in partitions]
@@ -388,9 +416,34 @@ class Pipeline:
         if not partitions:
             return
         stored = self._stored_offsets(partitions)
+        self.metrics.reseeked()
         for tp in partitions:
-            self.positions[tp] = stored.get(tp)
+            self.positions[tp] = self.stored[tp] = stored.get(tp)
             self.consumer.seek(TopicPartition(tp[0], tp[1], stored.get(tp, OFFSET_BEGINNING)))
+
+    def _refresh_lag(self) -> None:
+        """The consumer-lag gauges: each held partition's high watermark minus its stored offset.
+
+        The watermarks are the ones librdkafka keeps from its fetch responses (`cached=True`, no
+        request to the broker); every fetch of a partition carries both, even one that returns no
+        records, so an idle partition that was caught up reads 0. Before the first response they
+        are -1001: no high watermark, no gauge.
+        """
+        lags = {}
+        for tp, stored in self.stored.items():
+            low, high = self.consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)
+            if high >= 0:  # else: no fetch response yet
+                lags[tp] = partition_lag(max(low, 0), high, stored)
+        self.metrics.set_lag(lags)
+
+    def _seed_freshness(self, partitions: list[tuple[str, int]]) -> None:
+        """After an assignment, freshness as stored with the offsets (so an idle stream has it too)."""
+        try:
+            times = self.checkpoint.stored_event_times(partitions) if partitions else {}
+        except psycopg.Error as e:  # a metric only: the next committed batch sets it
+            log.warning("cannot read stored event times", pipeline=self.name, error=str(e))
+            return
+        self.metrics.event_times({tp: int(seconds * 1000) for tp, seconds in times.items()})
 
     def _housekeeping(self) -> None:
         try:
@@ -408,17 +461,31 @@ def main(spec: PipelineSpec, argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging()
     settings, kafka, postgres = PipelineSettings(), KafkaSettings(), PostgresSettings()
+    metrics_settings = MetricsSettings()
     group_id = args.group or settings.group_id or f"streamviews-{spec.name}"
     log.info(
-        "settings", pipeline=spec.name, **settings.describe(), kafka=kafka.describe(), postgres=postgres.describe()
+        "settings",
+        pipeline=spec.name,
+        **settings.describe(),
+        kafka=kafka.describe(),
+        postgres=postgres.describe(),
+        metrics=metrics_settings.describe(),
     )
+    metrics.serve(metrics_settings, spec.name)
     decode, sink = spec.build(args)
     ensure_topics(
         kafka.bootstrap_servers,
         {args.topic: settings.topic_partitions, dead_letter_topic(args.topic): settings.topic_partitions},
     )
     pipeline = Pipeline(
-        spec.name, decode=decode, sink=sink, group_id=group_id, kafka=kafka, postgres=postgres, settings=settings
+        spec.name,
+        decode=decode,
+        sink=sink,
+        group_id=group_id,
+        kafka=kafka,
+        postgres=postgres,
+        settings=settings,
+        metrics_refresh_s=metrics_settings.refresh_s,
     )
     pipeline.subscribe([args.topic])
     pipeline.run()

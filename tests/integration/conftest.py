@@ -119,8 +119,15 @@ def connect(stack: StackSettings) -> ConnectSettings:
 
 
 def pipeline_env(stack: StackSettings, **overrides: str) -> dict[str, str]:
-    """The environment of a pipeline process started by a test: this stack, as the writer role."""
-    return {**os.environ, **client_settings(stack), "PGUSER": "sv_writer", "LOG_FORMAT": "json", **overrides}
+    """The environment of a pipeline process started by a test: this stack, as the writer role, no metrics port."""
+    return {
+        **os.environ,
+        **client_settings(stack),
+        "PGUSER": "sv_writer",
+        "LOG_FORMAT": "json",
+        "METRICS_PORT": "0",
+        **overrides,
+    }
 
 
 @contextmanager

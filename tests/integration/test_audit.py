@@ -460,9 +460,9 @@ def test_the_puller_reports_rows_and_seconds_behind_until_it_has_caught_up(pg, e
 def test_bulk_requests_are_split_so_large_contents_never_exceed_elasticsearchs_request_limit(
     pg, es, pg_settings, audit_log, monkeypatch
 ):
-    from pipelines.audit import puller as ctid_puller
+    from pipelines.audit import bulk
 
-    monkeypatch.setattr(ctid_puller, "MAX_BULK_BYTES", 8_000)  # about a dozen 600-byte documents
+    monkeypatch.setattr(bulk, "MAX_BULK_BYTES", 8_000)  # about a dozen 600-byte documents
     write(pg, audit_log, events_at(datetime.now(UTC).date(), 100))
     puller = in_process_puller(pg_settings, es, audit_log)
     sent = []

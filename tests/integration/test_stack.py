@@ -35,7 +35,7 @@ def test_status_reports_every_service_ready(stack):
     done = subprocess.run([sys.executable, "-m", "stack", "status"], capture_output=True, text=True, check=False)
 
     assert done.returncode == 0, done.stdout
-    for name in ("postgres", "kafka", "elasticsearch", "connect"):
+    for name in ("postgres", "kafka", "elasticsearch", "connect", "prometheus"):
         assert any(line.startswith(name) and " yes " in line for line in done.stdout.splitlines()), done.stdout
     # ... and how far the pipelines are behind: each stream's lag for the runner's group, the puller's rows.
     assert f"consumer group {STREAM_RUNNER_GROUP}" in done.stdout

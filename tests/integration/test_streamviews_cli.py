@@ -193,6 +193,8 @@ def test_status_shows_lag_last_commit_and_dead_letters(cli, pg, kafka, name):
         "lag": 5,
         "lag_by_partition": None,
         "last_commit": None,
+        "newest_event": None,
+        "freshness_s": None,
         "dead_letters": {},
     }
     assert stream["lag_by_partition"] == {"0": 5, "1": 0}
@@ -213,7 +215,7 @@ def test_status_shows_lag_last_commit_and_dead_letters(cli, pg, kafka, name):
 
     header, columns, row = ok(cli("status", "--group", group, name, user="sv_writer"))
     assert header == f"consumer group {group}"
-    assert columns.split() == ["STREAM", "TOPIC", "PARTITIONS", "LAG", "LAST", "COMMIT", "DEAD", "LETTERS"]
+    assert columns.split() == ["STREAM", "TOPIC", "PARTITIONS", "LAG", "FRESHNESS", "LAST", "COMMIT", "DEAD", "LETTERS"]
     cells = row.split()
     assert cells[:4] == [name, name, "2", "2"]
     assert cells[-1] == "invalid_json=4"

@@ -249,33 +249,67 @@ def test_partition_lag(low, high, next_offset, lag):
 def test_stream_statuses():
     at = datetime(2030, 1, 1, 12, tzinfo=UTC)
     later = datetime(2030, 1, 1, 13, tzinfo=UTC)
+    event = datetime(2030, 1, 1, 12, 59, 30, tzinfo=UTC)
     statuses = status.stream_statuses(
         [("clicks", "clicks"), ("gone", "gone")],
         {"clicks": {0: (0, 10), 1: (0, 5)}},
-        [("clicks", 0, 8, at), ("clicks", 1, 5, later)],
+        [("clicks", 0, 8, at, None), ("clicks", 1, 5, later, event)],
         [("clicks", "invalid_json", 3), ("clicks", "check_violation", 1)],
+        now=datetime(2030, 1, 1, 13, 0, 12, tzinfo=UTC),
     )
     clicks, gone = statuses
     assert (clicks.partitions, clicks.lag, clicks.lag_by_partition) == (2, 2, {0: 2, 1: 0})
     assert clicks.last_commit == later
+    assert (clicks.newest_event, clicks.freshness_s) == (event, 42.0)
+    assert (gone.newest_event, gone.freshness_s) == (None, None)
     assert clicks.dead_letters == {"invalid_json": 3, "check_violation": 1}
     assert (gone.partitions, gone.lag, gone.last_commit, gone.dead_letters) == (None, None, None, {})
     assert clicks.as_json()["last_commit"] == "2030-01-01T13:00:00+00:00"
     table = status.status_table("g", statuses).splitlines()
     assert table[0] == "consumer group g"
-    assert table[1].split() == ["STREAM", "TOPIC", "PARTITIONS", "LAG", "LAST", "COMMIT", "DEAD", "LETTERS"]
+    assert table[1].split() == [
+        "STREAM",
+        "TOPIC",
+        "PARTITIONS",
+        "LAG",
+        "FRESHNESS",
+        "LAST",
+        "COMMIT",
+        "DEAD",
+        "LETTERS",
+    ]
     assert table[2].split() == [
         "clicks",
         "clicks",
         "2",
         "2",
+        "42s",
+        "ago",
         "2030-01-01",
         "13:00:00",
         "UTC",
         "check_violation=1,",
         "invalid_json=3",
     ]
-    assert table[3].split() == ["gone", "gone", "-", "topic", "missing", "never", "0"]
+    assert table[3].split() == ["gone", "gone", "-", "topic", "missing", "never", "never", "0"]
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (None, "never"),
+        (0.4, "0s ago"),
+        (42.9, "42s ago"),
+        (119, "119s ago"),
+        (120, "2m ago"),
+        (7_199, "119m ago"),
+        (7_200, "2h ago"),
+        (172_799, "47h ago"),
+        (172_800, "2d ago"),
+    ],
+)
+def test_age(seconds, text):
+    assert status.age(seconds) == text
 
 
 def test_table_aligns_columns():

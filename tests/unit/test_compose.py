@@ -38,6 +38,7 @@ SECRET_NAMES = {
     "elastic_password",
     "kibana_password",
     "connect_password",
+    "grafana_password",
 }
 # Derived by docker/gen-secrets.sh from the passwords: Connect's `user=password` file.
 DERIVED_SECRETS = {"connect_credentials"}
@@ -54,6 +55,8 @@ CLIENT_SETTINGS = {
     "KIBANA_URL",
     "PIPELINE_HEARTBEAT_FILE",
     "PIPELINE_INSTANCE_ID",
+    "METRICS_HOST",
+    "METRICS_PORT",
     "SECRETS_DIR",
     "LOG_LEVEL",
     "LOG_FORMAT",
@@ -365,6 +368,7 @@ def test_python_services_share_one_image_and_use_the_client_settings(
         "elastic_password",
         "kibana_password",
         "connect_password",
+        "grafana_password",
     }
 
 
@@ -415,6 +419,21 @@ def test_the_search_puller_starts_once_the_database_kafka_and_elasticsearch_are_
         "kafka": {"condition": "service_healthy"},
         "elasticsearch": {"condition": "service_healthy"},
     }
+
+
+def test_prometheus_scrapes_each_long_running_pipeline_on_its_own_metrics_port(
+    python_services: dict[str, dict[str, Any]],
+) -> None:
+    config = yaml.safe_load((ROOT / "monitoring" / "prometheus.yml").read_text())
+    scraped = {sd["names"][0]: sd["port"] for job in config["scrape_configs"] for sd in job.get("dns_sd_configs", [])}
+    long_running = {name for name, svc in python_services.items() if svc.get("restart") != "no"}
+    assert scraped.keys() == long_running
+    assert len(set(scraped.values())) == len(scraped), "one port per service"
+    for name in long_running:
+        env = environment(python_services[name])
+        assert env["METRICS_HOST"] == "0.0.0.0", f"{name}: scraped from another container"  # noqa: S104
+        assert int(env["METRICS_PORT"]) == scraped[name], name
+        assert "ports" not in python_services[name], f"{name}: metrics stay on the compose network"
 
 
 def test_kibana_objects_are_imported_once_kibana_is_healthy(services: dict[str, dict[str, Any]]) -> None:

@@ -63,6 +63,7 @@ def test_a_stream_fed_into_another_joins_its_changes_in_one_batch():
 
     assert decoded.size == 2
     assert decoded.payload["likes"].columns[:2] == [[1, 3], [2, 4]]
+    assert decoded.counts == {"likes": 1, "cdc.app.likes": 1}  # events per topic, for the metrics
 
 
 def test_records_of_a_dropped_stream_are_consumed_and_applied_nowhere():

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from stack.configure import TEMPLATES, kafka_cluster_id, render, render_context, render_supervisord
 from stack.install import Distributions
@@ -90,11 +91,12 @@ def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivile
         "program:elasticsearch",
         "program:kafka",
         "program:postgres",
+        "program:prometheus",
         "program:streams",
     ]
     for section in programs:
         assert parser[section]["autorestart"] == "true"
-    for service in ("postgres", "kafka", "connect", "elasticsearch"):
+    for service in ("postgres", "kafka", "connect", "elasticsearch", "prometheus"):
         assert parser[f"program:{service}"]["user"] == "nobody"
     assert "-Xmx256m" in parser["program:kafka"]["command"]
     assert parser["program:streams"]["command"].endswith("-m pipelines.cv.runner")
@@ -115,3 +117,41 @@ def test_kafka_cluster_ids_never_start_with_a_dash_that_the_storage_tool_would_r
     ids = {kafka_cluster_id() for _ in range(2000)}
     assert len(ids) == 2000
     assert all(len(i) == 22 and not i.startswith("-") for i in ids)
+
+
+def test_prometheus_listens_on_loopback_keeps_its_data_in_the_state_dir_and_scrapes_each_pipeline(context):
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read_string(render_supervisord(context))
+    command = parser["program:prometheus"]["command"].split()
+    home = context["prometheus_home"]
+    assert command[0] == "/usr/bin/prometheus"
+    assert "--web.listen-address=127.0.0.1:9090" in command
+    assert f"--storage.tsdb.path={home}/data" in command
+    assert f"--config.file={home}/prometheus.yml" in command
+    assert "--storage.tsdb.retention.time=7d" in command
+    assert "--storage.tsdb.retention.size=1GB" in command
+
+    config = yaml.safe_load(render("prometheus.yml", context))
+    assert config["global"]["scrape_interval"] == "5s"
+    assert config["rule_files"] == ["alerts.yml"]
+    targets = {
+        group["labels"]["service"]: group["targets"]
+        for job in config["scrape_configs"]
+        for group in job["static_configs"]
+    }
+    assert targets == {
+        "prometheus": ["127.0.0.1:9090"],
+        "streams": ["127.0.0.1:9481"],
+        "audit": ["127.0.0.1:9482"],
+        "ctid_puller": ["127.0.0.1:9483"],
+    }
+
+
+def test_a_changed_prometheus_configuration_changes_its_program_so_up_restarts_it(context):
+    def digest(ctx) -> str:
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read_string(render_supervisord(ctx))
+        return parser["program:prometheus"]["environment"]
+
+    assert digest(context) == digest(dict(context))
+    assert digest(context) != digest({**context, "streams_metrics_port": 19481})

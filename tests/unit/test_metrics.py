@@ -1,0 +1,243 @@
+"""The metrics' own logic without services: what a committed batch counts, lag, freshness, slots, labels."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client import REGISTRY, CollectorRegistry
+
+from pipelines import metrics
+from pipelines.runtime.checkpoint import Batch
+from pipelines.runtime.consumer import Decoded, Pipeline, per_record
+from pipelines.runtime.events import InvalidEvent
+
+
+def value(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+@pytest.fixture
+def pipeline() -> str:
+    """A pipeline name of its own: the registry is the process's, shared by every test."""
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_committed_batch_counts_events_per_stream_dead_letters_and_its_size(pipeline):
+    m = metrics.PipelineMetrics(pipeline)
+    m.name_streams({"cdc.app.likes": "app_likes", "likes": "likes"})
+
+    m.committed(7, {"likes": 4, "cdc.app.likes": 1}, Counter({("likes", "invalid_json"): 2}), {})
+    m.committed(3, {"likes": 3, "other": 0}, {}, {})
+
+    assert value("streamviews_events_total", pipeline=pipeline, stream="likes") == 7
+    assert value("streamviews_events_total", pipeline=pipeline, stream="app_likes") == 1
+    # A topic the pipeline names no stream for is its own stream (the audit writer's `audit`).
+    assert value("streamviews_events_total", pipeline=pipeline, stream="other") == 0
+    assert value("streamviews_dead_letters_total", pipeline=pipeline, topic="likes", reason="invalid_json") == 2
+    assert value("streamviews_batch_size_events_count", pipeline=pipeline) == 2
+    assert value("streamviews_batch_size_events_sum", pipeline=pipeline) == 10
+    assert value("streamviews_batch_size_events_bucket", pipeline=pipeline, le="1.0") == 0
+    assert value("streamviews_batch_size_events_bucket", pipeline=pipeline, le="10.0") == 2
+
+
+def test_rollbacks_reseeks_and_commit_time(pipeline):
+    m = metrics.PipelineMetrics(pipeline)
+    m.rolled_back()
+    m.reseeked()
+    m.reseeked()
+    m.commit_seconds(0.02)
+
+    assert value("streamviews_rollbacks_total", pipeline=pipeline) == 1
+    assert value("streamviews_reseeks_total", pipeline=pipeline) == 2
+    assert value("streamviews_commit_duration_seconds_bucket", pipeline=pipeline, le="0.025") == 1
+    assert value("streamviews_commit_duration_seconds_bucket", pipeline=pipeline, le="0.01") == 0
+
+
+def test_freshness_is_the_age_of_the_newest_event_time_committed_per_stream(pipeline):
+    m = metrics.PipelineMetrics(pipeline)
+    m.name_streams({"likes": "likes"})
+    now_ms = int(time.time() * 1000)
+    m.committed(2, {"likes": 2}, {}, {("likes", 0): now_ms - 30_000, ("likes", 1): now_ms - 10_000})
+    m.committed(1, {"likes": 1}, {}, {("likes", 0): now_ms - 60_000})  # older: the newest stays
+
+    age = value("streamviews_freshness_seconds", pipeline=pipeline, stream="likes")
+    assert 10 <= age < 15
+
+    m.event_times({("ahead", 0): now_ms + 60_000})  # a producer's clock ahead of ours
+    assert value("streamviews_freshness_seconds", pipeline=pipeline, stream="ahead") == 0
+
+    m.name_streams({"ahead": "ahead"})  # `likes` dropped from the catalog
+    assert value("streamviews_freshness_seconds", pipeline=pipeline, stream="likes") is None
+
+
+def test_lag_gauges_follow_the_partitions_held(pipeline):
+    m = metrics.PipelineMetrics(pipeline)
+    m.set_lag({("likes", 0): 5, ("likes", 1): 0})
+    assert value("streamviews_consumer_lag_records", pipeline=pipeline, topic="likes", partition="0") == 5
+
+    m.set_lag({("likes", 1): 2})  # partition 0 was revoked
+
+    assert value("streamviews_consumer_lag_records", pipeline=pipeline, topic="likes", partition="0") is None
+    assert value("streamviews_consumer_lag_records", pipeline=pipeline, topic="likes", partition="1") == 2
+
+
+@dataclass
+class Consumer:
+    """What the lag refresh asks the consumer: its cached watermarks."""
+
+    marks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+
+    def get_watermark_offsets(self, tp, cached=False):
+        assert cached, "the refresh never asks the broker"
+        return self.marks[(tp.topic, tp.partition)]
+
+
+def test_lag_counts_from_the_stored_offset_to_the_cached_high_watermark(pipeline):
+    consumer = Consumer(
+        {
+            ("t", 0): (-1001, 120),  # low not cached: unknown
+            ("t", 1): (-1001, 40),  # caught up, no traffic since
+            ("t", 2): (-1001, 7),  # never committed: from offset 0
+            ("t", 3): (-1001, -1001),  # no fetch response yet: not exported
+        }
+    )
+    fake = SimpleNamespace(
+        stored={("t", 0): 100, ("t", 1): 40, ("t", 2): None, ("t", 3): 5},
+        consumer=consumer,
+        metrics=metrics.PipelineMetrics(pipeline),
+    )
+
+    Pipeline._refresh_lag(fake)
+
+    lags = {p: value("streamviews_consumer_lag_records", pipeline=pipeline, topic="t", partition=p) for p in "0123"}
+    assert lags == {"0": 20, "1": 0, "2": 7, "3": None}
+
+
+@dataclass
+class Message:
+    """A Kafka message as the pipeline's batching reads it."""
+
+    _topic: str
+    _partition: int
+    _offset: int
+    _ts: int = 1_795_341_600_000
+
+    def topic(self) -> str:
+        return self._topic
+
+    def partition(self) -> int:
+        return self._partition
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (0, -1) if self._ts < 0 else (1, self._ts)
+
+    def error(self) -> None:
+        return None
+
+    def key(self) -> bytes | None:
+        return None
+
+    def value(self) -> bytes:
+        return b"{}"
+
+
+def test_a_batch_keeps_each_partitions_last_kafka_timestamp_and_counts_per_topic():
+    fake = SimpleNamespace(
+        positions={("a", 0): 10, ("a", 1): None, ("b", 0): 3},
+        decode=lambda by_topic: Decoded(None, 4, [], {topic: len(ms) for topic, ms in by_topic.items()}),
+        dead_letters=None,
+        name="test",
+    )
+    messages = [Message("a", 0, 10, 1_000), Message("a", 0, 11, 2_000), Message("b", 0, 3, -1)]
+    messages += [Message("a", 1, 0, 5_000), Message("a", 0, 12, 3_000)]
+
+    batch: Batch = Pipeline._decode(fake, messages)
+
+    assert batch.end == {("a", 0): 13, ("a", 1): 1, ("b", 0): 4}
+    assert batch.event_ms == {("a", 0): 3_000, ("a", 1): 5_000}  # b's record carries no timestamp
+    assert batch.counts == {"a": 4, "b": 1}
+
+
+def test_a_per_record_decoder_counts_the_records_of_each_topic():
+    def decode(key, value, ts):
+        if value == b"bad":
+            raise InvalidEvent("invalid_json", "bad")
+        return None if value is None else value
+
+    records = [
+        SimpleNamespace(
+            topic=lambda: "t", partition=lambda: 0, key=lambda: None, value=lambda v=v: v, timestamp=lambda: (1, 0)
+        )
+        for v in (b"x", b"bad", None, b"y")
+    ]
+    decoded = per_record(decode)({"t": records, "u": records[:1]})
+
+    assert (decoded.size, decoded.counts) == (3, {"t": 2, "u": 1})
+    assert [error.reason for _, error in decoded.rejected] == ["invalid_json"]
+
+
+def test_replication_slots_gone_are_no_longer_exported():
+    registry = CollectorRegistry()  # the runner's own families are registered by the runner only
+    for family in metrics.RUNNER_FAMILIES.families:
+        registry.register(family)
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    metrics.set_replication_slots([("debezium_a", 1024, True), ("new_slot", None, False)])
+    assert value("streamviews_replication_slot_lag_bytes", slot="debezium_a") == 1024
+    assert value("streamviews_replication_slot_active", slot="new_slot") == 0
+    assert value("streamviews_replication_slot_lag_bytes", slot="new_slot") is None
+
+    metrics.set_replication_slots([("new_slot", 10, True)])
+
+    assert value("streamviews_replication_slot_active", slot="debezium_a") is None
+    assert value("streamviews_replication_slot_lag_bytes", slot="debezium_a") is None
+    assert value("streamviews_replication_slot_active", slot="new_slot") == 1
+    assert value("streamviews_replication_slot_lag_bytes", slot="new_slot") == 10
+
+
+def test_serving_is_off_at_port_0_and_a_taken_port_does_not_stop_the_service():
+    import socket
+
+    from pipelines.settings import MetricsSettings
+
+    assert metrics.serve(MetricsSettings(port=0), "test") is False
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        assert metrics.serve(MetricsSettings(port=taken.getsockname()[1]), "test") is False
+
+
+def test_families_of_one_service_have_no_samples_in_the_others():
+    metrics.PULLER_ROWS_INDEXED.inc(3)
+    families = metrics.ServiceFamilies(metrics.PULLER_ROWS_INDEXED, metrics.PULLER_ROWS_BEHIND)
+
+    assert [(m.name, m.samples) for m in families.collect()] == [
+        ("streamviews_puller_rows_indexed", []),
+        ("streamviews_puller_rows_behind", []),
+    ]
+    families.owned = True  # in the puller
+    samples = {s.name: s.value for m in families.collect() for s in m.samples}
+    assert samples["streamviews_puller_rows_indexed_total"] >= 3
+    assert "streamviews_puller_rows_behind" in samples
+
+
+def test_every_family_follows_prometheus_naming():
+    families = list(REGISTRY.collect())
+    names = {family.name for family in families if family.name.startswith("streamviews_")}
+    assert len(names) == 14  # the contract of issue 15, every family
+    for name in names:
+        assert name == name.lower()
+    units = ("_seconds", "_bytes", "_records", "_events", "_behind", "_active")
+    counters = {family.name for family in families if family.type == "counter"}
+    for name in names - counters:
+        assert name.endswith(units), name
