@@ -1,6 +1,6 @@
--- The query functions of the social views: each is one primary-key read (friends_who_like: two, in
--- one statement), callable by the read-only role. Unknown ids give 0 or an empty array, never an
--- error or NULL.
+-- The query functions of the social views: each is one primary-key read (friends_who_like: one or
+-- two), callable by the read-only role. Unknown ids give 0 or an empty array, never an error or
+-- NULL.
 -- PL/pgSQL rather than SQL functions: a non-inlined SQL function is re-planned on every call, while
 -- PL/pgSQL keeps its plans for the session.
 
@@ -60,30 +60,55 @@ END
 $$;
 
 -- Which of the users `uid` follows like object `oid`: following(uid) ∩ likers(oid), as a set (order
--- unspecified). Both rows are read in one statement: each statement adds to a PL/pgSQL call a good
--- part of what a primary-key read costs. When either array is small, which is nearly always (most
--- objects have a few likers, most users follow fewer than 100), each element of the smaller one is
--- looked up in the larger: no rows are built from the larger array, which for a user who follows
--- thousands would cost more than both reads. Two large arrays go through a hashed INTERSECT, linear
--- in their sizes.
+-- unspecified). The object is read first: most objects have no likers, and then the answer is
+-- known after one primary-key read, as cheap as like_count. Otherwise, with m the smaller array's
+-- size and n the larger's (measured with `python -m loadgen.bench_friends`, README):
+-- - m <= 6 or m * n <= 5,000 (nearly every call: a few likers, or fewer than 100 follows): `&&`
+--   first, in C and without a statement, because friends who like are rare; when some are found,
+--   each element of the smaller array is compared with the larger one (= ANY);
+-- - otherwise (the heavy tail: thousands of follows and of likers, where m * n comparisons or the
+--   seed's INTERSECT, which makes rows of both arrays, cost milliseconds): a statement planned for
+--   this call (EXECUTE), in which the larger array is a constant, so that PostgreSQL (14+) hashes
+--   `= ANY (constant)` once, in C, and probes it with each element of the smaller: O(m + n). The
+--   probe is an aggregate's FILTER, not a WHERE clause (whose selectivity estimate would visit
+--   every element of the constant), and the smaller array is unnested in the select list (streamed,
+--   not first stored as unnest in FROM is). The bounds are where planning per call starts to pay.
 CREATE OR REPLACE FUNCTION social.friends_who_like(uid bigint, oid bigint) RETURNS bigint[]
 LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
 AS $$
 DECLARE
     fans bigint[];
     friends bigint[];
+    common bigint[];
 BEGIN
-    SELECT v.likers, u.following INTO fans, friends
-      FROM social.object_likes AS v, social.user_following AS u
-     WHERE v.oid = $2 AND u.uid = $1;
-    IF fans IS NULL OR friends IS NULL THEN
-        RETURN '{}';
-    ELSIF least(cardinality(fans), cardinality(friends)) > 32 THEN
-        RETURN ARRAY(SELECT l FROM unnest(fans) AS l INTERSECT SELECT f FROM unnest(friends) AS f);
-    ELSIF cardinality(fans) <= cardinality(friends) THEN
-        RETURN ARRAY(SELECT l FROM unnest(fans) AS l WHERE l = ANY (friends));
+    SELECT v.likers INTO fans FROM social.object_likes AS v WHERE v.oid = $2;
+    IF fans IS NULL THEN
+        RETURN '{}'::bigint[];
     END IF;
-    RETURN ARRAY(SELECT f FROM unnest(friends) AS f WHERE f = ANY (fans));
+    SELECT u.following INTO friends FROM social.user_following AS u WHERE u.uid = $1;
+    IF friends IS NULL THEN
+        RETURN '{}'::bigint[];
+    ELSIF cardinality(fans) <= cardinality(friends) THEN
+        IF cardinality(fans) <= 6 OR cardinality(fans)::bigint * cardinality(friends) <= 5000 THEN
+            IF NOT fans && friends THEN
+                RETURN '{}'::bigint[];
+            END IF;
+            RETURN ARRAY(SELECT l FROM unnest(fans) AS l WHERE l = ANY (friends));
+        END IF;
+        EXECUTE 'SELECT coalesce(array_agg(x) FILTER (WHERE x = ANY ($2)), ''{}'')'
+                ' FROM (SELECT unnest($1) AS x) AS s'
+           INTO common USING fans, friends;
+        RETURN common;
+    ELSIF cardinality(friends) <= 6 OR cardinality(friends)::bigint * cardinality(fans) <= 5000 THEN
+        IF NOT fans && friends THEN
+            RETURN '{}'::bigint[];
+        END IF;
+        RETURN ARRAY(SELECT f FROM unnest(friends) AS f WHERE f = ANY (fans));
+    END IF;
+    EXECUTE 'SELECT coalesce(array_agg(x) FILTER (WHERE x = ANY ($2)), ''{}'')'
+            ' FROM (SELECT unnest($1) AS x) AS s'
+       INTO common USING friends, fans;
+    RETURN common;
 END
 $$;
 
