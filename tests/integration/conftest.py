@@ -7,6 +7,7 @@ unique names so tests never see each other's data.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 from elasticsearch import Elasticsearch
 
@@ -151,9 +153,28 @@ def throwaway_views(
         with pg("sv_owner", autocommit=True) as conn:
             for (view,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{schema}.%",)).fetchall():
                 view_catalog.drop_view(conn, view)
+            declared = catalog.load_streams(conn, skip_broken=True)
+            topics = {declared[stream].topic for stream in streams if stream in declared}
             for stream in streams:
                 catalog.drop_stream(conn, stream)
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            still_read = {s.topic for s in catalog.load_streams(conn, skip_broken=True).values()}
+        delete_topics({name for topic in topics - still_read for name in (topic, f"{topic}.dlq")})
+
+
+def delete_topics(topics: Iterable[str]) -> None:
+    """Delete the topics the runner created for a test's streams (dropping a stream keeps its data).
+
+    Left behind, hundreds of test topics weigh on the broker's small heap in later runs.
+    """
+    topics = sorted(topics)
+    if not topics:
+        return
+    admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{StackSettings().kafka_port}"})
+    for future in admin.delete_topics(topics, operation_timeout=30).values():
+        # A topic never created (no event was sent to it) or already gone is fine.
+        with contextlib.suppress(KafkaException):
+            future.result(60)
 
 
 @pytest.fixture(scope="module")
