@@ -26,6 +26,16 @@ from pipelines.logs import get_logger
 log = get_logger("cv.engine")
 
 
+# A keyed stream's views aggregate its deltas from a temporary table without statistics: the
+# planner expects 200 groups, picks hash aggregation, and with tens of thousands of groups holding
+# large transition states (hll, arrays) the hash table spills to disk in every batch. Sorting the
+# batch instead costs little at PIPELINE_BATCH_MAX rows and feeds each upsert in key order, so the
+# view's index is walked in order too. Measured on one 50,000-like batch against 20M likes held
+# (`loadgen.batch_probe`): object_likes 11.4 -> 9.0 us a like, object_likes_hourly 19.5 -> 12.5.
+# Only the views' statements run with it, within the batch's transaction (set_config(..., true)).
+SORTED_AGGREGATION = "SELECT current_setting('enable_hashagg'), set_config('enable_hashagg', 'off', true)"
+
+
 class StreamDropped(StreamviewsError):
     """The stream is no longer in the catalog: a batch read before its DROP has nowhere to go."""
 
@@ -86,6 +96,9 @@ class StreamMaintainer:
             shipped, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
             params = arrays.column_literals(shipped, [stream_columns[i] for i in plan.shipped])
         if deltas:
+            sorted_groups = plan.to_deltas is not None and plan.per_view
+            if sorted_groups:
+                previous = conn.execute(SORTED_AGGREGATION).fetchone()[0]
             for statements in plan.per_view:
                 for statement in statements.before:
                     conn.execute(statement, params)
@@ -98,6 +111,8 @@ class StreamMaintainer:
                         conn.execute(statements.fix_extremes, (kept,))
                 for statement in statements.after:
                     conn.execute(statement, ())
+            if sorted_groups:
+                conn.execute("SELECT set_config('enable_hashagg', %s, true)", (previous,))
         return deltas
 
     def forget_sessions(self) -> None:
