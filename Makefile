@@ -6,7 +6,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: help demo test test-unit lint format up down status logs psql footprint clean
+.PHONY: help demo test test-unit lint format up down status logs psql footprint bench clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -52,6 +52,10 @@ psql: $(STAMP) ## psql as the read-only role (ROLE=sv_owner for another)
 
 footprint: $(STAMP) ## measure cold and warm `up` times and each service's memory
 	$(PY) -m loadgen.stack_footprint
+
+bench: $(STAMP) ## every benchmark, then BENCHMARKS.md and docs/bench/*.png (BENCH_ARGS=--quick: a short check)
+	$(PY) -m stack up
+	set -a && . .state/stack.env && set +a && $(PY) -m loadgen.bench_all $(BENCH_ARGS)
 
 clean: down ## stop the stack and delete its state (data, logs, secrets)
 	rm -rf .state

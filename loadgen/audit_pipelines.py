@@ -6,7 +6,7 @@
   sampled (the services, their PostgreSQL backends, the Elasticsearch and Kafka JVMs);
 - `wait_for_count`: a count over the ledger polled every 50 ms until it reaches the backlog;
 - `measure_lag`: steady production with marker events, each timed until a terms query finds it;
-- `cleanup`: tables through retention (`audit.drop_expired`), schemas, queued index deletions,
+- `cleanup`: the logs' ledger rows and schemas, queued index deletions,
   indices, offsets and topics.
 """
 
@@ -17,8 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from datetime import date
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from psycopg import sql
 
 from loadgen import audit_baselines as base
 from loadgen import seed_baselines as seed
-from loadgen.drain import CpuSample, Drain
+from loadgen.drain import CpuSample, Drain, DrainProgress
 from loadgen.freshness import Probe
 from loadgen.pipeline_processes import ServiceProcess, backend_pid, pipeline_env
 from loadgen.throwaway import forget_group
@@ -139,16 +138,21 @@ def wait_for_count(count: Callable[[], int], target: int, proc: ServiceProcess, 
     """Poll `count` every 50 ms until it reaches `target`; the first non-zero poll starts the clock."""
     first: tuple[float, int, CpuSample] | None = None
     seen: set[int] = set()
+    samples: list[tuple[float, int]] = []  # (seconds since the process started, rows), for the throughput plot
+    progress = DrainProgress(proc.name, target)
     tick = time.monotonic()
     while True:
         n, now = count(), time.monotonic()
         seen.add(n)
+        samples.append((now - proc.started, n))
+        progress(n, now)
         if n and first is None:
             first = (now, n, CpuSample.take(services.pids()))
         if n >= target and first is not None:
             if first[1] >= target:
                 raise seed.BenchmarkError(f"{proc.name}: the first poll found all {target} rows; use more --rows")
-            return Drain(proc.started, first[0], first[1], now, len(seen), first[2], CpuSample.take(services.pids()))
+            cpu_done = CpuSample.take(services.pids())
+            return Drain(proc.started, first[0], first[1], now, len(seen), first[2], cpu_done, tuple(samples))
         proc.check_alive()
         if now - proc.started > DRAIN_TIMEOUT_S:
             raise seed.BenchmarkError(f"{proc.name}: {n} of {target} rows after {DRAIN_TIMEOUT_S}s")
@@ -191,6 +195,8 @@ class LagRun:
     es_docs: int
     index_ops: int  # index operations on the puller's indices over the whole run (re-sent rows included)
     merges_waited: float  # seconds spent before the phase until the drain's merges were done
+    samples: list[tuple[float, float]] = field(default_factory=list)  # (s since the phase began, marker latency s)
+    started_wall: float = 0.0  # the phase's start, on the wall clock (the puller's progress lines carry UTC times)
 
 
 def measure_lag(
@@ -202,7 +208,7 @@ def measure_lag(
     probe = SearchProbe(es, names.prefix)
     probe.start()
     log_mark = len(puller.records())
-    cpu_start = CpuSample.take(services.pids())
+    cpu_start, started_wall = CpuSample.take(services.pids()), time.time()
     source = EventSource(
         names.topic, workload.rows(1), workload.encode, kafka=services.kafka, rate=rate, duration=seconds
     )
@@ -252,6 +258,8 @@ def measure_lag(
         es_docs,
         stats["indexing"]["index_total"],
         merges_waited,
+        [(sent - cpu_start.at, latency) for sent, latency in probe.samples],
+        started_wall,
     )
 
 
@@ -286,7 +294,9 @@ def cleanup(names: Names, owner: str, es: Elasticsearch, admin: AdminClient, kaf
     for schema in (names.schema, names.query_schema):
         try:
             with psycopg.connect(owner, autocommit=True) as conn:
-                conn.execute("SELECT audit.drop_expired(%s, %s)", (schema, date(9999, 12, 31))).fetchall()
+                # As the tests' audit_log fixture does: audit.drop_expired refuses anything younger than
+                # the log's retention, and the bench log's tables are all from today.
+                conn.execute("DELETE FROM audit.tables WHERE log_schema = %s", (schema,))  # checkpoints go too
                 conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
                 conn.execute("DELETE FROM audit.index_deletions WHERE log_schema = %s", (schema,))
         except psycopg.Error:

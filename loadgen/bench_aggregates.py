@@ -21,7 +21,7 @@ views' reference counts grow by about one row per event).
 Every name is throwaway and dropped at the end, also on failure or Ctrl-C. A view that cannot be
 defined or applied is reported as failed and the others go on; the command then exits 1.
 
-Usage: `python -m loadgen.bench_aggregates [--rows 50000] [--batches 5] [--only sum,avg,issue13]`.
+Usage: `python -m loadgen.bench_aggregates [--rows 50000] [--batches 5] [--only sum,avg,issue13] [--json PATH]`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
@@ -42,7 +43,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen import seed_baselines as seed
-from loadgen.bench_report import machine_line
+from loadgen.bench_report import Comparison, Results, figures_document, machine_line, write_figures
 from loadgen.drain import process_cpu_seconds
 from loadgen.pageview_views import LATENCY_MEAN_CENTS, UIDS
 from loadgen.throwaway import throwaway_definitions
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only", default="", help=f"comma-separated views to run (the baseline always runs): {keys_help()}"
     )
+    parser.add_argument("--json", type=Path, help="also write µs per event of each view there (for bench_all)")
     args = parser.parse_args(argv)
     only = {k.strip() for k in args.only.split(",") if k.strip()}
     unknown = only - {c.key for c in CALLS}
@@ -246,11 +248,31 @@ def main(argv: list[str] | None = None) -> int:
         with psycopg.connect(conninfo, autocommit=True) as conn:
             run_rounds(conn, streams, data, timings)
     print_report(args, calls, timings, postgres)
+    if args.json:
+        write_json(args.json, args.rows, calls, timings)
     print(
         f"\n  load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after;"
         f" the whole run took {time.monotonic() - started:.0f}s; names {schema} / bench_agg_{run_id}_*"
     )
     return 1 if any(t.failed for t in timings.values()) else 0
+
+
+def write_json(path: Path, rows: int, calls: Sequence[Call], timings: dict[str, Timing]) -> None:
+    """µs per event of each view as JSON, each beside the count(*) view's of the same run (its cost multiple)."""
+    results = Results()
+    for call in calls:
+        timing = timings[call.key]
+        if timing.seconds and not timing.failed:
+            results.values[call.key] = timing.per_event_us(rows)
+        else:
+            results.notes[call.key] = timing.failed or "(not run)"
+    figures = [(f"{call.label.strip()} (µs/event)", call.key, ".2f") for call in calls]
+    comparisons = [
+        Comparison(f"{call.label.strip()} / count(*) (cost, lower is better)", call.key, BASELINE)
+        for call in calls
+        if call.key != BASELINE
+    ]
+    write_figures(path, figures_document("aggregates", results, figures, comparisons))
 
 
 def keys_help() -> str:

@@ -22,18 +22,21 @@ indices `audit-bench<id>-YYYY.MM.DD` (the `audit-*` template). Prints figures; a
    in ts order) is queried as sv_reader: `audit.user_events` first and second page over 2 hours,
    `user_events_estimate` vs `user_events_count`.
 
-Usage: `python -m loadgen.bench_audit [--rows 500000] [--seconds 30] [--query-rows 2000000]`.
+Usage: `python -m loadgen.bench_audit [--rows 500000] [--seconds 30] [--query-rows 2000000] [--json PATH]`
+(`--json`: the figures, both drains' progress and the lag phase's samples, for `loadgen.bench_all`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import time
 from datetime import UTC, datetime
 from itertools import islice
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -54,7 +57,7 @@ from loadgen.audit_pipelines import (
     measure_lag,
     wait_for_count,
 )
-from loadgen.bench_report import Results
+from loadgen.bench_report import Comparison, Results, drain_series, figures_document, write_figures
 from loadgen.bench_social import CONSUMER_PASSES
 from loadgen.freshness import percentile
 from loadgen.throwaway import create_topic
@@ -228,7 +231,42 @@ def report(args: argparse.Namespace, results: Results, out: dict[str, Any], mach
         for key in ("page1", "page2", "estimate", "count", "estimate_filter", "count_filter"):
             results.values[f"q_{key}"] = queries.median_ms(key)
     print()
-    for label, key, spec in (
+    for label, key, spec in figure_rows(args):
+        extra = f" / {results.values['lagmax']:.2f}" if key == "lag99" and "lagmax" in results.values else ""
+        print(f"  {label:<54}{_fmt(results, key, spec) + extra:>16}")
+    print("\n  ratios and targets")
+    for label, numerator, denominator in RATIOS:
+        target = TARGETS.get((numerator, denominator))
+        verdict = f"    {results.verdict(numerator, denominator, target)}" if target else ""
+        print(f"  {label:<54}{results.ratio(numerator, denominator):>16}{verdict}")
+    for label, key, limit, unit in LIMITS:
+        value = results.values.get(key)
+        shown = f"{value:.2f} {unit}" if value is not None else _fmt(results, key)
+        print(f"  {label:<54}{shown:>16}    {_limit(value, limit, unit)}")
+    print("\n  notes")
+    for note in notes(args, out, machine):
+        print(f"  - {note}")
+
+
+RATIOS = (
+    ("writer / seed per-row function", "ingest", "per_row"),
+    ("writer / seed per-row, synchronous_commit=off", "ingest", "per_row_async"),
+    ("writer / seed per-row from pgbench", "ingest", "per_row_pgbench"),
+    ("writer / seed per-row from pgbench, sync. commit off", "ingest", "per_row_pgbench_async"),
+    ("writer / bare consumer", "ingest", "consumer"),
+    ("writer / raw COPY (share of the Postgres ceiling)", "ingest", "copy"),
+    ("writer / indexed COPY", "ingest", "copy_indexed"),
+    ("puller / bare bulk indexer", "puller", "bulk"),
+)
+LIMITS = (
+    ("lag p99 under sustained writes", "lag99", LAG_TARGET_S, "s"),
+    ("user_events first page, median", "q_page1", PAGE_TARGET_MS, "ms"),
+)
+
+
+def figure_rows(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """The figures of the report: (label, key, format)."""
+    return [
         ("producer -> Kafka, before the clock (msgs/s)", "producer", ",.0f"),
         ("bare consumer, ceiling (msgs/s, median of 3)", "consumer", ",.0f"),
         ("seed ins_schemaless, one call per row (rows/s)", "per_row", ",.0f"),
@@ -248,33 +286,38 @@ def report(args: argparse.Namespace, results: Results, out: dict[str, Any], mach
         ("  user_events_count, no filter (ms)", "q_count", ".2f"),
         ("user_events_estimate, contains 'abc' (ms)", "q_estimate_filter", ".2f"),
         ("  user_events_count, contains 'abc' (ms)", "q_count_filter", ".2f"),
+    ]
+
+
+def write_json(path: Path, args: argparse.Namespace, results: Results, out: dict[str, Any]) -> None:
+    """The report's figures and targets as JSON, with both drains' progress and the lag phase's samples."""
+    comparisons = [Comparison(label, n, d, TARGETS.get((n, d))) for label, n, d in RATIOS]
+    comparisons += [Comparison(label, key, limit=limit, unit=unit) for label, key, limit, unit in LIMITS]
+    series: dict[str, Any] = {"drains": {}}
+    for key, drain, label in (
+        ("audit_writer", out.get("ingest"), f"audit writer x{args.writers}, Kafka -> tables (bench_audit)"),
+        ("audit_puller", out.get("puller_drain"), "ctid puller, tables -> Elasticsearch (bench_audit)"),
     ):
-        extra = f" / {results.values['lagmax']:.2f}" if key == "lag99" and "lagmax" in results.values else ""
-        print(f"  {label:<54}{_fmt(results, key, spec) + extra:>16}")
-    print("\n  ratios and targets")
-    for label, numerator, denominator in (
-        ("writer / seed per-row function", "ingest", "per_row"),
-        ("writer / seed per-row, synchronous_commit=off", "ingest", "per_row_async"),
-        ("writer / seed per-row from pgbench", "ingest", "per_row_pgbench"),
-        ("writer / seed per-row from pgbench, sync. commit off", "ingest", "per_row_pgbench_async"),
-        ("writer / bare consumer", "ingest", "consumer"),
-        ("writer / raw COPY (share of the Postgres ceiling)", "ingest", "copy"),
-        ("writer / indexed COPY", "ingest", "copy_indexed"),
-        ("puller / bare bulk indexer", "puller", "bulk"),
-    ):
-        target = TARGETS.get((numerator, denominator))
-        verdict = f"    {results.verdict(numerator, denominator, target)}" if target else ""
-        print(f"  {label:<54}{results.ratio(numerator, denominator):>16}{verdict}")
-    for label, key, limit, unit in (
-        ("lag p99 under sustained writes", "lag99", LAG_TARGET_S, "s"),
-        ("user_events first page, median", "q_page1", PAGE_TARGET_MS, "ms"),
-    ):
-        value = results.values.get(key)
-        shown = f"{value:.2f} {unit}" if value is not None else _fmt(results, key)
-        print(f"  {label:<54}{shown:>16}    {_limit(value, limit, unit)}")
-    print("\n  notes")
-    for note in notes(args, out, machine):
-        print(f"  - {note}")
+        if drain is not None:
+            series["drains"][key] = drain_series(
+                drain.samples, label=label, total=args.rows, first_commit=drain.startup_seconds
+            )
+    if (lag := out.get("lag")) is not None:
+        behind = []
+        for record in lag.progress:
+            with contextlib.suppress(KeyError, ValueError):
+                at = datetime.fromisoformat(record["timestamp"]).timestamp() - lag.started_wall
+                behind.append([round(at, 3), record.get("seconds_behind"), record.get("rows_behind")])
+        series["audit_lag"] = {
+            "label": f"produce -> searchable at {lag.rate:,.0f} events/s",
+            "rate": lag.rate,
+            "markers": [[round(t, 3), round(latency, 4)] for t, latency in lag.samples],
+            "puller_behind": behind,  # [s since the phase began, seconds_behind, rows_behind]
+        }
+    p99, top = ("lag, produce -> searchable, p99 (s)", "lag99", ".2f"), ("  max (s)", "lagmax", ".2f")
+    rows = [p99 if key == "lag99" else (label, key, spec) for label, key, spec in figure_rows(args)]
+    rows.insert(rows.index(p99) + 1, top)
+    write_figures(path, figures_document("audit", results, rows, comparisons, series=series))
 
 
 def notes(args: argparse.Namespace, out: dict[str, Any], machine: dict[str, str]) -> list[str]:
@@ -349,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=4, help="client threads of the seed's per-row function")
     parser.add_argument("--baseline-seconds", type=float, default=10, help="length of each per-row run")
     parser.add_argument("--seed", type=int, default=1, help="same seed, same rows")
+    parser.add_argument("--json", type=Path, help="also write the figures and samples there (for bench_all)")
     args = parser.parse_args(argv)
     configure_logging()
     started, load = time.monotonic(), os.getloadavg()
@@ -377,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         f" {time.monotonic() - started:.0f}s; names bench_{names.run} / {names.topic} / {names.prefix}-*",
     }
     report(args, results, out, machine)
+    if args.json:
+        write_json(args.json, args, results, out)
     return 1 if any(note.startswith("failed") for note in results.notes.values()) else 0
 
 

@@ -23,7 +23,8 @@ view, fed by COPY).
 Every name is throwaway and dropped at the end, also on failure or Ctrl-C. Figures only: a MISS
 never fails the command (a wrong view does).
 
-Usage: `python -m loadgen.bench_pageviews [--view basic|issue13|issue13_hll] [--events 2000000] [--urls 10000]`.
+Usage: `python -m loadgen.bench_pageviews [--view basic|issue13|issue13_hll] [--events 2000000] [--urls 10000]`;
+`--json PATH` also writes the figures and the drain's progress (for `loadgen.bench_all`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import msgspec
@@ -47,7 +49,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen import seed_baselines as seed
 from loadgen.audit_pipelines import find_pid
-from loadgen.bench_report import Results, machine_line
+from loadgen.bench_report import Comparison, Results, drain_series, figures_document, machine_line, write_figures
 from loadgen.drain import Drain, high_watermarks, wait_drained
 from loadgen.pageview_views import LATENCY_MEAN_CENTS, UIDS, VIEWS, Checked, PageViews, PageviewView, page_views
 from loadgen.pipeline_processes import PipelineWorkers
@@ -194,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         default=defaults.batch_max,
         help="the runner's batch_max, 0 = its default (BENCH_BATCH_MAX)",
     )
+    parser.add_argument("--json", type=Path, help="also write the figures and the drain's samples there")
     args = parser.parse_args(argv)
     configure_logging()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # clean up on SIGTERM as on Ctrl-C
@@ -236,8 +239,48 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         delete_topic(admin, topic)
     print_report(args, view, results, run, postgres)
+    if args.json:
+        write_json(args, view, results, run)
     failed = any(note.startswith("failed") for note in results.notes.values())
     return 1 if failed or (run is not None and run.checked.problems) else 0
+
+
+def figure_rows(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """The figures of the report, (label, key)."""
+    return [
+        ("producer -> Kafka (msgs/s)", "producer"),
+        (f"bare consumer, .value() only (msgs/s, median of {args.passes})", "consumer"),
+        ("bare consumer + orjson.loads (msgs/s)", "consumer_json"),
+        ("bare consumer + msgspec Struct decode (msgs/s)", "consumer_msgspec"),
+        ("stream runner x1, from first commit (events/s)", "runner"),
+        ("  same, from process start (events/s)", "runner_startup"),
+    ]
+
+
+def ratio_rows(view: PageviewView) -> list[tuple[str, str, float | None]]:
+    """The runner against each bare consumer: (label, denominator, minimum ratio or None)."""
+    return [
+        ("runner / (bare consumer + orjson.loads)", "consumer_json", view.share_target),
+        ("runner / (bare consumer + msgspec)", "consumer_msgspec", None),
+        ("runner / bare consumer, .value() only", "consumer", None),
+    ]
+
+
+def write_json(args: argparse.Namespace, view: PageviewView, results: Results, run: RunnerRun | None) -> None:
+    """The report's figures and targets as JSON (`--json`), with the drain's progress for the throughput plot."""
+    comparisons = [Comparison(label, "runner", d, target) for label, d, target in ratio_rows(view)]
+    comparisons.append(
+        Comparison("runner events/s", "runner", target=1.0, fixed=view.target, fixed_label=view.target_source)
+    )
+    series = {}
+    if run is not None:
+        label = f"page views, one runner, view {args.view} (bench_pageviews)"
+        drain = drain_series(run.drain.samples, label=label, total=run.events, first_commit=run.drain.startup_seconds)
+        series["drains"] = {f"pageviews_{args.view}": drain}
+    document = figures_document(f"pageviews_{args.view}", results, figure_rows(args), comparisons, series=series)
+    if run is not None:
+        document["view_check"] = run.checked.problems or f"{run.checked.compared} match what was produced"
+    write_figures(args.json, document)
 
 
 def print_report(
@@ -252,21 +295,10 @@ def print_report(
         f" takes the record timestamp); topic of {args.partitions} partitions keyed by url"
     )
     print(f"  view {args.view}: {view.select.format(stream='<stream>')} (one runner)\n")
-    for label, key in (
-        ("producer -> Kafka (msgs/s)", "producer"),
-        (f"bare consumer, .value() only (msgs/s, median of {args.passes})", "consumer"),
-        ("bare consumer + orjson.loads (msgs/s)", "consumer_json"),
-        ("bare consumer + msgspec Struct decode (msgs/s)", "consumer_msgspec"),
-        ("stream runner x1, from first commit (events/s)", "runner"),
-        ("  same, from process start (events/s)", "runner_startup"),
-    ):
+    for label, key in figure_rows(args):
         print(f"  {label:<58}{results.show(key):>14}")
     print("\n  targets")
-    for label, denominator, target in (
-        ("runner / (bare consumer + orjson.loads)", "consumer_json", view.share_target),
-        ("runner / (bare consumer + msgspec)", "consumer_msgspec", None),
-        ("runner / bare consumer, .value() only", "consumer", None),
-    ):
+    for label, denominator, target in ratio_rows(view):
         verdict = f"    {results.verdict('runner', denominator, target)}" if target else ""
         print(f"  {label:<58}{results.ratio('runner', denominator):>14}{verdict}")
     rate = results.values.get("runner")

@@ -17,7 +17,8 @@ Ratios are printed wherever both sides were measured, with PASS/MISS against the
 only: a miss never fails the command). Every schema and topic is throwaway and dropped afterwards;
 the real `likes`/`follows` topics and the `social` schema are never touched.
 
-Usage: `python -m loadgen.bench_social [--events 200000] [--seconds 20] [--followers 20000]`.
+Usage: `python -m loadgen.bench_social [--events 200000] [--seconds 20] [--followers 20000] [--json PATH]`
+(`--json`: the figures and the drain's and freshness phase's samples, for `loadgen.bench_all`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import islice
+from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 from pydantic import Field
@@ -37,7 +39,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen import bench_streamviews
 from loadgen import seed_baselines as seed
-from loadgen.bench_report import Results
+from loadgen.bench_report import Comparison, Results, drain_series, figures_document, write_figures
 from loadgen.throwaway import create_topic
 from loadgen.workload import EventSource, Like, WorkloadSettings, encode_like, follow_lists, like_events
 from pipelines.logs import configure_logging, get_logger
@@ -92,6 +94,9 @@ class PipelineFigures:
     steady_batches: int | None = None  # batches committed after the backlog (steady phase and its tail)
     steady_records: int | None = None  # records consumed after the backlog
     cpu: dict[str, dict[str, float]] | None = None  # cores busy by phase ("drain", "steady") and by process
+    drain_samples: tuple[tuple[float, int], ...] = ()  # (s since process start, likes committed) every 50 ms
+    first_commit_s: float | None = None  # when the timed part of the drain began, s since process start
+    latencies_ms: tuple[float, ...] = ()  # every marker's freshness
 
 
 @dataclass(frozen=True)
@@ -176,6 +181,9 @@ def measure_pipeline(
         steady_batches=run.steady_batches,
         steady_records=run.steady_records,
         cpu=run.cpu,
+        drain_samples=run.drain.samples,
+        first_commit_s=run.drain.startup_seconds,
+        latencies_ms=tuple(run.latencies_ms),
     )
 
 
@@ -234,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--workers", type=int, default=defaults.workers, help="pipeline processes in one group (BENCH_WORKERS)"
     )
+    parser.add_argument("--json", type=Path, help="also write the figures and samples there (for bench_all)")
     args = parser.parse_args(argv)
     if not 0 < args.workers <= defaults.partitions:
         parser.error(f"--workers must be 1..{defaults.partitions} (the bench topic's partitions)")
@@ -397,11 +406,7 @@ def main(argv: list[str] | None = None) -> int:
         ("pgbench social.likers (tps)", "likers"),
         ("pgbench social.friends_who_like (tps)", "friends_who_like"),
     ]
-    print()
-    for label, key in table:
-        print(f"  {label:<52}{results.show(key):>16}")
-    print("\n  ratios")
-    for label, numerator, denominator in (
+    ratios = (
         ("raw COPY / seed per-event", "copy", "per_event"),
         ("raw COPY / seed per-event, synchronous_commit=off", "copy", "per_event_async"),
         ("pipeline / seed per-event", "pipeline", "per_event"),
@@ -411,7 +416,14 @@ def main(argv: list[str] | None = None) -> int:
         ("social.like_count / plain PK read", "like_count", "pk_read"),
         ("social.likers / plain PK read", "likers", "pk_read"),
         ("social.friends_who_like / seed array_intersect", "friends_who_like", "intersection"),
-    ):
+    )
+    if args.json:
+        write_json(args.json, results, table, ratios, pipeline, len(events))
+    print()
+    for label, key in table:
+        print(f"  {label:<52}{results.show(key):>16}")
+    print("\n  ratios")
+    for label, numerator, denominator in ratios:
         target = TARGETS.get((numerator, denominator))
         verdict = f"    {results.verdict(numerator, denominator, target)}" if target is not None else ""
         print(f"  {label:<52}{results.ratio(numerator, denominator):>16}{verdict}")
@@ -458,6 +470,22 @@ def main(argv: list[str] | None = None) -> int:
         f" like_cnt read {SEED_ARTICLE['pk_read']:,}/s, array_intersect {SEED_ARTICLE['intersection']:,}/s"
     )
     return 1 if any(note.startswith("failed") for note in results.notes.values()) else 0
+
+
+def write_json(
+    path: Path, results: Results, table: Sequence, ratios: Sequence, pipeline: PipelineFigures | None, events: int
+) -> None:
+    """The printed figures and ratios as JSON, with the drain's progress and the marker latencies."""
+    comparisons = [Comparison(label, n, d, TARGETS.get((n, d))) for label, n, d in ratios]
+    comparisons.append(Comparison("freshness p99 under sustained load", "freshness_p99", limit=1000.0, unit="ms"))
+    series: dict = {}
+    if pipeline is not None:
+        label, first = "likes pipeline, Kafka -> views (bench_social)", pipeline.first_commit_s or 0.0
+        series["drains"] = {
+            "likes": drain_series(pipeline.drain_samples, label=label, total=events, first_commit=first)
+        }
+        series["freshness_ms"] = {"likes": {"label": "likes pipeline", "values": list(pipeline.latencies_ms)}}
+    write_figures(path, figures_document("social", results, table, comparisons, series=series))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 - `wait_drained`: polls the group's offsets in `ops.kafka_offsets` (the pipeline's own truth) until
   they reach those ends, and returns a `Drain`: start-up, drain time and rate;
 - `CpuSample`: CPU seconds of the pipeline, its PostgreSQL backends, this process and the machine,
-  read from /proc, so that a phase's cores busy per role can be reported.
+  read from /proc, so that a phase's cores busy per role can be reported;
+- `DrainProgress`: a "drain progress" log line every `BENCH_PROGRESS_S` seconds (default 0: none),
+  which `loadgen.bench_all` turns into a live percentage and rate.
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ from pathlib import Path
 
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from loadgen import seed_baselines as seed
 from loadgen.pipeline_processes import PipelineWorkers
 from loadgen.seed_baselines import BenchmarkError
+from pipelines.logs import get_logger
 from pipelines.settings import KafkaSettings
+
+log = get_logger("loadgen.drain")
 
 OFFSETS_POLL_S = 0.050  # how often the drain is checked in ops.kafka_offsets
 DRAIN_TIMEOUT_S = 300.0
@@ -109,6 +116,7 @@ class Drain:
     commits: int  # commits seen by the polls (each moves the offsets; batches take far more than 50 ms)
     cpu_start: CpuSample  # at the first commit
     cpu_done: CpuSample  # at the end of the backlog
+    samples: tuple[tuple[float, int], ...] = ()  # (seconds since `started`, records done) at every poll
 
     @property
     def startup_seconds(self) -> float:
@@ -134,6 +142,44 @@ class Drain:
         return events / self.total_seconds
 
 
+class ProgressSettings(BaseSettings):
+    """How often a drain logs its progress, from `BENCH_PROGRESS_S` (set by `loadgen.bench_all`)."""
+
+    model_config = SettingsConfigDict(env_prefix="BENCH_", extra="ignore", frozen=True)
+
+    progress_s: float = Field(0.0, ge=0, description="seconds between drain progress lines; 0 = none")
+
+
+class DrainProgress:
+    """Logs "drain progress" (what, done, total, rate so far) every `BENCH_PROGRESS_S` seconds.
+
+    The rate counts from the first poll that found records done, so that start-up is not in it and
+    batch commits (one every second or so) do not make it jump between 0 and twice the real rate.
+
+    Off by default, so a benchmark run by hand prints what it always did; `loadgen.bench_all` turns it
+    on and shows the lines as a live percentage and rate.
+    """
+
+    def __init__(self, what: str, total: int) -> None:
+        self.what, self.total = what, total
+        self.interval = ProgressSettings().progress_s
+        self._first: tuple[float, int] | None = None  # the first poll that found records done
+        self._logged = 0.0
+
+    def __call__(self, done: int, now: float) -> None:
+        """Record a poll's count; log it when the interval has passed since the last line."""
+        if not self.interval:
+            return
+        if self._first is None and done:
+            self._first = (now, done)
+        if now - self._logged < self.interval:
+            return
+        self._logged = now
+        at, before = self._first or (now, done)
+        rate = (done - before) / (now - at) if now > at else 0.0
+        log.info("drain progress", what=self.what, done=done, total=self.total, rate=round(rate))
+
+
 def committed_offsets(conn: psycopg.Connection, group: str, topic: str) -> dict[int, int]:
     """Next offsets stored in PostgreSQL for the group: the pipeline's truth (see pipelines.runtime.checkpoint)."""
     return dict(
@@ -155,11 +201,15 @@ def wait_drained(conn: psycopg.Connection, pipeline: PipelineWorkers, ends: dict
     first_committed = 0
     cpu_start: CpuSample | None = None
     seen: set[int] = set()
+    samples: list[tuple[float, int]] = []
+    progress = DrainProgress(pipeline.topic, sum(ends.values()))
     deadline = pipeline.started + DRAIN_TIMEOUT_S
     tick = time.monotonic()
     while True:
         offsets = committed_offsets(conn, pipeline.group, pipeline.topic)
         now = time.monotonic()
+        samples.append((now - pipeline.started, sum(offsets.values())))
+        progress(samples[-1][1], now)
         if offsets:
             seen.add(sum(offsets.values()))
         if first_commit is None and offsets and pipeline.settled(ends):
@@ -170,7 +220,9 @@ def wait_drained(conn: psycopg.Connection, pipeline: PipelineWorkers, ends: dict
             assert first_commit is not None
             assert cpu_start is not None
             cpu_done = CpuSample.take(pipeline.pids)
-            return Drain(pipeline.started, first_commit, first_committed, now, len(seen), cpu_start, cpu_done)
+            return Drain(
+                pipeline.started, first_commit, first_committed, now, len(seen), cpu_start, cpu_done, tuple(samples)
+            )
         pipeline.check_alive()
         if now > deadline:
             raise BenchmarkError(

@@ -45,6 +45,7 @@ class Probe(threading.Thread):
         self._pending: dict[Any, float] = {}
         self._halt = threading.Event()
         self.latencies: list[float] = []  # seconds
+        self.samples: list[tuple[float, float]] = []  # (registered at, latency), monotonic seconds: lag over time
         self.polls = 0
         self.error: BaseException | None = None
 
@@ -88,6 +89,7 @@ class Probe(threading.Thread):
                                 sent = self._pending.pop(marker, None)
                                 if sent is not None:
                                     self.latencies.append(asked - sent)
+                                    self.samples.append((sent, asked - sent))
                     tick += self._poll_s
                     delay = tick - time.monotonic()
                     if delay > 0:

@@ -190,6 +190,7 @@ def seed_per_event_eps(
     clients: int = 8,
     synchronous_commit: bool = True,
     settings: PostgresSettings | None = None,
+    prefill: Sequence[sql.Composable] = (),
 ) -> float:
     """Likes/s of the seed's per-event function: `SELECT f_obj(:id, :uid)` from pgbench, one per transaction.
 
@@ -197,6 +198,10 @@ def seed_per_event_eps(
     On a plain table every call is a durable transaction waiting for its WAL flush; PipelineDB's
     stream inserts were not durable per event, so `synchronous_commit=False` (set for pgbench's
     sessions only) gives the figure closer to what the seed measured.
+
+    `prefill` statements run after `<schema>.obj` is created and before pgbench, as `sv_owner` in
+    autocommit: they fill `obj` so that the function is measured at a size, not on an empty table
+    (`loadgen.bench_likes_at_size` copies in the likes its views hold).
 
     Returns:
         Events (function calls, each its own transaction) per second.
@@ -206,6 +211,10 @@ def seed_per_event_eps(
         env["PGOPTIONS"] = "-c synchronous_commit=off"
     with bench_schema(schema, settings):
         _execute(schema, [_F_OBJ], settings)
+        if prefill:
+            with psycopg.connect(owner_conninfo(settings), autocommit=True) as conn:
+                for statement in prefill:
+                    conn.execute(statement)
         script = _script(
             schema,
             f"\\set uid random(1, :users)\n\\set id random_gaussian(1, :objects, {gaussian})\n",

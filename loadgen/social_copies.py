@@ -113,10 +113,12 @@ class StreamCopy:
 
 
 @contextmanager
-def bench_views(schema: str, copies: Sequence[StreamCopy], settings: PostgresSettings) -> Iterator[list[str]]:
+def bench_views(
+    schema: str, copies: Sequence[StreamCopy], settings: PostgresSettings, *, keep: bool = False
+) -> Iterator[list[str]]:
     """Create `schema` with copies of social streams and views; yield the views' names; drop it all after.
 
-    See `throwaway_definitions`; the statements are `copy_definitions`' for each copy.
+    See `throwaway_definitions` (and its `keep`); the statements are `copy_definitions`' for each copy.
     """
     statements = [
         statement
@@ -125,5 +127,5 @@ def bench_views(schema: str, copies: Sequence[StreamCopy], settings: PostgresSet
             c.source, schema=schema, stream=c.stream, topic=c.topic, group=c.group, views=c.views
         )
     ]
-    with throwaway_definitions(schema, statements, [c.stream for c in copies], settings) as views:
+    with throwaway_definitions(schema, statements, [c.stream for c in copies], settings, keep=keep) as views:
         yield views

@@ -11,7 +11,7 @@ shifted by `--port-offset`), so the measurement never disturbs your stack:
 
 Debian packages are not removed, so apt's part of a first install is not in the cold figure.
 
-Usage: `python -m loadgen.stack_footprint [--port-offset 10000] [--keep-maven-cache]`.
+Usage: `python -m loadgen.stack_footprint [--port-offset 10000] [--keep-maven-cache] [--json PATH]`.
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from loadgen.bench_report import Results, figures_document, write_figures
 from stack.procmem import tree_memory_mib
 from stack.services import SERVICE_NAMES
 from stack.settings import StackSettings
 from stack.supervisor import Supervisor
 
-PORT_SETTINGS = ("PGPORT", "KAFKA_PORT", "KAFKA_CONTROLLER_PORT", "CONNECT_PORT", "ES_PORT", "ES_TRANSPORT_PORT")
+# Every port the stack listens on (services, metrics endpoints, Prometheus): all shifted, or the
+# throwaway stack would collide with the running one on any port added later.
+PORT_SETTINGS = tuple(name.upper() for name in StackSettings.model_fields if name.endswith("port"))
 
 
 def stack_command(verb: str, env: dict[str, str]) -> float:
@@ -40,12 +43,13 @@ def stack_command(verb: str, env: dict[str, str]) -> float:
     return time.monotonic() - started
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m loadgen.stack_footprint`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port-offset", type=int, default=10000, help="added to every default port")
     parser.add_argument("--keep-maven-cache", action="store_true", help="reuse ~/.m2 (cold start without download)")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, help="also write the figures there (for bench_all)")
+    args = parser.parse_args(argv)
 
     defaults = StackSettings()
     work = Path(tempfile.mkdtemp(prefix="streamviews-footprint-", dir="/var/tmp"))
@@ -57,34 +61,40 @@ def main() -> int:
         env["STACK_MAVEN_REPO"] = str(work / "m2")
     settings = StackSettings(stack_state_dir=work / "state")
 
-    figures: list[tuple[str, str]] = []
+    figures: list[tuple[str, float, str]] = []  # (label, value, unit)
     try:
         cold = stack_command("up", env)
-        figures.append(
-            ("cold up" + (" (jars cached)" if args.keep_maven_cache else " (empty Maven cache)"), f"{cold:.1f} s")
-        )
-        figures.append(("warm up, stack running", f"{stack_command('up', env):.1f} s"))
+        figures.append(("cold up" + (" (jars cached)" if args.keep_maven_cache else " (empty Maven cache)"), cold, "s"))
+        figures.append(("warm up, stack running", stack_command("up", env), "s"))
         stack_command("down", env)
-        figures.append(("restart (down, then up)", f"{stack_command('up', env):.1f} s"))
+        figures.append(("restart (down, then up)", stack_command("up", env), "s"))
         processes = Supervisor(settings.paths).processes()
         total = 0.0
         for name in SERVICE_NAMES:
             mib = tree_memory_mib(processes[name].pid)
             total += mib
-            figures.append((f"memory {name} (PSS)", f"{mib:.0f} MiB"))
-        figures.append(("memory all services (PSS)", f"{total:.0f} MiB"))
+            figures.append((f"memory {name} (PSS)", mib, "MiB"))
+        figures.append(("memory all services (PSS)", total, "MiB"))
         download = (
             sum(f.stat().st_size for f in (work / "m2").rglob("*") if f.is_file()) if not args.keep_maven_cache else 0
         )
         if download:
-            figures.append(("downloaded from Maven Central", f"{download / 2**20:.0f} MiB"))
+            figures.append(("downloaded from Maven Central", download / 2**20, "MiB"))
     finally:
         subprocess.run([sys.executable, "-m", "stack", "down"], env=env, check=False, capture_output=True)
         shutil.rmtree(work, ignore_errors=True)
 
     print(f"\nlocal stack footprint ({os.cpu_count()} cores; ports +{args.port_offset})")
-    for label, value in figures:
-        print(f"  {label:<40}{value:>12}")
+    for label, value, unit in figures:
+        print(f"  {label:<40}{f'{value:.1f} s' if unit == 's' else f'{value:.0f} {unit}':>12}")
+    if args.json:
+        results = Results()
+        results.values |= {f"f{n}": value for n, (_, value, _) in enumerate(figures)}
+        rows = [
+            (f"{label} ({unit})", f"f{n}", ".1f" if unit == "s" else ",.0f")
+            for n, (label, _, unit) in enumerate(figures)
+        ]
+        write_figures(args.json, figures_document("footprint", results, rows))
     return 0
 
 

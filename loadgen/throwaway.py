@@ -4,7 +4,7 @@ Benchmarks never touch the real streams, views, topics or groups. They create th
 names (`seed_baselines.unique_name`) and drop them afterwards, also on failure:
 
 - `throwaway_definitions`: a schema with streams and views defined through the catalog, dropped
-  through the catalog so `cv.streams`/`cv.views` keep no trace;
+  through the catalog so `cv.streams`/`cv.views` keep no trace (`drop_definitions`);
 - `create_topic` / `delete_topic`: a bench topic;
 - `forget_group`: what a bench pipeline's consumer group leaves outside its schema (offset rows,
   dead-letter rows and topic).
@@ -33,15 +33,14 @@ log = get_logger("loadgen.throwaway")
 
 @contextmanager
 def throwaway_definitions(
-    schema: str, statements: Iterable[str], streams: Sequence[str], settings: PostgresSettings
+    schema: str, statements: Iterable[str], streams: Sequence[str], settings: PostgresSettings, *, keep: bool = False
 ) -> Iterator[list[str]]:
     """Create `schema`, define `statements` (streams and views) in it; yield the views' names; drop it all after.
 
     The schema is owned by `sv_owner` and usable by `sv_writer` and `sv_reader`. Definitions go
     through `catalog.define_file` on an autocommit owner connection, as `python -m pipelines.cv
-    define` does. Cleanup drops every view of the schema or of `streams` and each of `streams`
-    through the catalog (so `cv.views`/`cv.streams` keep no trace), then the schema with CASCADE; a
-    failed step is logged and the rest still runs.
+    define` does. Cleanup is `drop_definitions`, skipped with `keep` (a benchmark that leaves its
+    state for profiling; it is dropped later with `drop_definitions`).
     """
     conninfo = seed.owner_conninfo(settings)
     ident = sql.Identifier(schema)
@@ -64,22 +63,33 @@ def throwaway_definitions(
             ]
         yield views
     finally:
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            for (name,) in conn.execute(
-                "SELECT name FROM cv.views WHERE name LIKE %s OR stream = ANY(%s) ORDER BY name",
-                (f"{schema}.%", list(streams)),
-            ).fetchall():
+        if not keep:
+            drop_definitions(schema, streams, settings)
+
+
+def drop_definitions(schema: str, streams: Sequence[str], settings: PostgresSettings) -> None:
+    """Drop every view of `schema` or of `streams`, each of `streams`, then `schema` with CASCADE.
+
+    Views and streams go through the catalog, so `cv.views`/`cv.streams` keep no trace; a failed
+    step is logged and the rest still runs.
+    """
+    ident = sql.Identifier(schema)
+    with psycopg.connect(seed.owner_conninfo(settings), autocommit=True) as conn:
+        for (name,) in conn.execute(
+            "SELECT name FROM cv.views WHERE name LIKE %s OR stream = ANY(%s) ORDER BY name",
+            (f"{schema}.%", list(streams)),
+        ).fetchall():
+            try:
+                view_catalog.drop_view(conn, name)
+            except Exception:
+                log.exception("could not drop bench view", view=name)
+        for stream in streams:
+            if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (stream,)).fetchone():
                 try:
-                    view_catalog.drop_view(conn, name)
+                    catalog.drop_stream(conn, stream)
                 except Exception:
-                    log.exception("could not drop bench view", view=name)
-            for stream in streams:
-                if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (stream,)).fetchone():
-                    try:
-                        catalog.drop_stream(conn, stream)
-                    except Exception:
-                        log.exception("could not drop bench stream", stream=stream)
-            conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
+                    log.exception("could not drop bench stream", stream=stream)
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))
 
 
 def create_topic(admin: AdminClient, name: str, partitions: int) -> None:
