@@ -3,7 +3,7 @@
 Each is a function `<schema>.fwl_<name>(uid, oid)` with friends_who_like's contract, over the same
 views (or, for the ones that need sorted arrays, over sorted copies of them), so the benchmark can
 time it beside the seed and the current function and check its answers. What each showed is in the
-README (social section); the one that helped is in sql/functions/social.sql.
+docs/performance.md (friends_who_like on the heavy tail); the one that helped is in sql/functions/social.sql.
 
 - `joined_read`: the current function, but reading both rows in one statement (a join), as the
   previous one did: when the object has no likers, the user's row is read for nothing;
