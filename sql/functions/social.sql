@@ -79,6 +79,8 @@ AS $$
 DECLARE
     fans bigint[];
     friends bigint[];
+    small bigint[];
+    large bigint[];
     common bigint[];
 BEGIN
     SELECT v.likers INTO fans FROM social.object_likes AS v WHERE v.oid = $2;
@@ -89,25 +91,21 @@ BEGIN
     IF friends IS NULL THEN
         RETURN '{}'::bigint[];
     ELSIF cardinality(fans) <= cardinality(friends) THEN
-        IF cardinality(fans) <= 6 OR cardinality(fans)::bigint * cardinality(friends) <= 5000 THEN
-            IF NOT fans && friends THEN
-                RETURN '{}'::bigint[];
-            END IF;
-            RETURN ARRAY(SELECT l FROM unnest(fans) AS l WHERE l = ANY (friends));
-        END IF;
-        EXECUTE 'SELECT coalesce(array_agg(x) FILTER (WHERE x = ANY ($2)), ''{}'')'
-                ' FROM (SELECT unnest($1) AS x) AS s'
-           INTO common USING fans, friends;
-        RETURN common;
-    ELSIF cardinality(friends) <= 6 OR cardinality(friends)::bigint * cardinality(fans) <= 5000 THEN
-        IF NOT fans && friends THEN
+        small := fans;
+        large := friends;
+    ELSE
+        small := friends;
+        large := fans;
+    END IF;
+    IF cardinality(small) <= 6 OR cardinality(small)::bigint * cardinality(large) <= 5000 THEN
+        IF NOT small && large THEN
             RETURN '{}'::bigint[];
         END IF;
-        RETURN ARRAY(SELECT f FROM unnest(friends) AS f WHERE f = ANY (fans));
+        RETURN ARRAY(SELECT x FROM unnest(small) AS x WHERE x = ANY (large));
     END IF;
     EXECUTE 'SELECT coalesce(array_agg(x) FILTER (WHERE x = ANY ($2)), ''{}'')'
             ' FROM (SELECT unnest($1) AS x) AS s'
-       INTO common USING friends, fans;
+       INTO common USING small, large;
     RETURN common;
 END
 $$;
