@@ -42,7 +42,10 @@ P99_RANK_TOLERANCE = 0.01
 RANK_SLACK = 1e-9  # float rounding of the rank arithmetic, so that "exactly 1%" is within 1%
 # avg(latency) sums doubles in batch order, the check sums exact cents: they agree to float rounding.
 AVG_REL_TOLERANCE = 1e-12
-HLL_TOLERANCE = 0.05  # the hll extension's sketches (2,048 registers): ~2.3% standard error, exact when small
+# The hll extension's sketches (2,048 registers) have a standard error of 1.04/sqrt(2048) = 2.3%, and
+# every one of 10,000 urls is checked: at 5% (2.2 standard errors) 17 honest urls failed a run; 12%
+# (5.2) leaves room for chance; views and avg beside it are still checked exactly.
+HLL_TOLERANCE = 0.12
 
 
 @dataclass(frozen=True)
