@@ -19,7 +19,7 @@ from pipelines.cv.views.compiler import storage_table_of
 from pipelines.settings import ROLE_WRITER
 from tests.integration.conftest import unique, wait_for
 from tests.integration.test_declared_streams import define, produce, streamviews
-from tests.unit.test_monitoring import ALERTS, dashboard_queries, promql
+from tests.unit.test_monitoring_config import ALERTS, dashboard_queries, promql
 
 PIPELINE_TARGETS = {"streams", "audit", "ctid_puller"}
 
