@@ -197,6 +197,16 @@ def load_likes_at_size(results: Path) -> list[tuple[float, float]] | None:
     return sorted(rows)
 
 
+def likes_at_size_source(results: Path) -> str:
+    """Where the curve was measured, from its own document: a 20M-like fill is a run of its own."""
+    json_path = results / f"{LIKES_AT_SIZE}.json"
+    if not json_path.is_file():
+        return ""
+    document = orjson.loads(json_path.read_bytes())
+    commit, date = document.get("commit"), document.get("date")
+    return f" (`loadgen.bench_likes_at_size` at {commit}, {date})" if commit and date else ""
+
+
 def plot_likes_at_size(points: Sequence[tuple[float, float]], path: Path) -> None:
     """Likes/s against the likes already in the state, on a log scale of state size."""
     figure = Figure(figsize=(8.0, 3.8), layout="constrained")
@@ -265,7 +275,9 @@ def make_plots(documents: Mapping[str, Mapping[str, Any]], out: Path, results: P
         LIKES_AT_SIZE,
         load_likes_at_size(results),
         plot_likes_at_size,
-        "Sustained likes/s of the likes pipeline against the number of likes already in its state.",
+        "Sustained likes/s of the likes pipeline against the number of likes already in its state"
+        + likes_at_size_source(results)
+        + ".",
         f"no {LIKES_AT_SIZE}.json or .csv in the results folder yet; `loadgen.bench_likes_at_size` will write"
         " it (see loadgen/bench_suite.py for the format).",
     )
