@@ -42,7 +42,7 @@ from loadgen.workload import (
     encode_follow,
     encode_like,
     follow_events,
-    like_events,
+    workload_likes,
 )
 from pipelines.logs import get_logger
 from pipelines.settings import KafkaSettings
@@ -117,15 +117,7 @@ class LikesBacklog:
 
     def __init__(self, topic: str, partitions: int, workload: WorkloadSettings) -> None:
         self.topic, self.partitions = topic, partitions
-        self.events: Iterator[Like] = like_events(
-            workload.seed,
-            users=workload.users,
-            objects=workload.objects,
-            gaussian=workload.gaussian,
-            unlike_fraction=workload.unlike_fraction,
-            duplicate_fraction=workload.duplicate_fraction,
-            memory=workload.memory,
-        )  # continued by the freshness phase after the backlog
+        self.events: Iterator[Like] = workload_likes(workload)  # continued by the freshness phase after the backlog
         self._stride = workload.users + 1
         self._in_force: set[int] = set()  # oid * stride + uid of every pair in force
         self.prefix = [array("q", [0]) for _ in range(partitions)]

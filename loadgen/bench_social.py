@@ -41,7 +41,7 @@ from loadgen import bench_streamviews
 from loadgen import seed_baselines as seed
 from loadgen.bench_report import Comparison, Results, drain_series, figures_document, write_figures
 from loadgen.throwaway import create_topic
-from loadgen.workload import EventSource, Like, WorkloadSettings, encode_like, follow_lists, like_events
+from loadgen.workload import EventSource, Like, WorkloadSettings, encode_like, follow_lists, workload_likes
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import KafkaSettings, PostgresSettings
 
@@ -255,15 +255,7 @@ def main(argv: list[str] | None = None) -> int:
 
     events = list(
         islice(
-            like_events(
-                workload.seed,
-                users=workload.users,
-                objects=workload.objects,
-                gaussian=workload.gaussian,
-                unlike_fraction=workload.unlike_fraction,
-                duplicate_fraction=workload.duplicate_fraction,
-                memory=workload.memory,
-            ),
+            workload_likes(workload),
             args.events,
         )
     )

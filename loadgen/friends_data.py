@@ -36,7 +36,7 @@ from psycopg import sql
 from loadgen import seed_baselines as seed
 from loadgen.bench_streamviews import apply_in_batches, follow_changes, like_changes
 from loadgen.social_copies import StreamCopy, bench_views, copy_functions
-from loadgen.workload import Like, WorkloadSettings, follow_lists, like_events, new_rng, now_ms
+from loadgen.workload import Like, WorkloadSettings, follow_lists, new_rng, now_ms, workload_likes
 from pipelines.cv.views.compiler import storage_table_of
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_READER, ROLE_WRITER, PostgresSettings
@@ -136,19 +136,7 @@ def heavy_follows(shape: FriendsShape) -> Iterator[tuple[int, list[int]]]:
 
 def typical_likes(shape: FriendsShape) -> Iterator[Like]:
     """The seed's likes workload (`like_events`), as `loadgen.bench_social` replays it."""
-    w = shape.workload
-    return islice(
-        like_events(
-            w.seed,
-            users=w.users,
-            objects=w.objects,
-            gaussian=w.gaussian,
-            unlike_fraction=w.unlike_fraction,
-            duplicate_fraction=w.duplicate_fraction,
-            memory=w.memory,
-        ),
-        shape.likes,
-    )
+    return islice(workload_likes(shape.workload), shape.likes)
 
 
 def array_sizes(conn: psycopg.Connection, schema: str, shape: FriendsShape) -> dict[str, dict[str, float]]:

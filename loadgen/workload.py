@@ -203,6 +203,19 @@ def like_events(
         yield Like(oid, uid, "like", clock())
 
 
+def workload_likes(workload: WorkloadSettings) -> Iterator[Like]:
+    """`like_events` shaped by the `LOADGEN_*` settings: what every likes benchmark feeds."""
+    return like_events(
+        workload.seed,
+        users=workload.users,
+        objects=workload.objects,
+        gaussian=workload.gaussian,
+        unlike_fraction=workload.unlike_fraction,
+        duplicate_fraction=workload.duplicate_fraction,
+        memory=workload.memory,
+    )
+
+
 def follow_lists(seed: int, *, users: int = USERS, followers: int = USERS) -> Iterator[tuple[int, list[int]]]:
     """Whom each of the users 1..followers follows: long-tail counts, distinct uniform targets.
 
