@@ -328,7 +328,7 @@ def test_a_child_is_watched_its_output_kept_and_its_failure_reduced_to_one_line(
 def test_a_child_past_its_timeout_is_stopped(tmp_path):
     outcome = run_child(
         "slow",
-        [sys.executable, "-c", "import time; time.sleep(30)"],
+        [sys.executable, "-c", "import signal; signal.pause()"],  # runs until stopped
         results=tmp_path,
         display=Display(io.StringIO(), tty=False),
         timeout=1,
