@@ -229,10 +229,7 @@ def measure_lag(
             time.sleep(0.005)
         cpu_end = CpuSample.take(services.pids())
         unsent = producer.flush(30)
-        deadline = time.monotonic() + MARKER_TIMEOUT_S
-        while probe.pending and probe.is_alive() and time.monotonic() < deadline:
-            puller.check_alive()
-            time.sleep(0.1)
+        probe.wait_for_markers(MARKER_TIMEOUT_S, puller.check_alive, poll_s=0.1)
     finally:
         source.stop()
         probe.stop()

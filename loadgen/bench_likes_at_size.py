@@ -346,10 +346,7 @@ class AtSizeRun:
         probe.start()
         try:
             produce_steadily(self.likes_topic, backlog.events, load, probe, users=self.workload.users, kafka=self.kafka)
-            deadline = time.monotonic() + MARKER_TIMEOUT_S
-            while probe.pending and time.monotonic() < deadline and probe.is_alive():
-                runner.check_alive()
-                time.sleep(0.05)
+            probe.wait_for_markers(MARKER_TIMEOUT_S, runner.check_alive)
         finally:
             probe.stop()
             probe.join(10)

@@ -195,10 +195,7 @@ def _measure(
     try:
         produce_steadily(topic, continuation, load, probe, users=workload.users, kafka=kafka)
         cpu_steady = CpuSample.take(pipeline.pids)
-        deadline = time.monotonic() + MARKER_TIMEOUT_S
-        while probe.pending and time.monotonic() < deadline and probe.is_alive():
-            pipeline.check_alive()
-            time.sleep(0.05)
+        probe.wait_for_markers(MARKER_TIMEOUT_S, pipeline.check_alive)
     finally:
         probe.stop()
         probe.join(10)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +71,17 @@ class Probe(threading.Thread):
     def stop(self) -> None:
         """End the loop after the current poll."""
         self._halt.set()
+
+    def wait_for_markers(self, timeout_s: float, check_alive: Callable[[], None], poll_s: float = 0.05) -> None:
+        """Until every marker sent is seen, `timeout_s` passes or the probe fails.
+
+        `check_alive` raises as soon as the pipeline being measured has died, rather than waiting out
+        the timeout.
+        """
+        deadline = time.monotonic() + timeout_s
+        while self.pending and self.is_alive() and time.monotonic() < deadline:
+            check_alive()
+            time.sleep(poll_s)
 
     def run(self) -> None:
         """Poll until stopped; any error is kept for the caller."""
