@@ -6,12 +6,32 @@ so two stacks can run side by side on one machine (different `STACK_STATE_DIR` a
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+MIB = 1024 * 1024
+
+
+def shared_buffers_for(ram_bytes: int) -> str:
+    """PostgreSQL's usual sizing: a quarter of RAM, at least 128MB, at most 8GB.
+
+    The views' state is read and updated at random keys (a like touches its object's, its user's and
+    the stream state's rows), so every page outside the buffer pool costs a read and, once the pool is
+    full, the write of a dirty page evicted by the backend itself: at 20 M likes (3.8 GiB of tables
+    and indexes) that was over half of a like's time with 1GB (docs/performance.md).
+    """
+    return f"{min(max(ram_bytes // 4, 128 * MIB), 8192 * MIB) // MIB}MB"
+
+
+def physical_ram() -> int:
+    """This machine's RAM in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 class StackSettings(BaseSettings):
@@ -51,7 +71,13 @@ class StackSettings(BaseSettings):
     kafka_heap: str = "256m"
     connect_heap: str = "384m"
     es_heap: str = "1g"
-    pg_shared_buffers: str = "1GB"
+    # Empty: a quarter of this machine's RAM, at most 8GB (shared_buffers_for).
+    pg_shared_buffers: str = ""
+
+    @field_validator("pg_shared_buffers")
+    @classmethod
+    def _size_shared_buffers(cls, value: str) -> str:
+        return value.strip() or shared_buffers_for(physical_ram())
 
     @property
     def pg_bin(self) -> Path:

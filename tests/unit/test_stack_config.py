@@ -11,13 +11,11 @@ import yaml
 
 from stack.configure import TEMPLATES, kafka_cluster_id, render, render_context, render_supervisord
 from stack.install import Distributions
-from stack.settings import StackSettings
+from stack.settings import StackSettings, physical_ram, shared_buffers_for
 from stack.shell import ServiceUser
 
 
-@pytest.fixture
-def context(tmp_path) -> dict[str, object]:
-    settings = StackSettings(stack_state_dir=tmp_path / "state", pgport=15432, kafka_port=19092, es_heap="2g")
+def _nobody(tmp_path) -> tuple[ServiceUser, Distributions]:
     dist = Distributions(
         java=Path("/usr/lib/jvm/jdk/bin/java"),
         kafka=tmp_path / "kafka",
@@ -25,7 +23,13 @@ def context(tmp_path) -> dict[str, object]:
         connect_plugins=tmp_path / "plugins",
         elasticsearch=tmp_path / "es",
     )
-    return render_context(settings, ServiceUser("nobody", 65534, 65534), dist)
+    return ServiceUser("nobody", 65534, 65534), dist
+
+
+@pytest.fixture
+def context(tmp_path) -> dict[str, object]:
+    settings = StackSettings(stack_state_dir=tmp_path / "state", pgport=15432, kafka_port=19092, es_heap="2g")
+    return render_context(settings, *_nobody(tmp_path))
 
 
 @pytest.mark.parametrize("template", sorted(p.name for p in TEMPLATES.iterdir()))
@@ -58,6 +62,17 @@ def test_postgres_listens_on_loopback_with_logical_wal_and_scram(context):
         ("host", "all", "reject"),
         ("local", "all", "reject"),
     ]
+
+
+def test_shared_buffers_are_a_quarter_of_ram_within_bounds_unless_set(tmp_path, monkeypatch):
+    gib = 1024**3
+    assert shared_buffers_for(24 * gib) == "6144MB"
+    assert shared_buffers_for(256 * gib) == "8192MB", "at most 8GB"
+    assert shared_buffers_for(gib // 4) == "128MB", "at least 128MB"
+    monkeypatch.setenv("PG_SHARED_BUFFERS", "")
+    assert StackSettings().pg_shared_buffers == shared_buffers_for(physical_ram())
+    monkeypatch.setenv("PG_SHARED_BUFFERS", "1GB")
+    assert "shared_buffers = 1GB" in render("postgresql.conf", render_context(StackSettings(), *_nobody(tmp_path)))
 
 
 def test_kafka_runs_kraft_on_loopback_without_topic_auto_creation(context):
