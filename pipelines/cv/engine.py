@@ -32,7 +32,10 @@ log = get_logger("cv.engine")
 # batch instead costs little at PIPELINE_BATCH_MAX rows and feeds each upsert in key order, so the
 # view's index is walked in order too. Measured on one 50,000-like batch against 20M likes held
 # (`loadgen.batch_probe`): object_likes 11.4 -> 9.0 us a like, object_likes_hourly 19.5 -> 12.5.
-# Only the views' statements run with it, within the batch's transaction (set_config(..., true)).
+# The statement that turns the batch into deltas runs with it too: its batch keys then look up the
+# state's primary key in key order (a sort and a unique) rather than in hash order, so consecutive
+# lookups descend into neighbouring pages: 17-20 -> 15-16 us a like on the same kept state.
+# It is set within the batch's transaction only (set_config(..., true)) and restored after.
 SORTED_AGGREGATION = "SELECT current_setting('enable_hashagg'), set_config('enable_hashagg', 'off', true)"
 
 
@@ -88,7 +91,9 @@ class StreamMaintainer:
                 conn.execute(statement)
             self._sessions_ready.add(session)
         stream_columns = plan.stream.columns
-        if plan.to_deltas is not None:
+        keyed = plan.to_deltas is not None
+        if keyed:
+            previous = conn.execute(SORTED_AGGREGATION).fetchone()[0]
             literals = [arrays.ops_literal(ops), *arrays.column_literals(columns, stream_columns)]
             deltas = conn.execute(plan.to_deltas, literals).rowcount
             params: list[object] = []  # the views read the deltas' temporary table
@@ -96,9 +101,6 @@ class StreamMaintainer:
             shipped, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
             params = arrays.column_literals(shipped, [stream_columns[i] for i in plan.shipped])
         if deltas:
-            sorted_groups = plan.to_deltas is not None and plan.per_view
-            if sorted_groups:
-                previous = conn.execute(SORTED_AGGREGATION).fetchone()[0]
             for statements in plan.per_view:
                 for statement in statements.before:
                     conn.execute(statement, params)
@@ -111,8 +113,8 @@ class StreamMaintainer:
                         conn.execute(statements.fix_extremes, (kept,))
                 for statement in statements.after:
                     conn.execute(statement, ())
-            if sorted_groups:
-                conn.execute("SELECT set_config('enable_hashagg', %s, true)", (previous,))
+        if keyed:
+            conn.execute("SELECT set_config('enable_hashagg', %s, true)", (previous,))
         return deltas
 
     def forget_sessions(self) -> None:

@@ -218,6 +218,16 @@ def test_a_replayed_batch_changes_no_view(writer, streams):
     assert writer.execute(query).fetchall() == before == [(1, 1, 2, [2]), (2, 1, 3, [1])]
 
 
+@pytest.mark.parametrize("setting", ["on", "off"])
+def test_a_batch_sorts_its_aggregation_without_changing_the_sessions_planner_settings(writer, streams, setting):
+    maintainer = StreamMaintainer(streams["keyed"])
+    with writer.transaction():
+        writer.execute("SELECT set_config('enable_hashagg', %s, true)", (setting,))
+        maintainer.apply(writer, [1, 1], [[700_001, 700_002], [1, 1], [DAY0, DAY0], [1, 1]])
+        assert writer.execute("SHOW enable_hashagg").fetchone() == (setting,)
+    assert writer.execute("SHOW enable_hashagg").fetchone() == ("on",)
+
+
 def test_within_a_batch_the_last_change_of_a_pair_wins(writer, streams):
     maintainer = StreamMaintainer(streams["keyed"])
     oid = 900_001
