@@ -32,6 +32,8 @@ from loadgen.bench_markdown import Plot
 
 DPI = 110
 LIKES_AT_SIZE = "likes_at_size"  # <results>/likes_at_size.json or .csv
+# The curve measured before the changes of issue 14 (460c6f9, shared_buffers=1GB), drawn beside each new one.
+LIKES_AT_SIZE_BASELINE = Path(__file__).resolve().parents[1] / "docs" / "bench" / "likes_at_size-baseline.json"
 
 
 def rate_over_time(
@@ -207,11 +209,31 @@ def likes_at_size_source(results: Path) -> str:
     return f" (`loadgen.bench_likes_at_size` at {commit}, {date})" if commit and date else ""
 
 
-def plot_likes_at_size(points: Sequence[tuple[float, float]], path: Path) -> None:
-    """Likes/s against the likes already in the state, on a log scale of state size."""
+def baseline_points(path: Path = LIKES_AT_SIZE_BASELINE) -> list[tuple[float, float]]:
+    """The committed baseline curve's (likes in state, likes/s) points; none when it is not there."""
+    if not path.is_file():
+        return []
+    points = orjson.loads(path.read_bytes()).get("points") or []
+    return sorted((float(p["likes_in_state"]), float(p["likes_per_second"])) for p in points)
+
+
+def plot_likes_at_size(
+    points: Sequence[tuple[float, float]], path: Path, baseline: Sequence[tuple[float, float]] = ()
+) -> None:
+    """Likes/s against the likes already in the state, on a log scale of state size; `baseline` beside it."""
     figure = Figure(figsize=(8.0, 3.8), layout="constrained")
     ax = figure.subplots()
-    ax.plot([n for n, _ in points], [r for _, r in points], "o-", markersize=4)
+    ax.plot([n for n, _ in points], [r for _, r in points], "o-", markersize=4, label="this run")
+    if baseline:
+        ax.plot(
+            [n for n, _ in baseline],
+            [r for _, r in baseline],
+            "s--",
+            markersize=3,
+            color="grey",
+            label="baseline (460c6f9, shared_buffers=1GB)",
+        )
+        ax.legend(fontsize=7)
     ax.set_xscale("log")
     ax.set_title("likes pipeline: sustained likes/s as the state grows", fontsize=9)
     ax.set_xlabel("likes in the state")
@@ -274,10 +296,10 @@ def make_plots(documents: Mapping[str, Mapping[str, Any]], out: Path, results: P
         "Likes per second as the state grows",
         LIKES_AT_SIZE,
         load_likes_at_size(results),
-        plot_likes_at_size,
+        lambda points, path: plot_likes_at_size(points, path, baseline_points()),
         "Sustained likes/s of the likes pipeline against the number of likes already in its state"
         + likes_at_size_source(results)
-        + ".",
+        + ", beside the baseline curve measured before issue 14's changes (docs/bench/likes_at_size-baseline.json).",
         f"no {LIKES_AT_SIZE}.json or .csv in the results folder yet; `loadgen.bench_likes_at_size` will write"
         " it (see loadgen/bench_suite.py for the format).",
     )

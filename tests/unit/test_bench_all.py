@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.bench_markdown import Plot, RunInfo, Section, format_ratio, format_value, full_labels, render
-from loadgen.bench_plots import load_likes_at_size, make_plots, rate_over_time
+from loadgen.bench_plots import baseline_points, load_likes_at_size, make_plots, rate_over_time
 from loadgen.bench_progress import Display, Outcome, failure_reason, mmss, run_child
 from loadgen.bench_report import Comparison, Results, figures_document
 from loadgen.bench_suite import SUITE, by_name, friends_document
@@ -214,6 +214,13 @@ def test_the_likes_at_size_curve_is_drawn_once_its_data_exists(tmp_path):
     assert curve.path.read_bytes().startswith(PNG)
     assert plots["Throughput during a drain"].path is None
     assert not stale.exists()
+
+
+def test_the_committed_baseline_curve_is_readable_for_the_plot():
+    points = baseline_points()
+    assert len(points) >= 10
+    assert points == sorted(points)
+    assert points[-1][0] >= 20_000_000
 
 
 def test_the_likes_at_size_data_may_be_a_csv(tmp_path):
