@@ -122,7 +122,8 @@ def show(doc: Mapping[str, Any]) -> None:
         f"  workload: users 1..{workload.get('users', 0):,}, objects random_gaussian(1, {workload.get('objects', 0):,},"
         f" {workload.get('gaussian')}), {workload.get('unlike_fraction', 0):.0%} unlikes,"
         f" {workload.get('duplicate_fraction', 0):.0%} repeated likes; target {settings.get('likes', 0):,} likes,"
-        f" {settings.get('follows', 0):,} follows; wall {doc.get('wall_s', 0):,.0f}s"
+        f" {settings.get('follows', 0):,} follows; {settings.get('workers', 1)} stream runner(s) on the likes;"
+        f" wall {doc.get('wall_s', 0):,.0f}s"
     )
     producer, fill = doc.get("producer", {}), doc.get("fill", {})
     if producer:
@@ -136,9 +137,10 @@ def show(doc: Mapping[str, Any]) -> None:
         print("\n  likes in state   likes/s   state +/s   runner PSS   cores runner/postgres/machine   load1")
         for p in curve:
             cores = p.get("cores", {})
+            runners = sum(v for k, v in cores.items() if k.startswith("pipeline"))  # pipeline, pipeline2, ...
             print(
                 f"  {p['likes_in_state']:>14,} {p['likes_per_s']:>9,.0f} {p['state_growth_per_s']:>11,.0f}"
-                f" {p['pss_mib']:>9,.0f} MiB   {cores.get('pipeline', 0):.2f} / {cores.get('postgres', 0):.2f}"
+                f" {p['pss_mib']:>9,.0f} MiB   {runners:.2f} / {cores.get('postgres', 0):.2f}"
                 f" / {cores.get('machine', 0):.2f}{'':>14}{p['load1']:>6.2f}"
             )
     if fill:

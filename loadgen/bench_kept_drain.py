@@ -1,4 +1,4 @@
-"""Sustained likes/s at the size a `bench_likes_at_size --keep` run left: one drain of more of the seed's likes.
+"""The state a `bench_likes_at_size --keep` run left: likes/s at its size (one drain of more likes), and dropping it.
 
 `python -m loadgen.bench_kept_drain SCHEMA [--events 1000000] [--seed 7] [--workers 1]`
 
@@ -28,6 +28,7 @@ from pathlib import Path
 
 import orjson
 import psycopg
+from confluent_kafka.admin import AdminClient
 
 from loadgen.at_size_backlog import LikesBacklog
 from loadgen.at_size_sampling import count_rows
@@ -35,6 +36,7 @@ from loadgen.bench_report import machine_line, source_commit
 from loadgen.drain import high_watermarks, wait_drained
 from loadgen.pipeline_processes import PipelineWorkers
 from loadgen.seed_baselines import BenchmarkError, owner_conninfo
+from loadgen.throwaway import delete_topic, drop_definitions, forget_group
 from loadgen.workload import WorkloadSettings
 from pipelines.cv import catalog
 from pipelines.logs import configure_logging, get_logger
@@ -88,6 +90,23 @@ def drain(schema: str, events: int, seed: int, workers: int) -> dict[str, object
         "workers": workers,
         "cores": cores,
     }
+
+
+def drop_kept(schema: str, kafka: KafkaSettings, postgres: PostgresSettings) -> int:
+    """`--drop <schema>`: what a `--keep` run left (its definitions, topics, offsets)."""
+    owner = owner_conninfo(postgres)
+    with psycopg.connect(owner, autocommit=True) as conn:
+        streams = {n: s for n, s in catalog.load_streams(conn).items() if n in (schema, f"{schema}_follows")}
+    if not streams:
+        print(f"bench_likes_at_size: no kept streams {schema} / {schema}_follows", file=sys.stderr)
+        return 2
+    drop_definitions(schema, list(streams), postgres)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    for stream in streams.values():
+        forget_group(owner, stream.consumer_group or "", stream.topic, kafka)
+        delete_topic(admin, stream.topic)
+    print(f"dropped {schema}: streams {', '.join(streams)}, their topics and offsets")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

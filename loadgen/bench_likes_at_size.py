@@ -1,6 +1,6 @@
 """Likes at size: what the likes pipeline sustains while its state grows to tens of millions of likes.
 
-`python -m loadgen.bench_likes_at_size [--likes 20000000] [--follows 2000000] [--seconds 30] [--keep]`
+`python -m loadgen.bench_likes_at_size [--likes 20000000] [--follows 2000000] [--seconds 30] [--keep] [--workers 1]`
 (`--quick`: 1 M likes, 200 k follows, 10 s). One run, on throwaway topics and a throwaway schema
 `bench_<id>` holding copies of the social streams and views of sql/views/social.sql
 (`loadgen.social_copies`); the real `likes`/`follows` topics and `social` schema are never touched.
@@ -16,8 +16,10 @@
    unlikes and 2 % repeated likes; `LOADGEN_*` variables change them) until `--likes` pairs are in
    force, produced in chunks of `--chunk` before any runner reads them (`loadgen.at_size_backlog`
    says why: the 2 cores, and no pauses that would let autovacuum catch up for free).
-5. Fill: one stream runner process, the production code path (`python -m pipelines.cv.runner
-   --streams <likes copy> --group <bench group>`, default batch settings) drains the backlog while
+5. Fill: one stream runner process (`--workers N`: N in one consumer group, as `docker compose up
+   --scale streams=N` runs them; their cores are summed, PSS is the first one's), the production code
+   path (`python -m pipelines.cv.runner --streams <likes copy> --group <bench group>`, default batch
+   settings) drains the backlog while
    `loadgen.at_size_sampling` samples every `--sample-s`: likes in the state, events committed, the
    runner's PSS, CPU, load average, and what its PostgreSQL backend is doing. The curve is likes/s
    per million likes of state. Then the state is counted and checked against the backlog's own count.
@@ -88,15 +90,15 @@ from loadgen.at_size_sampling import (
     wal_position,
 )
 from loadgen.batch_probe import probe_batch
+from loadgen.bench_kept_drain import drop_kept
 from loadgen.bench_report import machine_line
 from loadgen.drain import DrainProgress
 from loadgen.freshness import MARKER_BASE, MarkerProbe, SteadyLoad, percentile, produce_steadily
 from loadgen.pipeline_processes import PipelineWorkers
 from loadgen.seed_baselines import BenchmarkError
 from loadgen.social_copies import StreamCopy, bench_views
-from loadgen.throwaway import create_topic, delete_topic, drop_definitions, forget_group
+from loadgen.throwaway import create_topic, delete_topic, forget_group
 from loadgen.workload import WorkloadSettings, like_events
-from pipelines.cv import catalog
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import ROLE_READER, ROLE_WRITER, KafkaSettings, PostgresSettings
 
@@ -159,7 +161,7 @@ class AtSizeRun:
         self.follows()
         backlog = LikesBacklog(self.likes_topic, self.args.partitions, self.workload)
         self.produce_likes(backlog)
-        runner = self.runner(self.likes_topic, self.schema)
+        runner = self.runner(self.likes_topic, self.schema, self.args.workers)
         watch = PssWatch(runner.workers[0].process.pid)
         watch.start()
         try:
@@ -179,11 +181,17 @@ class AtSizeRun:
             )
         self.optional("seed_per_event", self.seed_per_event)
 
-    def runner(self, topic: str, stream: str) -> PipelineWorkers:
-        """One stream runner on one bench stream, default batch settings, its sessions named for this run."""
+    def runner(self, topic: str, stream: str, workers: int = 1) -> PipelineWorkers:
+        """`workers` stream runners (one group) on a bench stream, default batches, sessions named for the run."""
         settings = {"PGAPPNAME": self.application_name}
         return PipelineWorkers(
-            1, topic=topic, stream=stream, group=self.group, postgres=self.postgres, kafka=self.kafka, settings=settings
+            workers,
+            topic=topic,
+            stream=stream,
+            group=self.group,
+            postgres=self.postgres,
+            kafka=self.kafka,
+            settings=settings,
         )
 
     def optional(self, key: str, step: Any) -> None:
@@ -410,23 +418,6 @@ class AtSizeRun:
         }
 
 
-def drop_kept(schema: str, kafka: KafkaSettings, postgres: PostgresSettings) -> int:
-    """`--drop <schema>`: what a `--keep` run left (its definitions, topics, offsets)."""
-    owner = seed.owner_conninfo(postgres)
-    with psycopg.connect(owner, autocommit=True) as conn:
-        streams = {n: s for n, s in catalog.load_streams(conn).items() if n in (schema, f"{schema}_follows")}
-    if not streams:
-        print(f"bench_likes_at_size: no kept streams {schema} / {schema}_follows", file=sys.stderr)
-        return 2
-    drop_definitions(schema, list(streams), postgres)
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
-    for stream in streams.values():
-        forget_group(owner, stream.consumer_group or "", stream.topic, kafka)
-        delete_topic(admin, stream.topic)
-    print(f"dropped {schema}: streams {', '.join(streams)}, their topics and offsets")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point of `python -m loadgen.bench_likes_at_size`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -437,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-s", type=float, default=2.0, help="seconds between samples of the fill")
     parser.add_argument("--partitions", type=int, default=6, help="partitions of the bench topics")
     parser.add_argument("--clients", type=int, default=8, help="pgbench clients for the seed's function")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="stream runner processes on the likes (one group; 2 uses both cores)"
+    )
     parser.add_argument("--quick", action="store_true", help="1 M likes, 200 k follows, 10 s: a check, not a figure")
     parser.add_argument("--keep", action="store_true", help="keep the state, topics and offsets (to profile at size)")
     parser.add_argument("--drop", metavar="SCHEMA", help="drop what a --keep run left, then exit")
@@ -470,7 +464,10 @@ def main(argv: list[str] | None = None) -> int:
         machine=machine,
         date=datetime.now(UTC).isoformat(timespec="seconds"),
         settings={
-            **{k: getattr(args, k) for k in ("likes", "follows", "seconds", "chunk", "sample_s", "partitions")},
+            **{
+                k: getattr(args, k)
+                for k in ("likes", "follows", "seconds", "chunk", "sample_s", "partitions", "workers")
+            },
             "workload": workload.model_dump(),
             "disk_estimate_bytes": needed,
         },
