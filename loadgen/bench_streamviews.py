@@ -35,7 +35,7 @@ from loadgen.pipeline_processes import PipelineWorkers
 from loadgen.seed_baselines import BenchmarkError
 from loadgen.social_copies import StreamCopy, bench_views, copy_functions
 from loadgen.throwaway import forget_group
-from loadgen.workload import Like, WorkloadSettings, follow_lists, like_events
+from loadgen.workload import Like, WorkloadSettings, follow_lists, workload_likes
 from pipelines.cv.engine import StreamMaintainer
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_READER, ROLE_WRITER, KafkaSettings, PostgresSettings
@@ -130,15 +130,7 @@ def run_pipeline(
     group = seed.unique_name("bench-pipeline", "-")
     # The events that follow `events` in the same workload (same seed and parameters), drawn lazily
     # during the freshness phase; drawn past the backlog now, before any clock starts.
-    continuation = like_events(
-        workload.seed,
-        users=workload.users,
-        objects=workload.objects,
-        gaussian=workload.gaussian,
-        unlike_fraction=workload.unlike_fraction,
-        duplicate_fraction=workload.duplicate_fraction,
-        memory=workload.memory,
-    )
+    continuation = workload_likes(workload)
     for _ in islice(continuation, len(events)):
         pass
     owner = seed.owner_conninfo(postgres)
