@@ -11,6 +11,14 @@ CREATE EXTENSION IF NOT EXISTS rum;
 -- tdigest: approximate percentiles (percentile_cont in continuous views) from digests that merge.
 CREATE EXTENSION IF NOT EXISTS tdigest;
 
+-- streamviews: the project's own C functions (pgext/), for the query functions' hot reads
+-- (social.friends_who_like). Built and installed by `python -m stack up` or the postgres image;
+-- UPDATE moves a database to the installed version. Every role calling the query functions needs
+-- the schema; the functions check permissions on the relations they read themselves.
+CREATE EXTENSION IF NOT EXISTS streamviews;
+ALTER EXTENSION streamviews UPDATE;
+GRANT USAGE ON SCHEMA streamviews TO sv_owner, sv_writer, sv_reader;
+
 -- TimescaleDB when the server offers it (production image) and preloads it; plain PostgreSQL otherwise.
 -- Schema code asks `ops.has_timescaledb()` instead of repeating this test.
 DO $$

@@ -21,6 +21,7 @@ from pathlib import Path
 from pipelines.errors import StackError
 from pipelines.logs import get_logger
 from stack.compose_cli import ensure_compose_cli
+from stack.pg_extension import ensure_extension
 from stack.settings import StackSettings
 from stack.shell import ServiceUser, make_dir, run
 
@@ -50,6 +51,7 @@ class Distributions:
 def install(settings: StackSettings) -> tuple[ServiceUser, Distributions]:
     """Install everything missing and return the service account and the installed components."""
     ensure_debian_packages(settings.postgres_major)
+    ensure_extension(settings.postgres_major, settings.paths.build)
     user = ensure_service_user(settings.stack_user)
     make_dir(settings.paths.root, user)
     check_traversable(settings.paths.root, user)
@@ -66,9 +68,15 @@ def install(settings: StackSettings) -> tuple[ServiceUser, Distributions]:
 
 
 def ensure_debian_packages(postgres_major: int) -> None:
-    """PostgreSQL with the hll, rum and tdigest extensions, a JDK, Maven and Prometheus, from Debian's archive."""
+    """PostgreSQL with the hll, rum and tdigest extensions, a JDK, Maven and Prometheus, from Debian's archive.
+
+    Also what builds the project's own extension (pgext/): PostgreSQL's server headers and PGXS, gcc, make.
+    """
     wanted = {
         f"postgresql-{postgres_major}": None,
+        f"postgresql-server-dev-{postgres_major}": None,
+        "gcc": "gcc",
+        "make": "make",
         f"postgresql-{postgres_major}-hll": None,
         f"postgresql-{postgres_major}-rum": None,
         f"postgresql-{postgres_major}-tdigest": None,

@@ -106,6 +106,11 @@ class StackPaths:
         return self.root / "dist"
 
     @property
+    def build(self) -> Path:
+        """What the stack compiles itself: the PostgreSQL extension of pgext/ (stack/pg_extension.py)."""
+        return self.root / "build"
+
+    @property
     def secrets(self) -> Path:
         """Generated passwords, one 0600 file each (the `SECRETS_DIR` of the local stack)."""
         return self.root / "secrets"

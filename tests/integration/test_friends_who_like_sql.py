@@ -1,10 +1,11 @@
-"""friends_who_like (sql/functions/social.sql) is exactly the seed's intersection, on every path it takes.
+"""friends_who_like (sql/functions/social.sql) is exactly the seed's intersection, at every size.
 
-The function intersects small arrays by comparison (after `&&`) and large ones through a hashed
-`= ANY` planned per call. Each test runs this checkout's sql/functions/social.sql, with `social.`
-replaced by a schema of its own holding plain `object_likes` and `user_following` tables, in a
-transaction that is rolled back: nothing stays, and the live views are never read. Answers are
-compared, as sets, with the seed's `unnest ... INTERSECT` over the same rows and with Python's.
+The function is one call of streamviews.keyed_arrays_intersection (pgext/), which compares a few
+values directly and meets larger arrays in a hash set of the smaller. Each test runs this
+checkout's sql/functions/social.sql, with `social.` replaced by a schema of its own holding plain
+`object_likes` and `user_following` tables, in a transaction that is rolled back: nothing stays,
+and the live views are never read. Answers are compared, as sets, with the seed's
+`unnest ... INTERSECT` over the same rows and with Python's.
 """
 
 from __future__ import annotations
@@ -26,13 +27,17 @@ PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 BASE = 5_000_000_000  # ids past int4, as bigint ids are
 
 # (likers, follows): few likers and a TOASTed follow list (the typical heavy user), the crossing
-# between comparing and hashing (m <= 6, m * n = 5,000), both sides large, and the heavy tail.
+# between comparing and hashing (8 and 9 values on the smaller side), both sides large, and the
+# heavy tail.
 SIZES = [
     (1, 1),
     (3, 60),
     (5, 10_000),
     (6, 20_000),
     (7, 800),
+    (8, 9),
+    (9, 8),
+    (9, 5_000),
     (50, 100),
     (51, 100),
     (80, 100),
