@@ -5,15 +5,18 @@ views (or, for the ones that need sorted arrays, over sorted copies of them), so
 time it beside the seed and the current function and check its answers. What each showed is in the
 docs/performance.md (friends_who_like on the heavy tail); the one that helped is in sql/functions/social.sql.
 
-- `joined_read`: the current function, but reading both rows in one statement (a join), as the
-  previous one did: when the object has no likers, the user's row is read for nothing;
+- `plpgsql`: the PL/pgSQL function friends_who_like was until the C one (sql/functions/social.sql
+  at 39185f2): the object read first, `&&` then `= ANY` for small arrays, a hashed `= ANY` planned per
+  call (EXECUTE) for large ones; each read a statement;
+- `joined_read`: `plpgsql`, but reading both rows in one statement (a join), as the function before
+  it did: when the object has no likers, the user's row is read for nothing;
 - `join`: a hash join of the two unnested arrays, in PL/pgSQL;
 - `where_any`: the hashed `= ANY` of the current function, but in a WHERE clause: the planner then
   estimates the selectivity of each element of the constant array, which costs more than the hash;
 - `bsearch`: arrays kept sorted (copies here; the engine appends), each element of the smaller one
   binary-searched in the larger with `width_bucket`, in C, through a plan made per call (EXECUTE);
 - `merge`: arrays kept sorted, merged by two indexes in a PL/pgSQL loop;
-- `uncompressed`: the current function over copies of the views whose arrays are stored uncompressed
+- `uncompressed`: the current (C) function over copies of the views whose arrays are stored uncompressed
   (`STORAGE EXTERNAL`): what decompressing the two arrays costs in each call.
 """
 
@@ -121,6 +124,46 @@ _BODIES = {
     ),
 }
 
+# The PL/pgSQL friends_who_like of 39185f2, the one the C function replaced, as a template like the others.
+_PLPGSQL = """
+CREATE FUNCTION {s}.fwl_plpgsql(uid bigint, oid bigint) RETURNS bigint[]
+LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    fans bigint[];
+    friends bigint[];
+    small bigint[];
+    large bigint[];
+    common bigint[];
+BEGIN
+    SELECT v.likers INTO fans FROM {s}.object_likes AS v WHERE v.oid = $2;
+    IF fans IS NULL THEN
+        RETURN '{{}}'::bigint[];
+    END IF;
+    SELECT u.following INTO friends FROM {s}.user_following AS u WHERE u.uid = $1;
+    IF friends IS NULL THEN
+        RETURN '{{}}'::bigint[];
+    ELSIF cardinality(fans) <= cardinality(friends) THEN
+        small := fans;
+        large := friends;
+    ELSE
+        small := friends;
+        large := fans;
+    END IF;
+    IF cardinality(small) <= 6 OR cardinality(small)::bigint * cardinality(large) <= 5000 THEN
+        IF NOT small && large THEN
+            RETURN '{{}}'::bigint[];
+        END IF;
+        RETURN ARRAY(SELECT x FROM unnest(small) AS x WHERE x = ANY (large));
+    END IF;
+    EXECUTE 'SELECT coalesce(array_agg(x) FILTER (WHERE x = ANY ($2)), ''{{}}'')'
+            ' FROM (SELECT unnest($1) AS x) AS s'
+       INTO common USING small, large;
+    RETURN common;
+END
+$$
+"""
+
 _FUNCTION = """
 CREATE FUNCTION {s}.@NAME@(uid bigint, oid bigint) RETURNS bigint[]
 LANGUAGE plpgsql STABLE STRICT PARALLEL SAFE
@@ -140,7 +183,7 @@ $$
 
 def functions() -> list[str]:
     """The variants' function names, in the order they are timed."""
-    return [f"fwl_{name}" for name in (*_BODIES, "uncompressed")]
+    return [f"fwl_{name}" for name in ("plpgsql", *_BODIES, "uncompressed")]
 
 
 def install(conn: psycopg.Connection, schema: str) -> dict[str, str]:
@@ -148,6 +191,7 @@ def install(conn: psycopg.Connection, schema: str) -> dict[str, str]:
     s = sql.Identifier(schema)
     for statement in _COPIES:
         conn.execute(sql.SQL(statement).format(s=s))
+    conn.execute(sql.SQL(_PLPGSQL).format(s=s))
     for name, (tables, body) in _BODIES.items():
         read = _READ.replace("@TABLES@", tables)
         text = _FUNCTION.replace("@NAME@", f"fwl_{name}").replace("@READ@", read).replace("@BODY@", body)
