@@ -27,12 +27,8 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
@@ -70,7 +66,6 @@ QUERIES = {
     "pk_read": "SELECT like_cnt FROM {s}.obj WHERE id = :id;",
 }
 TARGETS = {"heavy": ("now", "seed", 3.0), "typical": ("now", "pk_read", 0.9)}  # the issue's, numerator / denominator
-_TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.MULTILINE)
 SAMPLE_PAIRS = 60  # pairs per mix whose answers are compared with the seed's before timing
 
 
@@ -85,33 +80,6 @@ class Timing:
     p50_ms: float
     p99_ms: float
     calls: int
-
-
-def pgbench_timed(
-    script_text: str, seconds: int, clients: int, env: Mapping[str, str], variables: Mapping[str, object]
-) -> tuple[float, list[float]]:
-    """Run one pgbench script; its calls/s and every transaction's latency in ms (from its `-l` log)."""
-    with tempfile.TemporaryDirectory(prefix="streamviews-friends-") as work:
-        script = Path(work, "script.sql")
-        script.write_text(script_text)
-        command = [seed.PGBENCH, "-n", "-M", "prepared", "-c", str(clients), "-j", str(min(clients, 2))]
-        command += ["-T", str(seconds), "-l", "--log-prefix", str(Path(work, "tx"))]
-        for name, value in variables.items():
-            command += ["-D", f"{name}={value}"]
-        command += ["-f", str(script)]
-        try:
-            done = subprocess.run(
-                command, env={**os.environ, **env}, capture_output=True, text=True, timeout=seconds + 120, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise BenchmarkError(f"pgbench: could not run {seed.PGBENCH}: {e}") from e
-        match = _TPS.search(done.stdout)
-        if done.returncode != 0 or match is None:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-            raise BenchmarkError(f"pgbench exited {done.returncode}: {' | '.join(tail)}")
-        # Log lines: client_id transaction_no latency_us script_no epoch_s epoch_us
-        latencies = [int(line.split()[2]) / 1000 for log_file in Path(work).glob("tx.*") for line in log_file.open()]
-    return float(match.group(1)), latencies
 
 
 def draw_pairs(state: FriendsState, mix: str, count: int, seed: int) -> list[tuple[int, int]]:
@@ -179,7 +147,15 @@ def measure(
         for mix, draws in MIXES.items():
             for query, statement in queries.items():
                 script = draws.format(gaussian=shape.workload.gaussian) + sql.SQL(statement).format(s=s).as_string()
-                tps, latencies = pgbench_timed(script + "\n", seconds, clients, env, variables)
+                tps, latencies = seed.pgbench_run(
+                    script + "\n",
+                    seconds,
+                    clients,
+                    threads=min(clients, 2),
+                    env=env,
+                    variables=variables,
+                    latencies=True,
+                )
                 timing = Timing(
                     mix, query, round_, tps, percentile(latencies, 50), percentile(latencies, 99), len(latencies)
                 )

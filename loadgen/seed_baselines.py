@@ -12,7 +12,7 @@ owns the database) and drops it afterwards, so it never touches the real tables:
   `array_intersect` query ("which of my friends like it") over tables filled with the workload.
 
 `pgbench_tps` runs any pgbench script the same way, so streamviews' own queries are measured on equal
-terms.
+terms; `pgbench_run` also returns each transaction's latency (bench_friends' p50/p99).
 """
 
 from __future__ import annotations
@@ -115,7 +115,21 @@ def pgbench_tps(
     env: Mapping[str, str] | None = None,
     variables: Mapping[str, object] | None = None,
 ) -> float:
-    r"""Run one pgbench script for `seconds` and return its transactions per second.
+    r"""Run one pgbench script for `seconds` and return its transactions per second (see `pgbench_run`)."""
+    return pgbench_run(script_text, seconds, clients, threads=threads, env=env, variables=variables)[0]
+
+
+def pgbench_run(
+    script_text: str,
+    seconds: int,
+    clients: int = 8,
+    *,
+    threads: int = 2,
+    env: Mapping[str, str] | None = None,
+    variables: Mapping[str, object] | None = None,
+    latencies: bool = False,
+) -> tuple[float, list[float]]:
+    r"""Run one pgbench script for `seconds`: its transactions per second and, if asked, each one's latency.
 
     The run is `pgbench -n -M prepared -c clients -j threads -T seconds -f script`, as the seed ran
     its tests (one statement per transaction, so tps = statements/s).
@@ -127,21 +141,24 @@ def pgbench_tps(
         threads: pgbench worker threads (`-j`).
         env: libpq variables (PGHOST, PGUSER, PGPASSWORD, ...); default `pgbench_env()` (sv_owner).
         variables: script variables (`-D name=value`).
+        latencies: also log every transaction (`-l`) and return their latencies in ms.
 
     Returns:
-        The "tps = ... (without initial connection time)" figure.
+        The "tps = ... (without initial connection time)" figure, and the latencies (empty unless asked).
 
     Raises:
         BenchmarkError: pgbench failed, some client aborted, or no tps line was printed.
     """
     env = dict(env) if env is not None else pgbench_env()
-    with tempfile.NamedTemporaryFile("w", prefix="streamviews-pgbench-", suffix=".sql") as script:
-        script.write(script_text)
-        script.flush()
+    with tempfile.TemporaryDirectory(prefix="streamviews-pgbench-") as work:
+        script = Path(work, "script.sql")
+        script.write_text(script_text)
         command = [PGBENCH, "-n", "-M", "prepared", "-c", str(clients), "-j", str(threads), "-T", str(seconds)]
+        if latencies:
+            command += ["-l", "--log-prefix", str(Path(work, "tx"))]
         for name, value in (variables or {}).items():
             command += ["-D", f"{name}={value}"]
-        command += ["-f", script.name]
+        command += ["-f", str(script)]
         try:
             done = subprocess.run(
                 command,
@@ -153,11 +170,13 @@ def pgbench_tps(
             )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise BenchmarkError(f"pgbench: could not run {PGBENCH}: {e}") from e
-    match = _TPS.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
-        raise BenchmarkError(f"pgbench exited {done.returncode}: {' | '.join(tail)}")
-    return float(match.group(1))
+        match = _TPS.search(done.stdout)
+        if done.returncode != 0 or match is None:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+            raise BenchmarkError(f"pgbench exited {done.returncode}: {' | '.join(tail)}")
+        # Log lines: client_id transaction_no latency_us script_no epoch_s epoch_us
+        logged = [int(line.split()[2]) / 1000 for log in Path(work).glob("tx.*") for line in log.open()]
+    return float(match.group(1)), logged
 
 
 # The seed's f_obj, for a plain table: skip if the user already likes the object, else append and count.
