@@ -93,7 +93,7 @@ from loadgen.batch_probe import probe_batch
 from loadgen.bench_kept_drain import drop_kept
 from loadgen.bench_report import machine_line
 from loadgen.drain import DrainProgress
-from loadgen.freshness import MARKER_BASE, MarkerProbe, SteadyLoad, percentile, produce_steadily
+from loadgen.freshness import MARKER_BASE, MarkerProbe, SteadyLoad, likes_freshness, percentile
 from loadgen.pipeline_processes import PipelineWorkers
 from loadgen.seed_baselines import BenchmarkError
 from loadgen.social_copies import StreamCopy, bench_views
@@ -351,18 +351,16 @@ class AtSizeRun:
         probe = MarkerProbe(
             self.postgres.conninfo(user=ROLE_READER, application_name="streamviews-bench-probe"), self.schema
         )
-        probe.start()
-        try:
-            produce_steadily(self.likes_topic, backlog.events, load, probe, users=self.workload.users, kafka=self.kafka)
-            probe.wait_for_markers(MARKER_TIMEOUT_S, runner.check_alive)
-        finally:
-            probe.stop()
-            probe.join(10)
-        if probe.error is not None:
-            raise BenchmarkError(f"marker probe: {probe.error}") from probe.error
-        if load.errors or probe.pending:
-            raise BenchmarkError(f"freshness: {load.errors} delivery errors, {probe.pending} markers never seen")
-        latencies = [1000 * s for s in probe.latencies]
+        latencies = likes_freshness(
+            self.likes_topic,
+            backlog.events,
+            load,
+            probe,
+            users=self.workload.users,
+            kafka=self.kafka,
+            check_alive=runner.check_alive,
+            timeout_s=MARKER_TIMEOUT_S,
+        )
         self.doc["freshness_ms"] = {
             "p50": round(statistics.median(latencies), 1),
             "p99": round(percentile(latencies, 99), 1),

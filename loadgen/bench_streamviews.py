@@ -30,7 +30,7 @@ from psycopg import sql
 
 from loadgen import seed_baselines as seed
 from loadgen.drain import CpuSample, Drain, high_watermarks, wait_drained
-from loadgen.freshness import MarkerProbe, SteadyLoad, percentile, produce_steadily
+from loadgen.freshness import MarkerProbe, SteadyLoad, likes_freshness, percentile
 from loadgen.pipeline_processes import PipelineWorkers
 from loadgen.seed_baselines import BenchmarkError
 from loadgen.social_copies import StreamCopy, bench_views, copy_functions
@@ -183,25 +183,23 @@ def _measure(
     probe = MarkerProbe(
         postgres.conninfo(user=ROLE_READER, application_name="streamviews-bench-probe"), pipeline.stream
     )
-    probe.start()
-    try:
-        produce_steadily(topic, continuation, load, probe, users=workload.users, kafka=kafka)
-        cpu_steady = CpuSample.take(pipeline.pids)
-        probe.wait_for_markers(MARKER_TIMEOUT_S, pipeline.check_alive)
-    finally:
-        probe.stop()
-        probe.join(10)
-    if probe.error is not None:
-        raise BenchmarkError(f"marker probe: {probe.error}") from probe.error
-    if load.errors:
-        raise BenchmarkError(f"freshness producer: {load.errors} delivery errors, first: {load.first_error}")
-    if probe.pending:
-        raise BenchmarkError(f"{probe.pending} of {load.markers} markers not visible after {MARKER_TIMEOUT_S}s")
+    cpu: list[CpuSample] = []
+    latencies_ms = likes_freshness(
+        topic,
+        continuation,
+        load,
+        probe,
+        users=workload.users,
+        kafka=kafka,
+        check_alive=pipeline.check_alive,
+        timeout_s=MARKER_TIMEOUT_S,
+        while_loaded=lambda: cpu.append(CpuSample.take(pipeline.pids)),
+    )
+    cpu_steady = cpu[0]
     code = pipeline.stop()
     if code != 0:
         raise BenchmarkError(f"pipeline exited {code} on SIGTERM: {pipeline.tail()}")
     totals, warnings = pipeline.totals()
-    latencies_ms = [s * 1000 for s in probe.latencies]
     return PipelineRun(len(events), drain, load, latencies_ms, pipeline.log_paths, totals, warnings, cpu_steady)
 
 

@@ -5,6 +5,7 @@
   subclass it for their own sinks (Elasticsearch in `loadgen.audit_pipelines`);
 - `produce_steadily`: likes at a fixed rate for a fixed time, plus a marker like every 20 ms,
   registered with the probe just before it is produced (`SteadyLoad` counts what was sent);
+- `likes_freshness`: the two together, as the likes benchmarks run them, with every failure raised;
 - `percentile`: the latency percentiles reported.
 """
 
@@ -22,6 +23,7 @@ import psycopg
 from confluent_kafka import KafkaError, Message, Producer
 from psycopg import sql
 
+from loadgen.seed_baselines import BenchmarkError
 from loadgen.workload import PRODUCER_CONFIG, Like, encode_like, now_ms
 from pipelines.settings import KafkaSettings
 
@@ -205,6 +207,45 @@ def produce_steadily(
         if unsent:
             load.errors += unsent
             load.first_error = load.first_error or f"{unsent} messages unsent after flush"
+
+
+def likes_freshness(
+    topic: str,
+    events: Iterator[Like],
+    load: SteadyLoad,
+    probe: MarkerProbe,
+    *,
+    users: int,
+    kafka: KafkaSettings,
+    check_alive: Callable[[], None],
+    timeout_s: float,
+    while_loaded: Callable[[], None] | None = None,
+) -> list[float]:
+    """Markers in a steady load of likes until each is seen; their latencies in ms.
+
+    Starts `probe`, produces `load` (calling `while_loaded` right after, e.g. to sample CPU while the
+    pipeline still works), waits up to `timeout_s` for every marker, and stops the probe whatever
+    happened.
+
+    Raises:
+        BenchmarkError: the probe failed, a record was not delivered, or a marker was never seen.
+    """
+    probe.start()
+    try:
+        produce_steadily(topic, events, load, probe, users=users, kafka=kafka)
+        if while_loaded is not None:
+            while_loaded()
+        probe.wait_for_markers(timeout_s, check_alive)
+    finally:
+        probe.stop()
+        probe.join(10)
+    if probe.error is not None:
+        raise BenchmarkError(f"marker probe: {probe.error}") from probe.error
+    if load.errors:
+        raise BenchmarkError(f"freshness producer: {load.errors} delivery errors, first: {load.first_error}")
+    if probe.pending:
+        raise BenchmarkError(f"{probe.pending} of {load.markers} markers not visible after {timeout_s}s")
+    return [1000 * s for s in probe.latencies]
 
 
 def percentile(values: Sequence[float], q: int) -> float:
