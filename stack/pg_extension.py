@@ -32,21 +32,19 @@ def _config_dir(postgres_major: int, option: str) -> Path:
     return Path(run([pg_config(postgres_major), option], step=f"pg_extension: pg_config {option}").strip())
 
 
-def installed_copy(postgres_major: int, built: Path) -> Path:
-    """Where `make install` puts a built file: the library under pkglibdir, scripts under sharedir/extension."""
-    if built.suffix == ".so":
-        return _config_dir(postgres_major, "--pkglibdir") / built.name
-    return _config_dir(postgres_major, "--sharedir") / "extension" / built.name
-
-
 def ensure_extension(postgres_major: int, build_root: Path) -> None:
     """Build pgext/ in `build_root`/pgext and install it unless the same files are installed already."""
     build = build_root / "pgext"
     shutil.copytree(SOURCE_DIR, build, dirs_exist_ok=True)  # copy2 keeps mtimes: make rebuilds what changed
     make = ["make", "-s", "-C", build, f"PG_CONFIG={pg_config(postgres_major)}"]
     run(make, step="pg_extension: make")
+    # Where `make install` puts each: the library under pkglibdir, control and scripts under sharedir/extension.
+    library_dir = _config_dir(postgres_major, "--pkglibdir")
+    scripts_dir = _config_dir(postgres_major, "--sharedir") / "extension"
     products = [build / f"{EXTENSION}.so", build / f"{EXTENSION}.control", *sorted(build.glob(f"{EXTENSION}--*.sql"))]
-    stale = [p.name for p in products if not _same_file(p, installed_copy(postgres_major, p))]
+    stale = [
+        p.name for p in products if not _same_file(p, (library_dir if p.suffix == ".so" else scripts_dir) / p.name)
+    ]
     if not stale:
         return
     if os.geteuid() != 0:
