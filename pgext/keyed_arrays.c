@@ -12,8 +12,8 @@
  * A relation is a table or a plain view over one (a continuous view's read view): the view is
  * resolved to its table and column the way PostgreSQL's updatable views are, and permissions follow
  * PostgreSQL's rules for a query through the view: the caller needs SELECT on what it names, a
- * view's owner SELECT on the table beneath. A table with row-level security is refused, since these
- * reads would not apply its policies.
+ * view's owner SELECT on the table beneath. A table with row-level security or inheritance children
+ * is refused, since these reads would not apply its policies or see the children's rows.
  */
 #include "postgres.h"
 
@@ -24,6 +24,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "catalog/pg_am.h"
+#include "catalog/pg_inherits.h"
 #include "catalog/pg_type.h"
 #include "executor/tuptable.h"
 #include "fmgr.h"
@@ -216,6 +217,11 @@ static KeyedColumn resolve_uncached(Oid relation, const char *column, Oid *view_
 		ereport(ERROR,
 				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 				 errmsg("table \"%s\" has row-level security, which these reads would not apply",
+						RelationGetRelationName(table))));
+	if (has_subclass(keyed.table))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("table \"%s\" has inheritance children, whose rows these reads would not see",
 						RelationGetRelationName(table))));
 	if (TupleDescAttr(RelationGetDescr(table), keyed.column - 1)->atttypid != INT8ARRAYOID)
 		ereport(ERROR,

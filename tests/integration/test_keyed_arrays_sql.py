@@ -2,7 +2,8 @@
 
 The C function behind friends_who_like reads one row of each relation by key, with PostgreSQL's own
 rules: the caller needs SELECT on what it names, a view's owner on the table beneath, and what it
-cannot read as a query would (a view with conditions, row-level security) it refuses with one line.
+cannot read as a query would (a view with conditions, row-level security, inheritance children) it
+refuses with one line.
 Each test works in a schema of its own, as the owner, in a transaction that is rolled back.
 """
 
@@ -111,6 +112,8 @@ def test_what_a_plain_read_cannot_honour_is_refused_in_one_line(db):
         "CREATE TABLE {s}.unkeyed (oid bigint, likers bigint[])",
         "CREATE TABLE {s}.secured (oid bigint PRIMARY KEY, likers bigint[])",
         "ALTER TABLE {s}.secured ENABLE ROW LEVEL SECURITY",
+        "CREATE TABLE {s}.parent (oid bigint PRIMARY KEY, likers bigint[])",
+        "CREATE TABLE {s}.child () INHERITS ({s}.parent)",
     ]:
         conn.execute(sql.SQL(statement).format(s=s))
     refused = {
@@ -118,6 +121,7 @@ def test_what_a_plain_read_cannot_honour_is_refused_in_one_line(db):
         "computed": 'column "likers" of view "computed" is not a column of its table',
         "unkeyed": "has no unique index on one bigint column",
         "secured": "has row-level security",
+        "parent": "has inheritance children",
     }
     for relation, message in refused.items():
         with pytest.raises(psycopg.Error, match=message) as raised, conn.transaction():
