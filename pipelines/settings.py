@@ -215,6 +215,14 @@ class PipelineSettings(_Settings):
     expire_interval_s: float = Field(60.0, gt=0)
     # Seconds between progress log lines.
     report_interval_s: float = Field(10.0, gt=0)
+    # Isolation (pipelines/cv/isolation.py). A topic whose stream cannot be applied at all is held
+    # back (its offsets wait) and read again after this many seconds, doubling up to 10 minutes.
+    hold_retry_s: float = Field(30.0, gt=0)
+    # A quarantined view is tried again after this many seconds, doubling up to 10 minutes.
+    view_retry_s: float = Field(30.0, gt=0)
+    # When one view rejects more than this many records of one batch, the view is at fault, not the
+    # records: it is quarantined instead, and the records go on to the stream's other views.
+    poison_limit: int = Field(100, gt=0)
     # A file the consume loop touches every second, for container healthchecks (empty: none).
     heartbeat_file: str = ""
     # Static group membership (Kafka's group.instance.id): a name for this process that stays the

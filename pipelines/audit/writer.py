@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from pipelines.audit.events import AuditDecoder, AuditEvent
-from pipelines.runtime.checkpoint import Record
+from pipelines.runtime.checkpoint import ApplyOutcome, Record
 from pipelines.runtime.consumer import BatchDecoder, PipelineSpec, main, per_record
 from pipelines.settings import AuditSettings
 
@@ -49,8 +49,12 @@ class AuditSink:
         self.log_schema = log_schema
         self._tables: dict[tuple[int, date], str] = {}  # created and committed, as far as we know
 
-    def apply(self, conn: psycopg.Connection, records: list[Record]) -> int:
-        """Write the batch of `CopyRow`s: one COPY per (shard, day) table, in key order; returns the rows written."""
+    def apply(self, conn: psycopg.Connection, records: list[Record], outcome: ApplyOutcome | None = None) -> int:
+        """Write the batch of `CopyRow`s: one COPY per (shard, day) table, in key order; returns the rows written.
+
+        Nothing to isolate (`outcome`): the audit decoder admits only rows every table takes, and
+        a failure is the database's, retried with the whole batch.
+        """
         groups: dict[tuple[int, int], list[bytes]] = defaultdict(list)
         for partition, (day, row) in records:
             groups[(partition, day)].append(row)

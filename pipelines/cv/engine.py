@@ -19,7 +19,7 @@ from psycopg import sql
 
 from pipelines.cv import arrays, catalog, stream_sql
 from pipelines.cv.definitions import StreamDef, ViewDef
-from pipelines.cv.views import compiler
+from pipelines.cv.views import compiler, extremes
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 
@@ -41,6 +41,25 @@ SORTED_AGGREGATION = "SELECT current_setting('enable_hashagg'), set_config('enab
 
 class StreamDropped(StreamviewsError):
     """The stream is no longer in the catalog: a batch read before its DROP has nowhere to go."""
+
+
+class ViewApplyError(StreamviewsError):
+    """One view's maintenance failed: which view, and the error (PostgreSQL's, as `__cause__`)."""
+
+    def __init__(self, view: str, error: Exception) -> None:
+        super().__init__(f"view {view}: {describe_error(error)}")
+        self.view = view
+        self.error = error
+
+
+def describe_error(error: BaseException) -> str:
+    """An error in one line: PostgreSQL's SQLSTATE and primary message, or the Python exception."""
+    state = getattr(error, "sqlstate", None)
+    if state:
+        diag = getattr(error, "diag", None)
+        message = (diag.message_primary if diag is not None else None) or str(error)
+        return f"SQLSTATE {state}: {message.strip()}"
+    return f"{type(error).__name__}: {str(error).strip()}"
 
 
 @dataclass(frozen=True)
@@ -67,6 +86,8 @@ class _Plan:
     per_view: tuple[_ViewStatements, ...]
     temp_tables: tuple[sql.Composed, ...]
     shipped: tuple[int, ...] = ()  # append-only streams: the columns the views read, by position
+    clear_tables: tuple[sql.Composed, ...] = ()  # empty the batch's temporary tables (before a next apply)
+    quarantined: frozenset[str] = frozenset()  # views left out (cv.view_failures)
 
 
 @dataclass
@@ -102,24 +123,35 @@ class StreamMaintainer:
             params = arrays.column_literals(shipped, [stream_columns[i] for i in plan.shipped])
         if deltas:
             for statements in plan.per_view:
-                for statement in statements.before:
-                    conn.execute(statement, params)
-                cursor = conn.execute(statements.apply, params)
-                if statements.returns_rows:
-                    emptied, kept = cursor.fetchone()
-                    if emptied:
-                        conn.execute(statements.delete_rows, (emptied,))
-                    if kept and statements.fix_extremes is not None:
-                        conn.execute(statements.fix_extremes, (kept,))
-                for statement in statements.after:
-                    conn.execute(statement, ())
+                try:
+                    _maintain(conn, statements, params)
+                except psycopg.Error as e:
+                    raise ViewApplyError(statements.view.qualified_name, e) from e
         if keyed:
             conn.execute("SELECT set_config('enable_hashagg', %s, true)", (previous,))
         return deltas
 
+    def clear_batch(self, conn: psycopg.Connection) -> None:
+        """Empty the batch's temporary tables, so that another apply in this transaction starts clean.
+
+        They are emptied at every commit; a batch applied in parts (isolation) empties them between.
+        """
+        if self._plan is not None:
+            for statement in self._plan.clear_tables:
+                conn.execute(statement)
+
+    @property
+    def quarantined(self) -> frozenset[str]:
+        """The views of the stream left out of its maintenance, as of the last plan."""
+        return self._plan.quarantined if self._plan is not None else frozenset()
+
     def forget_sessions(self) -> None:
-        """After a rollback: temporary tables created in that transaction are gone with it."""
+        """After a rollback: forget the temporary tables and the plan made in the rolled-back transaction.
+
+        The tables are gone with it, and the plan may have seen catalog rows that never committed.
+        """
         self._sessions_ready.clear()
+        self._plan = None
 
     def expire(self, conn: psycopg.Connection) -> int:
         """Delete time buckets past each view's retention; returns the rows deleted."""
@@ -144,44 +176,120 @@ class StreamMaintainer:
         stream = streams.get(self.stream_name)
         if stream is None:
             raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
-        views = tuple(catalog.load_views(conn, streams, stream.name))
+        quarantined = frozenset(
+            name for (name,) in conn.execute("SELECT view FROM cv.view_failures WHERE stream = %s", (stream.name,))
+        )
+        loaded = catalog.load_views(conn, streams, stream.name)
+        views = tuple(c for c in loaded if c.view.qualified_name not in quarantined)
         shipped: tuple[int, ...] = ()
         if stream.key is None:
             read = set().union(*(stream_sql.referenced_columns(c.view) for c in views))
             shipped = tuple(i for i, c in enumerate(stream.columns) if c.name in read) or (0,)
             source = stream_sql.batch_source(stream, tuple(stream.columns[i].name for i in shipped))
             temp_tables = []
+            clear_tables = []
         else:
             source = stream_sql.delta_table(stream)
             temp_tables = [stream_sql.create_delta_table(stream)]
+            clear_tables = [sql.SQL("DELETE FROM {}").format(source)]
         per_view = []
         for compiled in views:
             view = compiled.view
-            refs = compiler.uses_refs(view, stream)
-            if refs:
+            if compiler.uses_refs(view, stream):
                 temp_tables.append(compiler.create_transitions_table(view, compiled.types))
-            per_view.append(
-                _ViewStatements(
-                    view=view,
-                    before=(
-                        *compiler.update_extreme_counts(view, stream, source),
-                        *((compiler.update_refs(view, source),) if refs else ()),
-                    ),
-                    apply=compiler.apply_deltas(view, stream, source, compiled.types.states),
-                    after=(compiler.drop_dead_refs(view),) if refs else (),
-                    delete_rows=compiler.delete_rows(view),
-                    returns_rows=compiler.returns_rows(view, stream),
-                    fix_extremes=compiler.fix_extremes(view, stream),
-                )
-            )
+                clear_tables.append(sql.SQL("DELETE FROM {}").format(compiler.transitions_table(view)))
+            per_view.append(_view_statements(compiled, stream, source))
         log.info(
             "stream plan loaded",
             stream=stream.name,
             catalog_version=version,
             views=[c.view.qualified_name for c in views],
+            quarantined=sorted(quarantined),
         )
         to_deltas = stream_sql.batch_to_deltas(stream) if stream.key is not None else None
-        return _Plan(version, stream, views, to_deltas, tuple(per_view), tuple(temp_tables), shipped)
+        return _Plan(
+            version,
+            stream,
+            views,
+            to_deltas,
+            tuple(per_view),
+            tuple(temp_tables),
+            shipped,
+            tuple(clear_tables),
+            quarantined,
+        )
+
+
+def _view_statements(compiled: catalog.CompiledView, stream: StreamDef, source: sql.Composable) -> _ViewStatements:
+    view = compiled.view
+    refs = compiler.uses_refs(view, stream)
+    return _ViewStatements(
+        view=view,
+        before=(
+            *compiler.update_extreme_counts(view, stream, source),
+            *((compiler.update_refs(view, source),) if refs else ()),
+        ),
+        apply=compiler.apply_deltas(view, stream, source, compiled.types.states),
+        after=(compiler.drop_dead_refs(view),) if refs else (),
+        delete_rows=compiler.delete_rows(view),
+        returns_rows=compiler.returns_rows(view, stream),
+        fix_extremes=compiler.fix_extremes(view, stream),
+    )
+
+
+def probe_view(conn: psycopg.Connection, compiled: catalog.CompiledView, stream: StreamDef) -> None:
+    """Run a view's maintenance over an empty batch, which changes nothing.
+
+    It raises what any batch would meet: a table gone, a privilege revoked, a function missing.
+    """
+    view = compiled.view
+    if stream.key is None:
+        shipped = tuple(c.name for c in stream.columns)
+        source: sql.Composable = stream_sql.batch_source(stream, shipped)
+        params: list[object] = ["{}"] * len(shipped)
+    else:
+        conn.execute(stream_sql.create_delta_table(stream))
+        source, params = stream_sql.delta_table(stream), []
+    if compiler.uses_refs(view, stream):
+        conn.execute(compiler.create_transitions_table(view, compiled.types))
+    _maintain(conn, _view_statements(compiled, stream, source), params)
+
+
+def rebuild_from_state(conn: psycopg.Connection, compiled: catalog.CompiledView, stream: StreamDef) -> None:
+    """Recompute a view over a keyed stream from the stream's state.
+
+    Its storage is emptied, then filled as a new view's is: exact whatever the view missed, since
+    the state holds every live row.
+    """
+    view, types = compiled.view, compiled.types
+    tables = [compiler.storage_table(view)]
+    if compiler.uses_refs(view, stream):
+        tables.append(compiler.refs_table(view))
+    tables += [extremes.counts_table(view, index) for index, _ in extremes.kept_extremes(view, stream)]
+    for table in tables:
+        conn.execute(sql.SQL("DELETE FROM {}").format(table))
+    source = stream_sql.backfill_source(stream)
+    for statement in compiler.update_extreme_counts(view, stream, source):
+        conn.execute(statement, ())
+    if compiler.uses_refs(view, stream):
+        conn.execute(compiler.create_transitions_table(view, types))
+        conn.execute(compiler.update_refs(view, source), ())
+    conn.execute(compiler.apply_deltas(view, stream, source, types.states), ())
+
+
+def _maintain(conn: psycopg.Connection, statements: _ViewStatements, params: list[object]) -> None:
+    """One view's statements over the batch: reference counts, the upsert, emptied rows, extremes."""
+    for statement in statements.before:
+        conn.execute(statement, params)
+    cursor = conn.execute(statements.apply, params)
+    if statements.returns_rows:
+        emptied, kept = cursor.fetchone()
+        if emptied:
+            conn.execute(statements.delete_rows, (emptied,))
+        if kept and statements.fix_extremes is not None:
+            conn.execute(statements.fix_extremes, (kept,))
+    for statement in statements.after:
+        conn.execute(statement, ())
 
 
 def _inserts_only(ops: Sequence[int], columns: list[Sequence[object]]) -> tuple[list[Sequence[object]], int]:

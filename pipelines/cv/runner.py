@@ -35,7 +35,7 @@ from pipelines import metrics
 from pipelines.cv import catalog
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.definitions import DefinitionError, StreamDef
-from pipelines.cv.sink import StreamChanges, ViewSink
+from pipelines.cv.sink import Origin, StreamChanges, ViewSink
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.runtime.consumer import UNDECODABLE, Decoded, Pipeline
@@ -95,7 +95,7 @@ class StreamRunner:
     ) -> None:
         self.kafka, self.postgres, self.settings, self.only = kafka, postgres, settings, only
         self.group_id, self.default_group = group_id, default_group
-        self.sink = ViewSink()
+        self.sink = ViewSink(group_id, settings.poison_limit, settings.view_retry_s)
         self.pipeline = Pipeline(
             NAME,
             decode=self.decode,
@@ -204,7 +204,8 @@ class StreamRunner:
                 changes = payload.get(source.target)
                 if changes is None:
                     changes = payload[source.target] = StreamChanges()
-                changes.extend(decoded.ops, decoded.columns)
+                rejected_at = frozenset(index for index, _ in decoded.rejected)
+                changes.extend(decoded.ops, decoded.columns, Origin(source.decoder, group, rejected_at))
                 size += len(decoded.ops)
             counts[topic] = len(decoded.ops)
         return Decoded(payload, size, rejected, counts)

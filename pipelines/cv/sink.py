@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
 
+from pipelines.cv import isolation
 from pipelines.cv.engine import StreamDropped, StreamMaintainer
 from pipelines.logs import get_logger
+from pipelines.runtime.checkpoint import ApplyOutcome
 
 log = get_logger("cv.sink")
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a part of a stream's changes came from: one topic's messages of the poll and its decoder.
+
+    Kept so that isolation can tell which message a change came from (pipelines/cv/isolation.py);
+    worked out only then, never on the common path.
+    """
+
+    decoder: Any  # the StreamDecoder that made the changes
+    messages: Sequence[Any]  # the topic's messages of the poll, in order
+    rejected: frozenset[int]  # positions in `messages` the decoder rejected (already dead letters)
 
 
 @dataclass
@@ -19,9 +35,12 @@ class StreamChanges:
 
     ops: list[int] = field(default_factory=list)
     columns: list[list[Any]] = field(default_factory=list)
+    origins: list[Origin] = field(default_factory=list)
 
-    def extend(self, ops: list[int], columns: list[list[Any]]) -> None:
+    def extend(self, ops: list[int], columns: list[list[Any]], origin: Origin | None = None) -> None:
         """Append changes read after the ones already here (another topic feeding the same stream)."""
+        if origin is not None:
+            self.origins.append(origin)
         if not self.ops:
             self.ops, self.columns = ops, columns  # the common case, one topic per stream: no copy
             return
@@ -29,30 +48,47 @@ class StreamChanges:
         for mine, theirs in zip(self.columns, columns, strict=True):
             mine.extend(theirs)
 
+    @property
+    def topics(self) -> list[str]:
+        """The topics the changes were read from."""
+        return sorted({o.messages[0].topic() for o in self.origins if o.messages})
+
 
 class ViewSink:
     """Applies each batch to the streams it touches, in stream name order, then views in name order.
 
     That order, and groups sorted within a view, is the one every writer locks rows in, so several
     runner processes never deadlock. A stream dropped since its records were read is skipped: its
-    definition, state and views are gone.
+    definition, state and views are gone. A batch that failed is applied again in isolation
+    (`outcome.isolate`): see pipelines/cv/isolation.py.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, group_id: str = "", poison_limit: int = 100, view_retry_s: float = 30.0) -> None:
+        self.group_id = group_id
         self.maintainers: dict[str, StreamMaintainer] = {}
         self.streams: tuple[str, ...] = ()  # the streams whose retention housekeeping runs
+        self.poison_limit, self.view_retry_s = poison_limit, view_retry_s
+        self.held_streams: set[str] = set()  # recorded in cv.stream_failures by this process
 
-    def apply(self, conn: psycopg.Connection, payload: dict[str, StreamChanges]) -> int:
+    def apply(self, conn: psycopg.Connection, payload: dict[str, StreamChanges], outcome: ApplyOutcome) -> int:
         """Apply every stream's changes in this transaction; returns the deltas (real changes)."""
         changed = 0
         for name in sorted(payload):
             changes = payload[name]
             if not changes.ops:
                 continue
+            maintainer = self._maintainer(name)
             try:
-                changed += self._maintainer(name).apply(conn, changes.ops, changes.columns)
+                if outcome.isolate:
+                    changed += isolation.StreamIsolation(conn, maintainer, changes, outcome, self).apply()
+                else:
+                    changed += maintainer.apply(conn, changes.ops, changes.columns)
             except StreamDropped:
                 log.warning("stream dropped; skipping its records", stream=name, records=len(changes.ops))
+                continue
+            if name in self.held_streams and not set(changes.topics) & outcome.held_topics:
+                isolation.release_stream(conn, name)
+                self.held_streams.discard(name)
         return changed
 
     def reset(self) -> None:
@@ -61,13 +97,14 @@ class ViewSink:
             maintainer.forget_sessions()
 
     def housekeeping(self, conn: psycopg.Connection) -> None:
-        """Delete time buckets past each view's retention; stop reads that lifted their timeouts.
+        """Delete time buckets past retention, stop reads that lifted their timeouts, retry quarantined views.
 
         The second duty sits here because the runner is the one service always running against the
         views' database: see migration 0014 for why PostgreSQL needs the help.
         """
         for pid, action, running in conn.execute("SELECT * FROM ops.stop_overrunning_reads()").fetchall():
             log.warning("stopped an overrunning read", pid=pid, action=action, seconds=round(running.total_seconds()))
+        isolation.retry_quarantined(conn, self.streams, self.group_id, self.view_retry_s)
         for name in self.streams:
             try:
                 deleted = self._maintainer(name).expire(conn)

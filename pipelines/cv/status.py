@@ -36,6 +36,8 @@ class StreamStatus:
     newest_event: datetime | None = None  # the latest Kafka timestamp committed
     freshness_s: float | None = None  # its age when the status was read
     dead_letters: dict[str, int] = field(default_factory=dict)
+    held: str | None = None  # why the runner holds the stream back (cv.stream_failures), if it does
+    failed_views: list[ViewFailure] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (times in ISO 8601)."""
@@ -49,7 +51,46 @@ class StreamStatus:
             "newest_event": self.newest_event.isoformat() if self.newest_event else None,
             "freshness_s": self.freshness_s,
             "dead_letters": self.dead_letters,
+            "held": self.held,
+            "failed_views": [f.as_json() for f in self.failed_views],
         }
+
+
+@dataclass(frozen=True)
+class ViewFailure:
+    """A view of the stream that is not maintained (quarantined), or that missed events (a gap)."""
+
+    view: str
+    state: str  # "quarantined" or "gap"
+    reason: str
+    since: datetime
+    retry_at: datetime | None = None  # quarantined: when the runner tries it again
+    missed: str = ""  # gap: the offsets it did not see
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (times in ISO 8601)."""
+        return {
+            "view": self.view,
+            "state": self.state,
+            "reason": self.reason,
+            "since": self.since.isoformat(),
+            "retry_at": self.retry_at.isoformat() if self.retry_at else None,
+            "missed": self.missed,
+        }
+
+    def advice(self) -> str:
+        """What an operator does about it."""
+        if self.state == "quarantined":
+            return "fix the cause; the runner retries it and resumes it (rebuilt from a keyed stream's state)"
+        return "these events are not counted: replay the view, or drop and recreate it"
+
+
+# Both read by any role that reads the catalog (migration 0015).
+FAILURES_SQL = (
+    "SELECT stream, view, 'quarantined', reason, failed_at, retry_at, '' FROM cv.view_failures"
+    " UNION ALL SELECT stream, view, 'gap', reason, failed_at, NULL, missed_from::text || ' .. ' || missed_to::text"
+    " FROM cv.view_gaps ORDER BY 1, 2, 5"
+)
 
 
 def watermarks(admin: AdminClient, kafka: KafkaSettings, topics: set[str]) -> dict[str, dict[int, tuple[int, int]]]:
@@ -121,19 +162,28 @@ def stream_statuses(
 
 
 def status_table(group: str, statuses: list[StreamStatus]) -> str:
-    """The statuses for people: one row per stream."""
+    """The statuses for people: one row per stream, then the views that are not maintained."""
     rows = []
+    failures = []
     for s in statuses:
+        failures += [
+            (f.view, f.state, f.since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"), f.reason[:100], f.advice())
+            for f in s.failed_views
+        ]
         commit = s.last_commit.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if s.last_commit else "never"
         dead = ", ".join(f"{reason}={n}" for reason, n in sorted(s.dead_letters.items())) or "0"
         partitions = "-" if s.partitions is None else s.partitions
         lag = "topic missing" if s.lag is None else s.lag
-        rows.append((s.stream, s.topic, partitions, lag, age(s.freshness_s), commit, dead))
+        state = f"held: {s.held[:80]}" if s.held else "ok"
+        rows.append((s.stream, s.topic, partitions, lag, age(s.freshness_s), commit, dead, state))
     header = f"consumer group {group}"
     if not rows:
         return f"{header}\nno streams"
-    columns = ("STREAM", "TOPIC", "PARTITIONS", "LAG", "FRESHNESS", "LAST COMMIT", "DEAD LETTERS")
-    return header + "\n" + table(columns, rows)
+    columns = ("STREAM", "TOPIC", "PARTITIONS", "LAG", "FRESHNESS", "LAST COMMIT", "DEAD LETTERS", "STATE")
+    text = header + "\n" + table(columns, rows)
+    if failures:
+        text += "\n\nviews not maintained\n" + table(("VIEW", "STATE", "SINCE", "REASON", "WHAT TO DO"), failures)
+    return text
 
 
 def age(seconds: float | None) -> str:
@@ -170,4 +220,12 @@ def runner_status(
     dead = conn.execute(
         "SELECT topic, reason, count FROM ops.dead_letters WHERE group_id = %s AND topic = ANY(%s)", (group, topics)
     ).fetchall()
-    return stream_statuses(streams, watermarks(admin, kafka, set(topics)), offsets, dead, now)
+    statuses = stream_statuses(streams, watermarks(admin, kafka, set(topics)), offsets, dead, now)
+    by_name = {s.stream: s for s in statuses}
+    for stream, reason in conn.execute("SELECT stream, reason FROM cv.stream_failures WHERE group_id = %s", (group,)):
+        if stream in by_name:
+            by_name[stream].held = reason
+    for stream, *failure in conn.execute(FAILURES_SQL):
+        if stream in by_name:
+            by_name[stream].failed_views.append(ViewFailure(*failure))
+    return statuses

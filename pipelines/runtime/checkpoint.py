@@ -8,6 +8,12 @@ A consumer that lost a partition in a rebalance may still be applying a batch fo
 owner starts. The offset rows are the fence: each transaction locks them first and checks that they
 still hold the position the batch started from; the slower of two writers finds them moved, rolls
 back and re-seeks.
+
+A batch that fails for a reason other than the database's availability (a value a view cannot take,
+a view that cannot run) is not retried as it was: it is applied again at once in *isolation*, where
+the sink confines the failure to the records, views or streams that cause it (see `Sink.apply`).
+What the sink rejects there is dead-lettered before the transaction commits, and the partitions of
+the topics it holds back keep their stored offsets, so nothing is lost either way.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import psycopg
+from psycopg import errors as pg_errors
 
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
+from pipelines.runtime.events import InvalidEvent
 
 log = get_logger("checkpoint")
 
@@ -32,11 +40,70 @@ class Fenced(StreamviewsError):
     """Stored offsets moved under us: another consumer owns (or owned) the partition."""
 
 
+class DeadLetterSender(Protocol):
+    """Where rejected records go (pipelines.runtime.deadletter.DeadLetters)."""
+
+    def send(self, message: Any, error: InvalidEvent) -> None:
+        """Produce one rejected record to its dead-letter topic."""
+        ...
+
+    def flush(self) -> None:
+        """Wait until Kafka stored every dead letter sent; raise if one failed."""
+        ...
+
+
+# SQLSTATE classes of failures that say nothing about the batch: the database is unavailable or out
+# of resources, the transaction lost a race (deadlock, serialization), a statement was cancelled.
+# The whole batch is retried after a back-off, as it is; anything else is isolated.
+TRANSIENT_SQLSTATE_CLASSES = frozenset({"08", "40", "53", "57", "58"})
+TRANSIENT_SQLSTATES = frozenset({"55P03", "55006"})  # lock_not_available, object_in_use
+
+
+def is_transient(error: BaseException) -> bool:
+    """True when a failure is the database's, not the batch's: retrying the same batch later may pass."""
+    while isinstance(error, StreamviewsError) and isinstance(error.__cause__, psycopg.Error):
+        error = error.__cause__  # a failure the sink wrapped to say where it happened
+    if isinstance(error, Fenced | psycopg.OperationalError | psycopg.InterfaceError | pg_errors.QueryCanceled):
+        return True
+    if isinstance(error, psycopg.Error):
+        state = error.sqlstate or ""
+        return state[:2] in TRANSIENT_SQLSTATE_CLASSES or state in TRANSIENT_SQLSTATES
+    if isinstance(error, StreamviewsError) and getattr(error, "transient", False):
+        return True  # e.g. dead letters that Kafka did not store
+    return not isinstance(error, Exception)  # KeyboardInterrupt, SystemExit: never isolated
+
+
+@dataclass
+class ApplyOutcome:
+    """What a sink reports of a batch besides its changes, when it applies it in isolation.
+
+    Attributes:
+        isolate: True on the second attempt of a batch that failed: the sink confines each failure
+            to what causes it (records, a view, a stream) instead of raising.
+        rejected: Records it could not apply, with why: dead-lettered before the batch commits.
+        held_topics: Topics whose records it could not apply at all: their partitions keep their
+            stored offsets (they are read again later), the rest of the batch commits.
+        start: The stored position of each partition the batch read (for the sink's records of where
+            a failure began).
+        group_id: The consumer group committing the batch.
+    """
+
+    isolate: bool = False
+    rejected: list[tuple[Any, InvalidEvent]] = field(default_factory=list)
+    held_topics: set[str] = field(default_factory=set)
+    start: dict[tuple[str, int], int | None] = field(default_factory=dict)
+    group_id: str = ""
+
+
 class Sink(Protocol):
     """Where a pipeline's decoded records go: written inside the checkpoint's transaction."""
 
-    def apply(self, conn: psycopg.Connection, payload: Any) -> int:
-        """Write one batch's decoded payload (what the pipeline's decoder made); returns the changes made."""
+    def apply(self, conn: psycopg.Connection, payload: Any, outcome: ApplyOutcome) -> int:
+        """Write one batch's decoded payload (what the pipeline's decoder made); returns the changes made.
+
+        With `outcome.isolate` a sink that can confine failures does so and reports them in `outcome`;
+        one that cannot raises as on the first attempt.
+        """
         ...
 
     def reset(self) -> None:
@@ -60,6 +127,8 @@ class Batch:
     end: dict[TopicPartition, int] = field(default_factory=dict)  # next offset after the batch
     # The Kafka timestamp (ms) of each partition's last record in the batch: how fresh it leaves the views.
     event_ms: dict[TopicPartition, int] = field(default_factory=dict)
+    # Set by a commit in isolation: topics the sink held back (their partitions were not advanced).
+    held_topics: set[str] = field(default_factory=set)
 
     @property
     def consumed(self) -> int:
@@ -79,10 +148,11 @@ def partition_lag(low: int, high: int, next_offset: int | None) -> int:
 class Checkpoint:
     """Owns the transaction that applies a batch and stores its offsets."""
 
-    def __init__(self, conninfo: str, group_id: str, sink: Sink) -> None:
+    def __init__(self, conninfo: str, group_id: str, sink: Sink, dead_letters: DeadLetterSender | None = None) -> None:
         self.conninfo = conninfo
         self.group_id = group_id
         self.sink = sink
+        self.dead_letters = dead_letters
         self._conn: psycopg.Connection | None = None
 
     @property
@@ -121,23 +191,62 @@ class Checkpoint:
         2. Lock the batch's offset rows in (topic, partition) order and check each still holds the
            position the batch started from; otherwise raise Fenced (nothing was written).
         3. Hand the records to the sink (views, audit tables), which writes them in this transaction.
-        4. Store the next offsets, and the newest Kafka timestamp committed (freshness).
-        5. Add the dead-letter counts.
-        6. Commit. On any error roll back, so the batch is applied again after a re-seek or not at all.
+        4. In isolation (below), dead-letter the records the sink rejected, and wait for Kafka to
+           store them; leave out the partitions of the topics it held back.
+        5. Store the next offsets, and the newest Kafka timestamp committed (freshness).
+        6. Add the dead-letter counts.
+        7. Commit. On any error roll back. A transient error (`is_transient`: the database, a race, a
+           fence) is raised: the batch is applied again after a re-seek. Any other error is the
+           batch's: it is applied again at once, in isolation, from step 1.
         """
+        try:
+            return self._attempt(batch, ApplyOutcome())
+        except Exception as e:
+            if is_transient(e):
+                raise
+            log.warning(
+                "batch failed; applying it again in isolation",
+                error=f"{type(e).__name__}: {str(e).strip()}"[:500],
+                records=batch.size,
+            )
+        return self._attempt(batch, ApplyOutcome(isolate=True, start=dict(batch.start), group_id=self.group_id))
+
+    def _attempt(self, batch: Batch, outcome: ApplyOutcome) -> int:
         conn = self.conn
         try:
             with conn.transaction():
                 self._verify_positions(conn, batch)
-                changed = self.sink.apply(conn, batch.payload) if batch.size else 0
-                self._store_offsets(conn, batch)
-                self._count_dead_letters(conn, batch)
+                changed = self.sink.apply(conn, batch.payload, outcome) if batch.size else 0
+                dead_letters = Counter(batch.dead_letters)
+                if outcome.rejected:
+                    self._send_dead_letters(outcome.rejected, dead_letters)
+                end = {tp: o for tp, o in batch.end.items() if tp[0] not in outcome.held_topics}
+                self._store_offsets(conn, end, batch.event_ms)
+                self._count_dead_letters(conn, dead_letters)
         except BaseException:
             self.sink.reset()
             if conn.broken:
                 self._conn = None
             raise
+        if outcome.isolate:
+            batch.dead_letters = dead_letters
+            batch.size -= len(outcome.rejected)
+            for message, _ in outcome.rejected:
+                topic = message.topic()
+                if topic in batch.counts:
+                    batch.counts[topic] -= 1
+            batch.held_topics = set(outcome.held_topics)
+            batch.end = end
         return changed
+
+    def _send_dead_letters(self, rejected: list[tuple[Any, InvalidEvent]], counts: Counter[tuple[str, str]]) -> None:
+        """Records the sink rejected, to their dead-letter topics, stored by Kafka before the commit."""
+        if self.dead_letters is None:
+            raise StreamviewsError("checkpoint: the sink rejected records and there is no dead-letter producer")
+        for message, error in rejected:
+            self.dead_letters.send(message, error)
+            counts[(message.topic(), error.reason)] += 1
+        self.dead_letters.flush()
 
     def housekeeping(self) -> None:
         """The sink's periodic upkeep, in a transaction of its own."""
@@ -179,8 +288,12 @@ class Checkpoint:
                     f"{batch.start[tp]}: another consumer moved it"
                 )
 
-    def _store_offsets(self, conn: psycopg.Connection, batch: Batch) -> None:
-        parts = sorted(batch.end)
+    def _store_offsets(
+        self, conn: psycopg.Connection, end: dict[TopicPartition, int], event_ms: dict[TopicPartition, int]
+    ) -> None:
+        parts = sorted(end)
+        if not parts:
+            return
         conn.execute(
             "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset, last_event_at)"
             " SELECT %s, t, p, o, to_timestamp(ms / 1000.0)"
@@ -192,21 +305,21 @@ class Checkpoint:
                 self.group_id,
                 [t for t, _ in parts],
                 [p for _, p in parts],
-                [batch.end[tp] for tp in parts],
-                [batch.event_ms.get(tp) for tp in parts],
+                [end[tp] for tp in parts],
+                [event_ms.get(tp) for tp in parts],
             ),
         )
 
-    def _count_dead_letters(self, conn: psycopg.Connection, batch: Batch) -> None:
-        if not batch.dead_letters:
+    def _count_dead_letters(self, conn: psycopg.Connection, dead_letters: Counter[tuple[str, str]]) -> None:
+        if not dead_letters:
             return
-        keys = sorted(batch.dead_letters)
+        keys = sorted(dead_letters)
         conn.execute(
             "INSERT INTO ops.dead_letters (group_id, topic, reason, count)"
             " SELECT %s, * FROM unnest(%s::text[], %s::text[], %s::bigint[])"
             " ON CONFLICT (group_id, topic, reason)"
             " DO UPDATE SET count = ops.dead_letters.count + excluded.count, last_at = now()",
-            (self.group_id, [t for t, _ in keys], [r for _, r in keys], [batch.dead_letters[k] for k in keys]),
+            (self.group_id, [t for t, _ in keys], [r for _, r in keys], [dead_letters[k] for k in keys]),
         )
 
     def close(self) -> None:

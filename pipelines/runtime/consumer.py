@@ -164,7 +164,6 @@ class Pipeline:
         self.name, self.group_id = name, group_id
         self.decode, self.sink = decode, sink
         self.kafka, self.settings = kafka, settings
-        self.checkpoint = Checkpoint(postgres.conninfo(), group_id, sink)
         self.consumer = Consumer(consumer_config(kafka, name, group_id, settings))
         self.dead_letters = DeadLetters(
             Producer(
@@ -177,7 +176,11 @@ class Pipeline:
             ),
             name,
         )
+        self.checkpoint = Checkpoint(postgres.conninfo(), group_id, sink, self.dead_letters)
         self.topics: tuple[str, ...] = ()
+        # Topics the sink held back (it could not apply their records), with when to read them again.
+        self.held: dict[str, float] = {}
+        self._hold_failures: dict[str, int] = {}
         # Where each assigned (topic, partition) will stand in PostgreSQL once the batches decoded so
         # far have committed (None: never committed); reset from PostgreSQL by a rewind.
         self.positions: dict[tuple[str, int], int | None] = {}
@@ -229,6 +232,8 @@ class Pipeline:
             while self.running:
                 if tick is not None:
                     tick()
+                if self.held:
+                    self._release_held()
                 if self.topics:
                     messages = self.consumer.consume(self.settings.batch_max, self.settings.batch_wait_ms / 1000)
                 else:
@@ -313,6 +318,10 @@ class Pipeline:
         self.totals["records"] += batch.consumed
         self.totals["changes"] += changed
         self.metrics.committed(batch.consumed, batch.counts, batch.dead_letters, batch.event_ms)
+        if batch.held_topics:
+            self._hold(batch.held_topics)
+        else:
+            self._hold_failures.clear()
         for tp, offset in batch.end.items():
             if tp in self.stored:
                 self.stored[tp] = offset
@@ -320,7 +329,33 @@ class Pipeline:
         offsets = [TopicPartition(t, p, o) for (t, p), o in batch.end.items() if (t, p) in self.positions]
         if offsets:
             self.consumer.commit(offsets=offsets, asynchronous=True)
+        if batch.held_topics and rewind:
+            # The held partitions were not advanced, and the batch decoded meanwhile starts where this
+            # one ended: go back to what PostgreSQL holds (that batch is dropped and read again).
+            self._rewind()
+            return False
         return True
+
+    def _hold(self, topics: set[str]) -> None:
+        """Pause the partitions of topics the sink could not apply, for a back-off that doubles."""
+        now = time.monotonic()
+        for topic in topics:
+            failures = self._hold_failures[topic] = self._hold_failures.get(topic, 0) + 1
+            delay = min(self.settings.hold_retry_s * 2 ** (failures - 1), 600.0)
+            self.held[topic] = now + delay
+            log.warning("topic held back; its offsets wait", pipeline=self.name, topic=topic, retry_in_s=delay)
+        self.consumer.pause([TopicPartition(t, p) for t, p in self.positions if t in topics])
+
+    def _release_held(self) -> None:
+        """Resume the held topics whose back-off is over (they are read again from their stored offsets)."""
+        now = time.monotonic()
+        due = {topic for topic, at in self.held.items() if at <= now}
+        if not due:
+            return
+        for topic in due:
+            del self.held[topic]
+        self.consumer.resume([TopicPartition(t, p) for t, p in self.positions if t in due])
+        log.info("held topics read again", pipeline=self.name, topics=sorted(due))
 
     def _decode(self, messages: list[Message]) -> Batch:
         # This loop runs for every message, so it does as little as it can per message: a poll holds

@@ -26,6 +26,8 @@ _QUEUE_FULL_ATTEMPTS = 30
 class DeadLetterError(StreamviewsError):
     """Dead letters could not be delivered; the batch that rejected them must not commit."""
 
+    transient = True  # Kafka's, not the batch's: the batch is retried after a back-off
+
 
 def dead_letter_topic(topic: str) -> str:
     """The dead-letter topic of a source topic: `likes` -> `likes.dlq`."""

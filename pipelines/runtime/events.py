@@ -44,6 +44,10 @@ REASONS = (
     "invalid_text",
     "ts_out_of_range",
     "duplicate_field",
+    # Found while applying, not decoding (pipelines/cv/isolation.py): a view's SQL, or the stream's
+    # own state, failed on this record alone; the detail names which and PostgreSQL's SQLSTATE.
+    "view_error",
+    "apply_error",
 )
 
 DETAIL_LIMIT = 200

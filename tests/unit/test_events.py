@@ -223,7 +223,8 @@ def test_every_reason_code_has_an_example():
     from tests.unit.test_stream_formats import REJECTIONS as STREAM_REJECTIONS
 
     # ts_out_of_range depends on the clock: test_audit_events shows it with timestamps relative to now.
-    audit_reasons = {param.values[2] for param in AUDIT_REJECTIONS} | {"ts_out_of_range"}
+    # view_error and apply_error come from applying, not decoding: tests/integration/test_isolation.py.
+    audit_reasons = {param.values[2] for param in AUDIT_REJECTIONS} | {"ts_out_of_range", "view_error", "apply_error"}
     stream_reasons = {param.values[-1] for param in STREAM_REJECTIONS}
     assert {param.values[3] for param in REJECTIONS} | stream_reasons | audit_reasons == set(REASONS)
 
