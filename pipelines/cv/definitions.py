@@ -41,7 +41,9 @@ AggregateKind = Literal["count", "count_distinct", "sum", "min", "max", "set", "
 # Aggregates that cannot forget a value: a retraction leaves them as they are.
 MONOTONIC: frozenset[str] = frozenset({"hll", "tdigest", "topk", "state"})
 DISTINCT_KINDS: frozenset[str] = frozenset({"count_distinct", "set"})
-IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]*$")
+IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")  # whole names only (fullmatch: `$` would pass a final newline)
+# C0 and C1 control characters and DEL: never in a name, a topic or an option's value.
+CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 EXPECTED = "expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ..."
@@ -383,13 +385,15 @@ def options_of(
             raise DefinitionError(f"{what}: option {item.defname} takes {takes}")
         if item.defname in options:
             raise DefinitionError(f"{what}: option {item.defname} is given twice")
+        if CONTROL_CHARACTER.search(value):
+            raise DefinitionError(f"{what}: option {item.defname} {value!r} has a control character")
         options[item.defname] = value
     return options
 
 
 def plain_identifier(name: str, what: str) -> str:
     """The name, when it is a plain lower-case identifier (what needs no quoting in SQL)."""
-    if not IDENTIFIER.match(name):
+    if not IDENTIFIER.fullmatch(name):
         raise DefinitionError(f"{what}: {name!r} is not a plain lower-case identifier")
     return name
 

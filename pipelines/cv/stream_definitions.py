@@ -4,7 +4,8 @@ How a column's type and constraints are read is in pipelines.cv.column_definitio
 
 The options of WITH (...) (quoted strings, or plain integers for the numbers):
 
-- `topic`: the Kafka topic (default: the stream's name).
+- `topic`: the Kafka topic (default: the stream's name): Kafka's legal characters [A-Za-z0-9._-], at
+  most 245 of them (its dead-letter topic `<topic>.dlq` must be a topic name too), not `.` or `..`.
 - `key`: 'a, b': the columns identifying a row; the stream is then a set (key columns are NOT NULL).
 - `format`: 'json' (default: one JSON object per record, fields named like the columns), 'csv' (one
   RFC 4180 record, fields in column order) or 'debezium' (a Debezium change event of a table with
@@ -48,6 +49,7 @@ from pipelines.cv.definitions import (
     plain_identifier,
     reject_unsupported,
 )
+from pipelines.runtime.deadletter import dead_letter_topic
 
 STREAM_OPTIONS = frozenset(
     {
@@ -70,8 +72,10 @@ FORMATS: tuple[StreamFormat, ...] = ("json", "csv", "debezium")
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are truncated, silently
 MAX_PARTITIONS = 1000
 MAX_EVENT_BYTES = 10 * 1024 * 1024
-# Kafka's own rule for topic names.
-TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+# Kafka's own rule for topic names: these characters, at most 249 of them, not "." or "..". A stream's
+# topic has 4 fewer, so that its dead-letter topic (`<topic>.dlq`) is a topic name too.
+MAX_TOPIC_NAME = 249 - len(dead_letter_topic(""))
+TOPIC_NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOPIC_NAME}}}")
 # The kinds whose value has one text form a record key can be compared with (uuid: lower case).
 KEY_KINDS = frozenset({"smallint", "integer", "bigint", "text", "varchar", "uuid"})
 
@@ -117,8 +121,11 @@ def parse_stream(node: ast.CreateStmt, text: str) -> StreamDef:
     by_name = {c.name: c for c in columns}
 
     topic = options.get("topic", name)
-    if not TOPIC_NAME.match(topic) or topic in {".", ".."}:
-        raise DefinitionError(f"{what}: topic {topic!r} is not a Kafka topic name ([A-Za-z0-9._-], 1 to 249)")
+    if not TOPIC_NAME.fullmatch(topic) or topic in {".", ".."}:
+        raise DefinitionError(
+            f"{what}: topic {topic!r} is not a Kafka topic name ([A-Za-z0-9._-], 1 to {MAX_TOPIC_NAME} characters "
+            "leaving room for .dlq, not . or ..)"
+        )
     stream_format = options.get("format", "json")
     if stream_format not in FORMATS:
         raise DefinitionError(f"{what}: format {stream_format!r} is not one of {', '.join(FORMATS)}")

@@ -27,6 +27,23 @@ def test_a_stream_without_a_key_is_append_only_and_keeps_its_definition_as_writt
 def test_a_stream_reads_the_topic_of_its_name_unless_told_otherwise():
     assert parse("CREATE STREAM page_views (url text)", {}).topic == "page_views"
     assert stream("url text", "topic = 'web.page-views.v2'").topic == "web.page-views.v2"
+    # Kafka's longest name is 249 characters; the dead-letter topic adds `.dlq`.
+    assert stream("url text", f"topic = '{'t' * 245}'").topic == "t" * 245
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        'CREATE STREAM "s\n" (a bigint)',
+        'CREATE STREAM s ("a\n" bigint)',
+        'CREATE STREAM s (a bigint CONSTRAINT "c\n" CHECK (a > 0))',
+        "CREATE STREAM s (a bigint) WITH (into = E't\\n')",
+    ],
+)
+def test_a_name_with_a_control_character_is_refused_even_at_its_end(statement):
+    # Python's `$` matches before a final newline: names are matched whole.
+    with pytest.raises(DefinitionError, match="not a plain lower-case identifier|control character"):
+        parse(statement, {})
 
 
 def test_without_options_a_stream_reads_json_rejecting_unknown_fields_up_to_64_kib():
@@ -262,6 +279,14 @@ def test_stream_options_say_how_events_are_read(options, expected):
         ("topic = 'a', topic = 'b'", "option topic is given twice"),
         ("topic = 'no spaces'", "not a Kafka topic name"),
         ("topic = '..'", "not a Kafka topic name"),
+        ("topic = '.'", "not a Kafka topic name"),
+        ("topic = ''", "not a Kafka topic name"),
+        ("topic = 'caf\u00e9'", "not a Kafka topic name"),
+        (f"topic = '{'t' * 246}'", r"1 to 245 characters leaving room for \.dlq"),
+        ("topic = E's\\n'", r"option topic 's\\n' has a control character"),
+        ("topic = E's\\t'", "has a control character"),
+        ("consumer_group = E'g\\n'", "has a control character"),
+        ("action_field = E'op\\r'", "has a control character"),
         ("format = 'avro'", "format 'avro' is not one of json, csv, debezium"),
         ("key = 'x'", "key names unknown columns"),
         ("key = 'a, a'", "key names a column twice"),
