@@ -42,7 +42,7 @@ def test_a_stream_reads_the_topic_of_its_name_unless_told_otherwise():
 )
 def test_a_name_with_a_control_character_is_refused_even_at_its_end(statement):
     # Python's `$` matches before a final newline: names are matched whole.
-    with pytest.raises(DefinitionError, match="not a plain lower-case identifier|control character"):
+    with pytest.raises(DefinitionError, match=r"not a plain lower-case identifier|control character"):
         parse(statement, {})
 
 
