@@ -412,3 +412,60 @@ def test_an_unsupported_view_shape_is_rejected_naming_it(view, query, match):
 def test_count_and_set_views_over_a_key_are_aggregated_from_transitions_alone(view, streams, query, from_transitions):
     parsed = view(query)
     assert compiler.counts_from_transitions(parsed, streams[parsed.stream]) is from_transitions
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        ("topk_agg(uid, 0)", "k a positive integer constant"),
+        ("topk_agg(uid, -3)", "k a positive integer constant"),
+        ("topk_agg(uid, 1001)", "k is at most 1000"),
+        ("topk_agg(uid, 300000000)", "k is at most 1000"),
+        ("topk_agg(uid, 3000000000)", "k a positive integer constant"),
+        ("percentile_cont(1.5) WITHIN GROUP (ORDER BY amount)", "between 0 and 1"),
+        ("percentile_cont(-0.1) WITHIN GROUP (ORDER BY amount)", "between 0 and 1"),
+        ("percentile_cont(ARRAY[0.5, 2]) WITHIN GROUP (ORDER BY amount)", "between 0 and 1"),
+        ("percentile_cont('{0.5,1.01}'::float8[]) WITHIN GROUP (ORDER BY amount)", "between 0 and 1"),
+        ("percentile_cont('NaN'::float8) WITHIN GROUP (ORDER BY amount)", "between 0 and 1"),
+        ("percentile_cont(NULL) WITHIN GROUP (ORDER BY amount)", "between 0 and 1"),
+        ("percentile_cont(ARRAY[]::float8[]) WITHIN GROUP (ORDER BY amount)", "between 0 and 1"),
+        ("percentile_cont(uid) WITHIN GROUP (ORDER BY amount)", "a constant between 0 and 1"),
+    ],
+)
+def test_an_aggregates_parameters_are_checked_when_the_view_is_defined_not_at_its_first_event(view, call, match):
+    with pytest.raises(DefinitionError, match=match) as caught:
+        view(f"SELECT oid, {call} AS a FROM clicks GROUP BY oid")
+    assert str(caught.value).startswith("continuous view t.v: ")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        "topk_agg(uid, 1)",
+        "topk_agg(uid, 1000)",
+        "percentile_cont(0) WITHIN GROUP (ORDER BY amount)",
+        "percentile_cont(1) WITHIN GROUP (ORDER BY amount)",
+        "percentile_cont('0.5'::float8) WITHIN GROUP (ORDER BY amount)",
+        "percentile_cont(ARRAY[0.1, 0.5, 0.99]) WITHIN GROUP (ORDER BY amount)",
+        "percentile_cont('{0.1,0.9}'::float8[]) WITHIN GROUP (ORDER BY amount)",
+    ],
+)
+def test_parameters_within_their_limits_are_accepted(view, call):
+    assert view(f"SELECT oid, {call} AS a FROM clicks GROUP BY oid").calls
+
+
+@pytest.mark.parametrize(
+    ("statement", "match"),
+    [
+        ('CREATE CONTINUOUS VIEW t."v\n" AS SELECT oid, count(*) AS n FROM clicks GROUP BY oid', "plain lower-case"),
+        ('CREATE CONTINUOUS VIEW "t\n".v AS SELECT oid, count(*) AS n FROM clicks GROUP BY oid', "plain lower-case"),
+        ('CREATE CONTINUOUS VIEW t.v AS SELECT oid, count(*) AS "n\n" FROM clicks GROUP BY oid', "plain lower-case"),
+        (
+            "CREATE CONTINUOUS VIEW t.v WITH (ttl = E'1 day\\n') AS SELECT oid, count(*) AS n FROM clicks GROUP BY oid",
+            "control character",
+        ),
+    ],
+)
+def test_a_name_or_option_with_a_control_character_is_refused(streams, statement, match):
+    with pytest.raises(DefinitionError, match=match):
+        parse(statement, streams)

@@ -14,8 +14,8 @@ the stored values, given the call's result type as PostgreSQL resolves it.
 | corr, covar_*, regr_* (y, x)             | n, sums of x, y, x*x, y*y, x*y, in numeric  | yes   |
 | bool_and / every / bool_or               | count(x), count(x) FILTER (WHERE x)         | yes   |
 | approx_count_distinct(x)                 | a HyperLogLog sketch                        | ~     |
-| percentile_cont(p or array) WITHIN GROUP | a t-digest (extension tdigest)              | ~     |
-| topk_agg(x, k)                           | a mergeable Misra-Gries summary             | ~     |
+| percentile_cont(p or array) WITHIN GROUP | a t-digest (extension tdigest), 0 <= p <= 1 | ~     |
+| topk_agg(x, k), 1 <= k <= 1000           | a mergeable Misra-Gries summary             | ~     |
 | any aggregate with a combine function    | its transition state (pg_aggregate)         | yes   |
 
 Sums of powers are kept in numeric, so variances and regressions equal PostgreSQL's own up to the
@@ -28,7 +28,7 @@ count(DISTINCT x) is kept as a HyperLogLog sketch (an exact distinct count canno
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from pglast import ast
@@ -44,6 +44,10 @@ TDIGEST_COMPRESSION = 100
 # How many values a top-K summary keeps per k asked for; cv.topk_capacity() in SQL is the same rule.
 TOPK_MIN_CAPACITY = 100
 TOPK_CAPACITY_PER_K = 10
+# The largest k: a summary then keeps 10,000 counts (about 320 KB of jsonb per group), and adding a
+# batch to a full one takes about 0.1 s per group; at k = 10,000 it is 3.5 MB and 1.5 s. (PipelineDB's
+# FSS kept k in 16 bits, at most 65,535.)
+TOPK_MAX_K = 1000
 
 
 def topk_capacity(k: int) -> int:
@@ -317,8 +321,11 @@ def _within_group(name: str, call: ast.FuncCall, where: str | None, label: str, 
     if order[0].sortby_dir != 0 or order[0].sortby_nulls != 0:
         raise DefinitionError(f"{what}: {label}: ASC/DESC and NULLS FIRST/LAST are not supported here")
     fraction = args[0]
-    if not _is_constant(fraction):
-        raise DefinitionError(f"{what}: {label}: the fraction must be a constant (or an ARRAY of constants)")
+    fractions = _fractions(fraction) if _is_constant(fraction) else None
+    if not fractions or not all(0 <= f <= 1 for f in fractions):  # NaN compares false: refused too
+        raise DefinitionError(
+            f"{what}: {label}: the fraction must be a constant between 0 and 1 (or an ARRAY of such constants)"
+        )
     is_array = isinstance(fraction, ast.A_ArrayExpr) or (
         isinstance(fraction, ast.TypeCast) and bool(fraction.typeName.arrayBounds)
     )
@@ -338,11 +345,47 @@ def _within_group(name: str, call: ast.FuncCall, where: str | None, label: str, 
 def _topk(call: ast.FuncCall, args: tuple[str, ...], where: str | None, label: str, what: str) -> Translation:
     k_node = (call.args or (None, None))[1] if len(args) == 2 else None
     if not (isinstance(k_node, ast.A_Const) and isinstance(k_node.val, ast.Integer) and k_node.val.ival > 0):
-        raise DefinitionError(f"{what}: {label}: topk_agg(x, k) with k a positive integer constant")
+        raise DefinitionError(
+            f"{what}: {label}: topk_agg(x, k) with k a positive integer constant (at most {TOPK_MAX_K})"
+        )
+    if k_node.val.ival > TOPK_MAX_K:
+        raise DefinitionError(
+            f"{what}: {label}: k is at most {TOPK_MAX_K} (a summary keeps {TOPK_CAPACITY_PER_K} counts per k)"
+        )
     k = k_node.val.ival
     capacity = str(topk_capacity(k))
     stored = Stored("topk", args[0], where, (capacity,))
     return Translation("topk_agg", (stored,), lambda refs, _t: f"cv.topk_top({refs[0]}, {k})", False)
+
+
+def _fractions(node: ast.Node, *, in_array: bool = False) -> list[float] | None:
+    """The numbers a constant fraction (or array of fractions) stands for; None when it is not such a constant.
+
+    Read here rather than by PostgreSQL so that a fraction outside [0, 1] is refused when the view is
+    defined: PostgreSQL itself would only fail each read of the view.
+    """
+    if isinstance(node, ast.TypeCast):
+        if node.typeName.arrayBounds and isinstance(node.arg, ast.A_Const) and isinstance(node.arg.val, ast.String):
+            text = node.arg.val.sval.strip()  # an array literal: '{0.5, 0.9}'
+            if not (text.startswith("{") and text.endswith("}")) or "{" in text[1:-1]:
+                return None
+            return _numbers(part.strip() for part in text[1:-1].split(","))
+        return _fractions(node.arg, in_array=in_array)
+    if isinstance(node, ast.A_ArrayExpr) and not in_array:
+        values = [_fractions(e, in_array=True) for e in node.elements or ()]
+        return None if any(v is None for v in values) else [f for v in values for f in v or ()]
+    if isinstance(node, ast.A_Const) and not node.isnull:
+        value = node.val
+        text = str(value.ival) if isinstance(value, ast.Integer) else getattr(value, "fval", None)
+        return _numbers([getattr(value, "sval", None) if text is None else text])
+    return None
+
+
+def _numbers(texts: Iterable[str | None]) -> list[float] | None:
+    try:
+        return [float(t) for t in texts]
+    except (TypeError, ValueError):
+        return None
 
 
 def _is_constant(node: ast.Node) -> bool:
