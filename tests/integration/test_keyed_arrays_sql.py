@@ -1,9 +1,10 @@
 """streamviews.keyed_arrays_intersection (pgext/keyed_arrays.c): two keyed reads and their intersection.
 
 The C function behind friends_who_like reads one row of each relation by key, with PostgreSQL's own
-rules: the caller needs SELECT on what it names, a view's owner on the table beneath, and what it
-cannot read as a query would (a view with conditions, row-level security, inheritance children) it
-refuses with one line.
+rules for `SELECT column FROM relation WHERE key = ...`: the caller needs SELECT on what it names (or
+on both columns), a view's owner on the table beneath (the caller, when the view is security_invoker),
+and what it cannot read as a query would (a view with conditions or without the key, row-level
+security, inheritance children) it refuses with one line.
 Each test works in a schema of its own, as the owner, in a transaction that is rolled back.
 """
 
@@ -103,6 +104,51 @@ def test_a_views_owner_needs_select_on_its_table(db):
         intersection(db, 1, 2)
 
 
+def test_a_security_invoker_view_checks_its_table_as_the_caller(db):
+    store(db, 1, [1], 2, [1])
+    conn, schema = db
+    s = sql.Identifier(schema)
+    conn.execute("SET LOCAL ROLE sv_reader")
+    assert intersection(db, 1, 2) == [1]  # the owner's rights on the table; resolved and kept
+    conn.execute("RESET ROLE")
+    conn.execute(sql.SQL("ALTER VIEW {}.object_likes SET (security_invoker = true)").format(s))
+    conn.execute("SET LOCAL ROLE sv_reader")
+    for read in (
+        lambda: intersection(db, 1, 2),
+        lambda: conn.execute(sql.SQL("SELECT fans FROM {}.object_likes WHERE oid = 1").format(s)),
+    ):
+        denied = pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied for table likes")
+        with denied, conn.transaction():
+            read()
+    conn.execute("RESET ROLE")
+    conn.execute(sql.SQL("GRANT SELECT ON {}.likes TO sv_reader").format(s))
+    conn.execute(sql.SQL("REVOKE SELECT ON {}.likes FROM sv_owner").format(s))  # the owner's rights no longer matter
+    conn.execute("SET LOCAL ROLE sv_reader")
+    assert intersection(db, 1, 2) == [1]
+
+
+def test_select_on_the_key_and_the_array_columns_is_enough_and_needed(db):
+    store(db, 1, [1], 2, [1])
+    conn, schema = db
+    s = sql.Identifier(schema)
+    conn.execute(sql.SQL("GRANT SELECT (oid, likers) ON {}.likes TO sv_reader").format(s))
+    conn.execute(sql.SQL("GRANT SELECT (following) ON {}.follows TO sv_reader").format(s))
+    conn.execute("SET LOCAL ROLE sv_reader")
+    assert intersection(db, 1, 2, right="user_following", left="likes") == [1]
+    denied = pytest.raises(psycopg.errors.InsufficientPrivilege, match="permission denied for table follows")
+    with denied, conn.transaction():
+        intersection(db, 1, 2, left="likes", right="follows")  # SELECT on following, not on uid
+
+
+def test_a_view_must_show_the_key_it_is_read_by(db):
+    store(db, 1, [1], 2, [1])
+    conn, schema = db
+    s = sql.Identifier(schema)
+    conn.execute(sql.SQL("CREATE VIEW {}.keyless AS SELECT likers FROM {}.likes").format(s, s))
+    with pytest.raises(psycopg.errors.FeatureNotSupported, match='does not show its table\'s key column "oid"'):
+        intersection(db, 1, 2, left="keyless")
+
+
 def test_what_a_plain_read_cannot_honour_is_refused_in_one_line(db):
     conn, schema = db
     s = sql.Identifier(schema)
@@ -112,6 +158,7 @@ def test_what_a_plain_read_cannot_honour_is_refused_in_one_line(db):
         "CREATE TABLE {s}.unkeyed (oid bigint, likers bigint[])",
         "CREATE TABLE {s}.secured (oid bigint PRIMARY KEY, likers bigint[])",
         "ALTER TABLE {s}.secured ENABLE ROW LEVEL SECURITY",
+        "CREATE VIEW {s}.secured_view WITH (security_invoker = true) AS SELECT oid, likers FROM {s}.secured",
         "CREATE TABLE {s}.parent (oid bigint PRIMARY KEY, likers bigint[])",
         "CREATE TABLE {s}.child () INHERITS ({s}.parent)",
     ]:
@@ -121,6 +168,7 @@ def test_what_a_plain_read_cannot_honour_is_refused_in_one_line(db):
         "computed": 'column "likers" of view "computed" is not a column of its table',
         "unkeyed": "has no unique index on one bigint column",
         "secured": "has row-level security",
+        "secured_view": 'table "secured" has row-level security',
         "parent": "has inheritance children",
     }
     for relation, message in refused.items():
