@@ -100,7 +100,7 @@ class ViewSink:
         """Delete time buckets past retention, stop reads that lifted their timeouts, retry quarantined views.
 
         The second duty sits here because the runner is the one service always running against the
-        views' database: see migration 0014 for why PostgreSQL needs the help.
+        views' database: see migrations 0014 and 0016 for why PostgreSQL needs the help.
         """
         for pid, action, running in conn.execute("SELECT * FROM ops.stop_overrunning_reads()").fetchall():
             log.warning("stopped an overrunning read", pid=pid, action=action, seconds=round(running.total_seconds()))

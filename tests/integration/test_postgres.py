@@ -183,28 +183,40 @@ def test_database_setup_is_idempotent(stack, pg, secrets_dir):
         assert apply_migrations(conn, app_migrations) == []
 
 
-def test_a_reader_that_lifts_its_statement_timeout_is_cancelled_by_the_watchdog(pg):
-    """The role's 10 s is only a default; ops.stop_overrunning_reads (called by the runner) is the bound."""
-    failures: list[BaseException] = []
+def stopped_by_watchdog(writer: psycopg.Connection, pid: int, *bounds: str) -> list[str]:
+    """What ops.stop_overrunning_reads(*bounds) did to session `pid` (it may meet other tests' readers too)."""
+    arguments = ", ".join(["%s::interval"] * len(bounds))
+    rows = writer.execute(f"SELECT pid, action FROM ops.stop_overrunning_reads({arguments})", bounds).fetchall()
+    return [action for stopped, action in rows if stopped == pid]
+
+
+def read_in_a_thread(reader: psycopg.Connection, failures: list[BaseException]) -> threading.Thread:
+    """`SELECT pg_sleep(600)` on `reader` in a thread, its error appended to `failures`."""
 
     def long_read() -> None:
-        with pg("sv_reader", autocommit=True) as reader:
-            reader.execute("SET statement_timeout = 0")
-            try:
-                reader.execute("SELECT pg_sleep(600)")
-            except psycopg.Error as e:
-                failures.append(e)
+        try:
+            reader.execute("SELECT pg_sleep(600)")
+        except psycopg.Error as e:
+            failures.append(e)
 
     thread = threading.Thread(target=long_read, daemon=True)
     thread.start()
-    with pg("sv_writer", autocommit=True) as writer:
+    return thread
+
+
+def test_a_reader_that_lifts_its_statement_timeout_is_cancelled_by_the_watchdog(pg):
+    """The role's 10 s is only a default; ops.stop_overrunning_reads (called by the runner) is the bound."""
+    failures: list[BaseException] = []
+    with pg("sv_reader", autocommit=True) as reader, pg("sv_writer", autocommit=True) as writer:
+        reader.execute("SET statement_timeout = 0")
+        thread = read_in_a_thread(reader, failures)
         stopped = wait_for(
-            lambda: writer.execute("SELECT action FROM ops.stop_overrunning_reads('1 second')").fetchall(),
+            lambda: stopped_by_watchdog(writer, reader.info.backend_pid, "1 second"),
             timeout=30,
             what="the watchdog to meet the long read",
         )
-    thread.join(30)
-    assert stopped == [("cancelled",)]
+        thread.join(30)
+    assert stopped == ["cancelled"]
     assert [type(e) for e in failures] == [errors.QueryCanceled]
 
 
@@ -214,15 +226,52 @@ def test_a_reader_idle_in_a_transaction_past_the_bound_is_disconnected(pg):
         reader.execute("SELECT 1")  # the transaction stays open, holding its snapshot
         with pg("sv_writer", autocommit=True) as writer:
             stopped = wait_for(
-                lambda: writer.execute(
-                    "SELECT action FROM ops.stop_overrunning_reads('1 hour', '1 second')"
-                ).fetchall(),
+                lambda: stopped_by_watchdog(writer, reader.info.backend_pid, "1 hour", "1 second"),
                 timeout=30,
                 what="the watchdog to meet the idle transaction",
             )
-        assert stopped == [("terminated",)]
+        assert stopped == ["terminated"]
         with pytest.raises(psycopg.OperationalError):
             reader.execute("SELECT 1")
+
+
+def test_a_repeatable_read_reader_that_never_idles_long_is_ended_by_its_transactions_age(pg):
+    """A snapshot held by a reader that runs `SELECT 1` now and then escapes the statement and idle bounds."""
+    with pg("sv_reader") as reader, pg("sv_writer", autocommit=True) as writer:
+        reader.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+
+        def keep_busy_then_watch() -> list[str]:
+            reader.execute("SELECT 1")  # idle for moments only, and never a long statement
+            return stopped_by_watchdog(writer, reader.info.backend_pid, "1 hour", "1 second", "2 seconds")
+
+        stopped = wait_for(keep_busy_then_watch, timeout=30, what="the watchdog to meet the old transaction")
+        assert stopped == ["terminated old transaction"]
+        with pytest.raises(psycopg.OperationalError):
+            reader.execute("SELECT 1")
+
+
+def test_a_reader_transaction_past_the_bound_is_ended_while_a_statement_runs_in_it(pg):
+    failures: list[BaseException] = []
+    with pg("sv_reader") as reader, pg("sv_writer", autocommit=True) as writer:
+        reader.execute("SET statement_timeout = 0")  # opens the transaction the read runs in
+        thread = read_in_a_thread(reader, failures)
+        stopped = wait_for(
+            lambda: stopped_by_watchdog(writer, reader.info.backend_pid, "1 hour", "1 hour", "1 second"),
+            timeout=30,
+            what="the watchdog to meet the long transaction",
+        )
+        thread.join(30)
+    assert stopped == ["terminated old transaction"]
+    assert [type(e) for e in failures] == [errors.AdminShutdown]
+
+
+def test_the_runners_watchdog_bounds_default_to_30_s_5_min_and_10_min(pg):
+    with pg("sv_owner") as conn:
+        arguments = conn.execute("SELECT pg_get_function_arguments('ops.stop_overrunning_reads'::regproc)").fetchone()
+    assert arguments == (
+        "max_statement interval DEFAULT '00:00:30'::interval, max_idle interval DEFAULT '00:05:00'::interval,"
+        " max_transaction interval DEFAULT '00:10:00'::interval",
+    )
 
 
 def test_only_the_pipelines_may_call_the_watchdog(pg):
