@@ -159,6 +159,27 @@ BEGIN
 END
 $$;
 
+-- audit.check_pattern: a search's regex, or an error if it holds a back-reference (\1 to \9, or
+-- \k<name>, which PostgreSQL does not have). A back-reference takes the regex engine off its
+-- automaton onto backtracking: `(.*)(.*)\2\1 $` spends half a second on one 512-character content,
+-- and a user's day of rows runs to the statement timeout. Refused up front instead, in one line, as
+-- invalid_regular_expression (2201B). Conservative: a backslash-digit escape inside brackets is
+-- refused too; a pattern that opens with ***= is a literal string and passes.
+CREATE OR REPLACE FUNCTION audit.check_pattern(pattern text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    reference text := substring(pattern FROM '(?:^|[^\\])(?:\\\\)*(\\(?:[1-9]|k))');
+BEGIN
+    IF reference IS NOT NULL AND left(pattern, 4) <> '***=' THEN
+        RAISE EXCEPTION 'audit: pattern "%" has a back-reference (%), which the regex engine cannot bound; search without it',
+            replace(pattern, E'\n', ' '), reference
+            USING ERRCODE = 'invalid_regular_expression';
+    END IF;
+    RETURN pattern;
+END
+$$;
+
 -- audit.user_events_filter: the WHERE clause user_events, user_events_estimate and user_events_count
 -- share, over parameters $1 user_id, $2 since, $3 until, $4 contains, $5 pattern. (EXECUTE ... USING
 -- plans with the values, so the NULL tests fold away and the estimate sees the same predicate.)
@@ -171,10 +192,11 @@ SELECT ' WHERE e.uid = $1 AND e.ts >= $2 AND e.ts < $3'
 $$;
 
 -- audit.user_events: a user's (user_id) audit rows in [since, until), ordered by ts, one page at a time.
--- `contains` is a case-insensitive substring, `pattern` a case-insensitive POSIX regex; either may
--- be NULL. Paging is keyset: pass the `next_cursor` of a page's last row as `after` to get the next
--- page; rows are ordered by (ts, table, ctid), a total order, so pages neither overlap nor skip
--- rows, however many share a timestamp.
+-- `contains` is a case-insensitive substring, `pattern` a case-insensitive POSIX regex without
+-- back-references (audit.check_pattern); either may be NULL. Paging is keyset: pass the
+-- `next_cursor` of a page's last row as `after` to get the next page; rows are ordered by (ts,
+-- table, ctid), a total order, so pages neither overlap nor skip rows, however many share a
+-- timestamp.
 CREATE OR REPLACE FUNCTION audit.user_events(
     user_id bigint,
     since timestamptz,
@@ -211,7 +233,7 @@ BEGIN
         '   AND ($6::timestamptz IS NULL OR (e.ts >= $6 AND (e.ts, e.tableoid, e.ctid) > ($6, $7, $8)))'
         ' ORDER BY e.ts, e.tableoid, e.ctid'
         ' LIMIT $9', audit.check_log_schema(log_schema), audit.user_events_filter())
-        USING user_id, since, until, contains, pattern, after_ts, after_table, after_ctid, page_size;
+        USING user_id, since, until, contains, audit.check_pattern(pattern), after_ts, after_table, after_ctid, page_size;
 END
 $$;
 
@@ -232,7 +254,7 @@ DECLARE
 BEGIN
     EXECUTE format('EXPLAIN (FORMAT JSON) SELECT 1 FROM %I.events e %s',
         audit.check_log_schema(log_schema), audit.user_events_filter())
-        INTO plan USING user_id, since, until, contains, pattern;
+        INTO plan USING user_id, since, until, contains, audit.check_pattern(pattern);
     RETURN (plan -> 0 -> 'Plan' ->> 'Plan Rows')::numeric::bigint;
 END
 $$;
@@ -253,7 +275,7 @@ DECLARE
 BEGIN
     EXECUTE format(
         'SELECT count(*) FROM %I.events e %s', audit.check_log_schema(log_schema), audit.user_events_filter())
-        INTO n USING user_id, since, until, contains, pattern;
+        INTO n USING user_id, since, until, contains, audit.check_pattern(pattern);
     RETURN n;
 END
 $$;
