@@ -7,7 +7,6 @@ from decimal import Decimal
 from uuid import UUID
 
 import pytest
-from psycopg.types.json import Jsonb
 
 from pipelines.cv.arrays import array_literal, ops_literal
 
@@ -23,7 +22,7 @@ from pipelines.cv.arrays import array_literal, ops_literal
         ([datetime(2026, 11, 23, 10, 0, 0, 123000, tzinfo=UTC)], "timestamptz", "{2026-11-23T10:00:00.123000+00:00}"),
         ([date(2026, 11, 23)], "date", "{2026-11-23}"),
         ([UUID("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")], "uuid", "{0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0}"),
-        ([Jsonb({"a": [1, "x"]})], "jsonb", '{"{\\"a\\":[1,\\"x\\"]}"}'),
+        (['{"a": [1, "x"]}', "0.1000000000000000055"], "jsonb", '{"{\\"a\\": [1, \\"x\\"]}","0.1000000000000000055"}'),
         ([], "text", "{}"),
     ],
 )

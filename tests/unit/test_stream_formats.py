@@ -108,7 +108,7 @@ def test_csv_fields_of_each_type_are_rejected_with_the_json_reasons(declared, te
 
 
 def test_a_csv_jsonb_field_is_json_text():
-    assert one(decoder("a jsonb", "format = 'csv'"), b'"{""k"": [1, 2]}"').obj == {"k": [1, 2]}
+    assert one(decoder("a jsonb", "format = 'csv'"), b'"{""k"": [1, 2.50]}"') == '{"k": [1, 2.50]}'
 
 
 def test_extra_csv_fields_can_be_ignored():

@@ -14,10 +14,8 @@ from typing import Any
 import pglast
 from pglast import ast
 from pglast.enums import SQLValueFunctionOp
-from psycopg.types.json import Jsonb
 
 from pipelines.cv.decoding.expressions import EvalError, ExpressionCompiler
-from pipelines.cv.decoding.values import as_written
 from pipelines.cv.definitions import Check, Column, DefinitionError
 from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent
 
@@ -58,8 +56,6 @@ def _sql_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, int | float | Decimal):
         return str(value)
-    if isinstance(value, Jsonb):
-        return as_written(value.obj)
     if isinstance(value, datetime | date):
         return f"'{value.isoformat()}'"
     return "'" + str(value)[:DETAIL_LIMIT].replace("'", "''") + "'"

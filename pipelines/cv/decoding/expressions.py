@@ -15,11 +15,9 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-import msgspec
 from pglast import ast
 from pglast.enums import A_Expr_Kind, BoolExprType, NullTestType
 from pglast.stream import RawStream
-from psycopg.types.json import Jsonb
 
 from pipelines.cv.column_definitions import resolve_type
 from pipelines.cv.decoding.values import EXACT, INT_RANGES, INTEGER, json_converter, text_converter
@@ -334,8 +332,6 @@ def _column_of(expr: Expr) -> Column:
 def _constant_text(value: Any) -> str:
     if type(value) is bool:
         return "true" if value else "false"
-    if isinstance(value, Jsonb):
-        return msgspec.json.encode(value.obj).decode()
     if isinstance(value, datetime | date):
         return value.isoformat()
     return repr(value) if type(value) is float else str(value)

@@ -1,14 +1,21 @@
-"""decode_batch's fast path for json streams: msgspec decodes, whole columns are checked at once.
+r"""decode_batch's fast path for json streams: msgspec decodes, whole columns are checked at once.
 
 msgspec decodes each record into a Struct generated for the stream (strict types; CHECKs of the form
 `column <op> integer` become msgspec constraints), then whole columns are finished and checked with
 list comprehensions. When a step fails, only that step is redone record by record to find which
 records failed, and the reference decoder (StreamDecoder.decode) explains those: a bad record costs
 its own reference decoding, not its batch's speed.
+
+Where msgspec's reading is not enough, cheap tests over a whole column pick the records the
+reference must look at: a record that may nest too deep (more brackets than json_text.MAX_DEPTH),
+a double or real read as zero from a record that may write a number too small for it, jsonb text
+that may hold `\u0000` or a number beyond numeric's range. They err toward the reference, which
+decides.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -20,7 +27,8 @@ import msgspec
 
 from pipelines.cv.decoding.checks import CompiledCheck
 from pipelines.cv.decoding.fields import Field
-from pipelines.cv.decoding.values import ANY_JSON, INT_RANGES, INTEGER, NUMBER, as_real
+from pipelines.cv.decoding.json_text import MAX_DEPTH, SUSPECT_NUMBER, too_deep
+from pipelines.cv.decoding.values import INT_RANGES, NUMBER, as_real
 from pipelines.cv.definitions import StreamDef
 from pipelines.runtime.events import INSERT, InvalidEvent, from_epoch_ms, quoted_names, repeat_suspects
 
@@ -28,6 +36,11 @@ if TYPE_CHECKING:
     from pipelines.cv.decoding.stream_decoder import RecordLike
 
 _UNSET = msgspec.UNSET
+_RAW = msgspec.Raw
+# A number a double or real cannot hold but as zero, in some field of the record: a negative
+# exponent of three digits or more, or 200 zeros after a decimal point (with an exponent of two
+# digits at most, fewer leave the number within double's range).
+_MAY_UNDERFLOW = re.compile(rb"[eE]-0*[1-9][0-9]{2}|\.0{200}")
 # A column kind's JSON values, as the quote count of `FastJson._repeated` sees them.
 _QUOTE_KINDS = {
     "text": "str",
@@ -84,6 +97,9 @@ class FastJson:
         self.fields = fields
         self.limit = stream.max_event_bytes
         self.check_utf8 = stream.unknown_fields == "ignore"  # msgspec skips unknown fields unread
+        # Whether msgspec may read a record nested deeper than MAX_DEPTH: in a jsonb column or an
+        # ignored field (a column of another type fails at its first bracket).
+        self.nests = self.check_utf8 or any(f.kind == "jsonb" for f in fields)
         types: list[tuple[Any, ...]] = []
         rename = {}
         for f in self.fields:
@@ -140,6 +156,8 @@ class FastJson:
             unreadable = True
         if unreadable or (self.check_utf8 and not all(map(bytes.isascii, values))):
             values = [v if self._readable(v) else b"!" for v in values]  # b"!": parsing fails at once
+        if self.nests and max(map(len, values), default=0) > MAX_DEPTH:
+            values = [b"!" if too_deep(v) else v for v in values]
         bad: set[int] = set()  # positions of the records the reference must see
         events: list[Any] = []
         remaining = iter(values)
@@ -156,7 +174,7 @@ class FastJson:
         raws = [list(map(get, events)) for get in self.watched_getters]
         bad.update(self._repeated(values, raws, bad))
         fields = zip(self.fields, raws[: len(self.fields)], self.converters, strict=True)  # raws[-1]: the action
-        columns = [self._column(f, raw, convert, records, bad) for f, raw, convert in fields]
+        columns = [self._column(f, raw, convert, records, values, bad) for f, raw, convert in fields]
         for check in self.checks:
             args = [columns[i] for i in check.columns]
             try:
@@ -222,9 +240,15 @@ class FastJson:
         column: list[Any],
         convert: Callable[[Any], Any] | None,
         records: Sequence[RecordLike],
+        values: list[bytes],
         bad: set[int],
     ) -> list[Any]:
         """A column from its values as msgspec read them (`column`, changed in place or replaced)."""
+        if f.kind == "jsonb":
+            column = _jsonb_column(column, not f.not_null, bad)
+        elif f.kind in ("double", "real") and 0.0 in column:
+            # Zero, or a number too small for the type that msgspec rounded to zero: the reference tells.
+            bad.update(p for p, v in enumerate(column) if v == 0.0 and _MAY_UNDERFLOW.search(values[p]))
         if convert is not None:
             try:
                 column = [v if v is None or v is _UNSET else convert(v) for v in column]
@@ -262,6 +286,42 @@ class FastJson:
         if count == len(column):
             return [times[m] for m in ms]
         return [v if m is None else times[m] for v, m in zip(column, ms, strict=True)]
+
+
+def _jsonb_column(column: list[Any], nullable: bool, bad: set[int]) -> list[Any]:
+    r"""A jsonb column's values as their JSON text (msgspec.Raw as read), null as None.
+
+    Valid JSON (msgspec read it), but not checked for UTF-8, and with a `\u0000` or a number
+    numeric cannot hold left to the reference (see json_text.jsonb_rejection), which the whole
+    column is searched for at once.
+    """
+    if not column:
+        return column
+    raws = [v if type(v) is _RAW else b"null" for v in column]  # None: a record msgspec could not read
+    try:
+        joined = b"\x00".join(raws).decode()  # JSON text holds no NUL byte: a safe separator
+        texts = joined.split("\x00")
+    except UnicodeDecodeError:
+        joined, texts = "", []
+        for p, raw in enumerate(raws):
+            try:
+                texts.append(bytes(raw).decode())
+            except UnicodeDecodeError:
+                bad.add(p)
+                texts.append("null")
+        joined = "\x00".join(texts)
+    if "\\u0000" in joined or SUSPECT_NUMBER.search(joined):
+        bad.update(p for p, t in enumerate(texts) if "\\u0000" in t or SUSPECT_NUMBER.search(t))
+    if "null" in texts:
+        for p, t in enumerate(texts):
+            if t == "null":
+                if type(column[p]) is not _RAW:
+                    texts[p] = column[p]  # absent (a DEFAULT fills it in), or unread
+                elif nullable:
+                    texts[p] = None
+                else:
+                    bad.add(p)  # the reference says why
+    return texts
 
 
 def _each(fn: Callable[..., Any], items: list[Any], bad: set[int], star: bool = False) -> list[Any]:
@@ -312,7 +372,7 @@ def _fast_converter(f: Field) -> Callable[[Any], Any] | None:
     if kind in INT_RANGES or kind in ("boolean", "double", "text", "varchar"):
         return None  # msgspec checked it all (text: but NUL, checked for the whole column)
     if kind == "real":
-        return as_real
+        return as_real  # ValueError halfway between two reals: the reference rounds the number itself
     if kind == "numeric":
         nullable = not f.not_null
 
@@ -322,17 +382,9 @@ def _fast_converter(f: Field) -> Callable[[Any], Any] | None:
                 return None
             if not NUMBER.fullmatch(text):
                 raise _Fallback  # not a number: the reference names the type
-            return convert(int(text) if INTEGER.fullmatch(text) else Decimal(text))
+            return convert(Decimal(text))  # an integer too: exact, of any length
 
         return numeric
     if kind == "jsonb":
-        nullable = not f.not_null
-
-        def jsonb(raw: msgspec.Raw) -> Any:
-            value = ANY_JSON.decode(raw)
-            if value is None and not nullable:
-                raise _Fallback
-            return None if value is None else convert(value)
-
-        return jsonb
+        return None  # see _jsonb_column
     return convert

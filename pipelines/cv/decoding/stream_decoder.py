@@ -29,10 +29,14 @@ Formats:
   null value (tombstone) carries nothing. A delete's row image holds only the table's primary key:
   there, a NOT NULL column may be absent or null (NULL), and the `timestamp_column` takes the commit
   time `source.ts_ms` (also for an insert without it) before the record timestamp.
+
+Every format: an event nested deeper than 500 levels is `out_of_range`, and a jsonb value is the
+JSON text as written (pipelines.cv.decoding.json_text).
 """
 
 from __future__ import annotations
 
+import json
 import operator
 import re
 from collections.abc import Callable, Sequence
@@ -44,9 +48,10 @@ import msgspec
 from pipelines.cv.decoding.checks import compile_check, enforce
 from pipelines.cv.decoding.fast_json import FastJson
 from pipelines.cv.decoding.fields import Field
-from pipelines.cv.decoding.values import ANY_JSON, as_written
+from pipelines.cv.decoding.json_text import RAW_OBJECT, check_depth, load_json, surrogate_rejection
+from pipelines.cv.decoding.values import as_written
 from pipelines.cv.definitions import DefinitionError, StreamDef
-from pipelines.runtime.events import DELETE, INSERT, InvalidEvent, RepeatedFields
+from pipelines.runtime.events import DELETE, INSERT, InvalidEvent, may_repeat, quoted_names
 
 DEBEZIUM_OPS = {"c": INSERT, "r": INSERT, "u": INSERT, "d": DELETE}
 
@@ -116,8 +121,10 @@ class StreamDecoder:
         self._table_checks = tuple(compile_check(c, columns, what) for c in stream.checks)
         self._allowed = frozenset(names) | ({stream.action_field} if stream.action_field else set())
         self._reject_unknown = stream.unknown_fields == "reject"
-        self._repeated = RepeatedFields(self._allowed)  # a column or the action field given twice
+        self._quoted = quoted_names(sorted(self._allowed))  # a column or the action field given twice
         self._key_index = names.index(stream.kafka_key) if stream.kafka_key else None
+        # jsonb columns keep the JSON text as written: the reference finds it in a second, unparsed read.
+        self._raw_text = any(c.kind == "jsonb" for c in stream.columns)
         self._actions = {a: INSERT for a in stream.insert_actions} | {a: DELETE for a in stream.delete_actions}
         self._fast = (
             FastJson.of(stream, self._fields, self._table_checks, self._actions, self._key_index, self._out)
@@ -158,16 +165,25 @@ class StreamDecoder:
             return INSERT, tuple(row[i] for i in self._out)
         event = _load_object(value)
         if stream.format == "debezium":
-            return self._debezium(event, record_ms)
-        self._repeated(value)
-        row = self._row(event, record_ms)
+            return self._debezium(event, value, record_ms)
+        if may_repeat(value, self._quoted):
+            _reject_repeated(value, self._allowed)
+        row = self._row(event, record_ms, texts=RAW_OBJECT.decode(value) if self._raw_text else None)
         self._check_key(key, row)
         return self._op(event), tuple(row[i] for i in self._out)
 
     def _row(
-        self, event: dict[str, Any], record_ms: Callable[[], int], commit_ms: int | None = None, deleting: bool = False
+        self,
+        event: dict[str, Any],
+        record_ms: Callable[[], int],
+        commit_ms: int | None = None,
+        deleting: bool = False,
+        texts: dict[str, msgspec.Raw] | None = None,
     ) -> list[Any]:
-        """The row of a JSON object (an event, or a Debezium row image), every CHECK enforced."""
+        """The row of a JSON object (an event, or a Debezium row image), every CHECK enforced.
+
+        `texts`: the object's fields as JSON text, when the stream has jsonb columns (their value).
+        """
         if self._reject_unknown and not self._allowed.issuperset(event):
             unknown = ", ".join(sorted(map(repr, event.keys() - self._allowed)))
             allowed = ", ".join(sorted(self._allowed))
@@ -181,6 +197,8 @@ class StreamDecoder:
                 if f.not_null:
                     raise f.wrong_type(None)
                 value = None
+            elif texts is not None and f.kind == "jsonb":
+                value = f.from_json(bytes(texts[f.name]).decode())
             else:
                 value = f.from_json(raw)
             row.append(f.checked(value))
@@ -209,7 +227,7 @@ class StreamDecoder:
             enforce(check, tuple(row[i] for i in check.columns))
         return row
 
-    def _debezium(self, event: dict[str, Any], record_ms: Callable[[], int]) -> tuple[int, tuple]:
+    def _debezium(self, event: dict[str, Any], value: bytes, record_ms: Callable[[], int]) -> tuple[int, tuple]:
         op = DEBEZIUM_OPS.get(event.get("op")) if type(event.get("op")) is str else None
         if op is None:
             raise InvalidEvent("unknown_action", f"change op {event.get('op')!r} cannot be applied row by row")
@@ -222,7 +240,8 @@ class StreamDecoder:
         source = event.get("source")
         committed = source.get("ts_ms") if type(source) is dict else None
         commit_ms = committed if type(committed) is int else None
-        row = self._row(row_image, record_ms, commit_ms, deleting=op == DELETE)
+        texts = RAW_OBJECT.decode(RAW_OBJECT.decode(value)[image]) if self._raw_text else None
+        row = self._row(row_image, record_ms, commit_ms, deleting=op == DELETE, texts=texts)
         return op, tuple(row[i] for i in self._out)
 
     def _check_key(self, key: bytes | None, row: list[Any]) -> None:
@@ -333,13 +352,28 @@ class StreamDecoder:
 def _load_object(value: bytes) -> dict[str, Any]:
     # Not runtime.events.load_object: orjson reads integers beyond 64 bits as errors and numbers as
     # floats, where a stream needs them exact (numeric columns, out-of-range ids named as such).
+    check_depth(value, "value")  # before parsing: the parsers recurse
     try:
-        event = ANY_JSON.decode(value)
-    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as e:
-        raise InvalidEvent("malformed_json", f"value is not JSON: {e}") from None
+        event = load_json(value)
+    except msgspec.DecodeError as e:
+        raise surrogate_rejection(value, "value") or InvalidEvent("malformed_json", f"value is not JSON: {e}") from None
     if type(event) is not dict:
         raise InvalidEvent("malformed_json", f"value must be a JSON object, got {as_written(event)}")
     return event
+
+
+def _reject_repeated(value: bytes, names: frozenset[str]) -> None:
+    """Raise `duplicate_field` when the value's top-level object gives one of `names` twice (exact).
+
+    runtime.events.reject_repeated, reading numbers as text: an integer of any length is no error.
+    """
+    objects: list[list[tuple[str, Any]]] = []  # every object, innermost first: the top level comes last
+    json.loads(value, object_pairs_hook=lambda pairs: objects.append(pairs) or {}, parse_int=str, parse_float=str)
+    seen: set[str] = set()
+    for key, _ in objects[-1] if objects else ():
+        if key in seen and key in names:
+            raise InvalidEvent("duplicate_field", f"field {key!r} is given twice")
+        seen.add(key)
 
 
 def _split_csv(text: str) -> list[str | None]:

@@ -6,10 +6,16 @@ column's named CHECK if it has one; text cannot hold NUL; timestamps are RFC 333
 epoch milliseconds, as `parse_rfc3339` / `from_epoch_ms` accept them. Text (a CSV field, a constant
 in a CHECK or DEFAULT) is read as strictly as JSON: integers `-?(0|[1-9][0-9]*)`, numbers in JSON's
 grammar, `true`/`false`, jsonb as JSON text.
+
+Numbers are PostgreSQL's: a double or real rounds the number as written (a number that rounds to
+zero or beyond the type's range is `out_of_range`, as PostgreSQL's input finds it), a numeric
+keeps every digit within numeric's bounds (see json_text.numeric_text_fits). A jsonb value is its
+JSON text, as written (see json_text).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import struct
 from collections.abc import Callable
@@ -19,21 +25,32 @@ from typing import Any
 from uuid import UUID
 
 import msgspec
-from psycopg.types.json import Jsonb
 
+from pipelines.cv.decoding.json_text import (
+    ANY_JSON,
+    NUMERIC_EXPONENT_LIMIT,
+    NUMERIC_FRACTION_DIGITS,
+    NUMERIC_WHOLE_DIGITS,
+    HugeInt,
+    check_depth,
+    jsonb_rejection,
+    load_json,
+    read_integer,
+    surrogate_rejection,
+)
 from pipelines.cv.definitions import Column
 from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent, check_text, from_epoch_ms, json_text, parse_rfc3339
 
 INT_RANGES = {"smallint": (-(2**15), 2**15 - 1), "integer": (-(2**31), 2**31 - 1), "bigint": (-(2**63), 2**63 - 1)}
-# PostgreSQL's limits of an unconstrained numeric: digits before and after the decimal point.
-NUMERIC_WHOLE_DIGITS, NUMERIC_FRACTION_DIGITS = 131_072, 16_383
-# Generic JSON, numbers exact: a fraction or exponent is a Decimal of its text, an integer an int.
-ANY_JSON = msgspec.json.Decoder(float_hook=Decimal)
+__all__ = ["ANY_JSON", "HugeInt"]  # re-exported for the decoders
 EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)  # numeric + - * never rounds
 INTEGER = re.compile(r"-?(?:0|[1-9][0-9]*)")
 NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
-_FLOAT32 = struct.Struct("f")
+_FLOAT32 = struct.Struct("<f")
+_BITS32 = struct.Struct("<I")
 _INFINITY = float("inf")
+_REAL_MAX = 2.0**128 - 2.0**104
+_REAL_OVERFLOW = 2.0**128 - 2.0**103  # halfway between real's largest value and 2**128: overflows
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
@@ -59,6 +76,8 @@ def json_converter(column: Column, range_reason: str) -> tuple[str, Callable[[An
 
         def integer(value: Any) -> int:
             if type(value) is not int:
+                if type(value) is HugeInt:
+                    raise out_of_range(value, f"{kind} ({low} .. {high})")
                 raise wrong_type(name, "a JSON integer", value)
             if not low <= value <= high:
                 raise out_of_range(value, f"{kind} ({low} .. {high})")
@@ -69,7 +88,7 @@ def json_converter(column: Column, range_reason: str) -> tuple[str, Callable[[An
         fits = _numeric_fit(typmods)
 
         def numeric(value: Any) -> Decimal:
-            if type(value) is int:
+            if type(value) is int or type(value) is HugeInt:
                 value = Decimal(value)
             elif type(value) is not Decimal:
                 raise wrong_type(name, "a JSON number", value)
@@ -84,13 +103,17 @@ def json_converter(column: Column, range_reason: str) -> tuple[str, Callable[[An
         single = kind == "real"
 
         def number(value: Any) -> float:
-            if type(value) is not int and type(value) is not Decimal:
+            if type(value) is not int and type(value) is not Decimal and type(value) is not HugeInt:
                 raise wrong_type(name, "a JSON number", value)
             try:
-                result = as_real(float(value)) if single else float(value)
+                result = float(value)  # correctly rounded, as PostgreSQL's input rounds
+                if result == 0.0 and value != 0:
+                    raise OverflowError  # lost to zero: PostgreSQL's input rejects an underflow
+                if single:
+                    result = as_real(result, value)
             except OverflowError:
                 raise out_of_range(value, column.type) from None
-            if result in (float("inf"), float("-inf")):
+            if result in (_INFINITY, -_INFINITY):
                 raise out_of_range(value, column.type)
             return result
 
@@ -123,6 +146,10 @@ def json_converter(column: Column, range_reason: str) -> tuple[str, Callable[[An
                 return _rfc3339(name, value)
             if type(value) is int:
                 return from_epoch_ms(value, name)
+            if type(value) is HugeInt:
+                raise InvalidEvent(
+                    "bad_timestamp", f"{name} {as_written(value)} is not epoch milliseconds in 1970-01-01 .. 9999-12-31"
+                )
             raise wrong_type(name, expected, value)
 
         return expected, timestamp
@@ -151,52 +178,73 @@ def json_converter(column: Column, range_reason: str) -> tuple[str, Callable[[An
         return "a JSON string (a UUID)", uuid
     assert kind == "jsonb", kind
 
-    def jsonb(value: Any) -> Jsonb:
-        return Jsonb(_plain_json(name, value, range_reason))
+    def jsonb(text: str) -> str:
+        # `text`: a present value's JSON text, valid JSON (the parser read it) of at most MAX_DEPTH levels.
+        rejection = jsonb_rejection(name, text, range_reason)
+        if rejection is not None:
+            raise rejection
+        return text
 
     return "a JSON value other than null", jsonb
 
 
-def as_real(value: float) -> float:
-    """A double as PostgreSQL stores it in a real: rounded, and neither overflowing nor lost to zero."""
-    rounded = _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+def as_real(value: float, exact: int | Decimal | None = None) -> float:
+    """A double as PostgreSQL's real input rounds the number it came from (`exact`, when known).
+
+    Raises:
+        OverflowError: The number is beyond real's range, or a non-zero double rounds to zero.
+        ValueError: The double lies halfway between two reals and `exact` is not given: which way
+            the number itself rounds, only the number can tell (rounding twice may differ).
+    """
+    try:
+        rounded = _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+    except OverflowError:
+        if abs(value) != _REAL_OVERFLOW:
+            raise
+        rounded = math.copysign(_INFINITY, value)  # a tie: settled below
+    if rounded != value:
+        other = _other_side(value, rounded)
+        if other is not None:
+            if exact is None:
+                raise ValueError(f"{value!r} lies halfway between two reals")
+            if Decimal(exact) != Decimal(value) and (Decimal(exact) > Decimal(value)) != (rounded > value):
+                rounded = other  # the number is not the tie its double is: it rounds to its side
     if (rounded == 0.0 and value != 0.0) or abs(rounded) == _INFINITY:
-        raise OverflowError  # PostgreSQL's cast from double rejects an underflow too
+        raise OverflowError  # PostgreSQL's input rejects an underflow too
     return rounded
 
 
-def _plain_json(name: str, value: Any, range_reason: str) -> Any:
-    """A jsonb value as psycopg dumps it: numbers as float (finite), no NUL in strings or keys."""
-    kind = type(value)
-    if kind is str:
-        check_text(name, value)
-    elif kind is Decimal:
-        result = float(value)
-        if result in (float("inf"), float("-inf")):
-            raise InvalidEvent(range_reason, f"{name} holds {value}, out of range for a JSON number")
-        return result
-    elif kind is list:
-        return [_plain_json(name, item, range_reason) for item in value]
-    elif kind is dict:
-        for item in value:
-            check_text(name, item)
-        return {k: _plain_json(name, v, range_reason) for k, v in value.items()}
-    return value
+def _other_side(value: float, rounded: float) -> float | None:
+    """The real beyond `value` from `rounded` when `value` is exactly halfway between the two, else None."""
+    if abs(rounded) == _INFINITY:
+        return math.copysign(_REAL_MAX, value)  # value is _REAL_OVERFLOW
+    if rounded == 0.0:
+        bits = 0x00000001 if value > 0 else 0x80000001  # the smallest real of value's sign
+    else:
+        bits = _BITS32.unpack(_FLOAT32.pack(rounded))[0] + (1 if abs(value) > abs(rounded) else -1)
+    other = _FLOAT32.unpack(_BITS32.pack(bits))[0]
+    return other if value - rounded == other - value else None
 
 
 def _numeric_fit(typmods: tuple[int, ...]) -> Callable[[Decimal], bool]:
     precision, scale = (*typmods, 0)[:2] if typmods else (None, None)
 
     def fits(value: Decimal) -> bool:
+        # First what numeric's input takes of str(value), the text sent: see json_text.numeric_text_fits.
+        _, digits, exponent = value.as_tuple()
+        if -exponent > NUMERIC_FRACTION_DIGITS:  # type: ignore[operator]
+            return False
         if value.is_zero():
+            return exponent < NUMERIC_EXPONENT_LIMIT  # type: ignore[operator]
+        if value.adjusted() >= NUMERIC_WHOLE_DIGITS:
+            return False
+        if precision is None:
             return True
         try:
             _, digits, exponent = value.normalize(EXACT).as_tuple()
         except DecimalException:
             return False
-        whole, fraction = max(0, len(digits) + exponent), max(0, -exponent)
-        if precision is None:
-            return whole <= NUMERIC_WHOLE_DIGITS and fraction <= NUMERIC_FRACTION_DIGITS
+        whole, fraction = max(0, len(digits) + exponent), max(0, -exponent)  # type: ignore[operator]
         # No rounding to the scale: a value with more decimals than the column keeps is not its value.
         return fraction <= scale and whole <= precision - scale
 
@@ -207,35 +255,33 @@ def text_converter(column: Column, from_json: Callable[[Any], Any], range_reason
     """The function reading a column's value from text (a CSV field, a constant), as strictly as JSON."""
     name, kind = column.name, column.kind
 
-    def integer(text: str) -> int:
-        try:
-            return int(text)
-        except ValueError:  # more digits than int() converts: far beyond any column's range
-            raise InvalidEvent(range_reason, f"{name} has {len(text)} digits, out of range") from None
-
     def read(text: str) -> Any:
         if kind in INT_RANGES:
             if not INTEGER.fullmatch(text):
                 raise InvalidEvent("wrong_type", f"{name} must be an integer, got {text[:DETAIL_LIMIT]!r}")
-            return from_json(integer(text))
+            return from_json(read_integer(text))
         if kind in ("numeric", "double", "real"):
             if not NUMBER.fullmatch(text):
                 raise InvalidEvent("wrong_type", f"{name} must be a number, got {text[:DETAIL_LIMIT]!r}")
-            return from_json(integer(text) if INTEGER.fullmatch(text) else Decimal(text))
+            return from_json(read_integer(text) if INTEGER.fullmatch(text) else Decimal(text))
         if kind == "boolean":
             if text not in ("true", "false"):
                 raise InvalidEvent("wrong_type", f"{name} must be true or false, got {text[:DETAIL_LIMIT]!r}")
             return text == "true"
         if kind == "timestamptz":
-            return from_json(integer(text) if INTEGER.fullmatch(text) else text)
+            return from_json(read_integer(text) if INTEGER.fullmatch(text) else text)
         if kind == "jsonb":
+            encoded = text.encode()
+            check_depth(encoded, name)
             try:
-                value = ANY_JSON.decode(text.encode())
-            except (msgspec.DecodeError, msgspec.ValidationError) as e:
-                raise InvalidEvent("wrong_type", f"{name} must be JSON text: {e}") from None
+                value = load_json(encoded)
+            except msgspec.DecodeError as e:
+                raise surrogate_rejection(encoded, name) or InvalidEvent(
+                    "wrong_type", f"{name} must be JSON text: {e}"
+                ) from None
             if value is None:
                 raise InvalidEvent("wrong_type", f"{name} must be {column.type} other than null, got null")
-            return from_json(value)
+            return from_json(text)
         return from_json(text)
 
     return read
@@ -252,7 +298,7 @@ def _rfc3339(name: str, text: str) -> datetime:
 
 def as_written(value: Any) -> str:
     """The offending value as the producer wrote it (`true`, `"42"`, `4.2`), bounded."""
-    if type(value) is Decimal or type(value) is int:
+    if type(value) is Decimal or type(value) is int or type(value) is HugeInt:
         return str(value)[:DETAIL_LIMIT]
     try:
         return json_text(value)
