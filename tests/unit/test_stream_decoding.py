@@ -369,6 +369,13 @@ def test_check_expressions_follow_sql_semantics(condition, passing, failing):
         ("s text CHECK (char_length(s) <= 3)", {"s": "abcd"}, False),
         ("s text CHECK (lower(s) = s)", {"s": "abc"}, True),
         ("s text CHECK (upper(s) = s)", {"s": "abc"}, False),
+        # upper() and lower() as PostgreSQL's under glibc (C.UTF-8): one character to one character.
+        ("s text CHECK (upper(s) = s)", {"s": "ß"}, True),
+        ("s text CHECK (upper(s) = s)", {"s": "ﬁ"}, True),
+        ("s text CHECK (length(upper(s)) = 2)", {"s": "ßa"}, True),
+        ("s text CHECK (lower(s) = 'i')", {"s": "İ"}, True),
+        ("s text CHECK (lower(s) = '\u03c3\u03c3')", {"s": "\u03a3\u03a3"}, True),  # no final sigma
+        ("s text CHECK (upper(s) = 'ᾼ')", {"s": "ᾳ"}, True),
         ("s text CHECK (s <> '')", {"s": ""}, False),
         ("s text CHECK (s IN ('a', 'b'))", {"s": "b"}, True),
         ("f boolean CHECK (f)", {"f": False}, False),

@@ -4,6 +4,13 @@ They are compiled from the SQL PostgreSQL deparsed: three-valued logic (a CHECK 
 false), integer division truncating toward zero, overflow and division by zero as errors. Ordering
 comparisons of text are refused: their result depends on the database's collation. What is not
 supported (see SUPPORTED_EXPRESSIONS) fails the definition, naming it.
+
+upper() and lower() change one character at a time, to one character, as PostgreSQL's do in a
+database whose LC_CTYPE is a glibc UTF-8 locale (C.UTF-8 in the local stack, en_US.utf8 in the
+Compose image): 'ß' and 'ﬁ' stay as they are, 'İ' lowers to 'i', every capital sigma to the small
+one. Python's own str.upper and str.lower follow Unicode's full mappings ('SS', 'FI', 'i̇', a
+final sigma) instead. (Under a Turkish locale, an ICU or a plain C collation, PostgreSQL would
+judge differently.)
 """
 
 from __future__ import annotations
@@ -52,7 +59,37 @@ _COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
     ">=": operator.ge,
 }
 _MIRRORED = {"=": "=", "<>": "<>", "<": ">", "<=": ">=", ">": "<", ">=": "<="}
-_FUNCTIONS = {"length": len, "char_length": len, "character_length": len, "lower": str.lower, "upper": str.upper}
+
+
+def pg_upper(text: str) -> str:
+    """upper() as PostgreSQL computes it under glibc: each character to one character."""
+    upper = text.upper()
+    if len(upper) == len(text):  # no character took a mapping to several
+        return upper
+    return "".join(map(_upper_character, text))
+
+
+def pg_lower(text: str) -> str:
+    """lower() as PostgreSQL computes it under glibc: each character to one character (no final sigma)."""
+    lower = text.lower()
+    if len(lower) == len(text) and "Σ" not in text:  # str.lower makes a final Σ ς
+        return lower
+    return "".join(map(_lower_character, text))
+
+
+def _upper_character(character: str) -> str:
+    upper = character.upper()
+    if len(upper) == 1:
+        return upper
+    title = character.title()  # U+1FB3: upper is two characters, its one-character mapping the title case
+    return title if len(title) == 1 else character  # ß, ﬁ: no one-character upper case
+
+
+def _lower_character(character: str) -> str:
+    return character.lower()[0]  # İ: lower i̇, of which its one-character mapping is the i
+
+
+_FUNCTIONS = {"length": len, "char_length": len, "character_length": len, "lower": pg_lower, "upper": pg_upper}
 SUPPORTED_EXPRESSIONS = (
     "column references, constants, casts of constants, = <> < <= > >=, AND, OR, NOT, IS [NOT] NULL, IN (...), "
     "BETWEEN, + - * / %, length(), char_length(), lower(), upper()"
