@@ -26,7 +26,7 @@ from pipelines.settings import ConnectSettings, PostgresSettings
 from stack.configure import APP_DATABASE, connect_secrets, read_secret
 from stack.services import readiness_check
 from stack.supervisor import Supervisor
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import delete_topics, throwaway_views, unique, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -228,6 +228,108 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
         if stale:
             for future in admin.delete_topics(stale).values():
                 future.result(30)
+
+
+@pytest.fixture
+def captured_items(connect, stack, pg, admin):
+    """A captured table `<schema>.items (id PRIMARY KEY, val, n)` of the app database, and a view of it.
+
+    Its own connector feeds a Debezium stream keyed by id, with a view of the rows per val; all of
+    it is dropped afterwards. Yields (schema, the view's name).
+    """
+    schema = unique("cdc_items")
+    name, slot = schema.replace("_", "-"), f"{schema}_slot"
+    stream, topic = f"{schema}_rows", f"{schema}.{schema}.items"
+    with pg("sv_owner", dbname=APP_DATABASE, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.items (id bigint PRIMARY KEY, val text NOT NULL, n int NOT NULL)")
+        conn.execute(f"CREATE PUBLICATION {schema}_pub FOR TABLE {schema}.items")
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO sv_cdc")
+        conn.execute(f"GRANT SELECT ON {schema}.items TO sv_cdc")
+    config = {
+        **load(
+            CONNECTORS_DIR / "app-social.json",
+            PostgresSettings(port=stack.pgport, secrets_dir=stack.paths.secrets),
+            ConnectSettings(providers_dir=connect_secrets(stack.paths), secrets_dir=stack.paths.secrets),
+        )[1],
+        "topic.prefix": schema,
+        "slot.name": slot,
+        "table.include.list": f"{schema}.items",
+        "publication.name": f"{schema}_pub",
+        "snapshot.mode": "initial",
+    }
+    config.pop("heartbeat.action.query")
+    definitions = f"""
+        CREATE STREAM {stream} (id bigint NOT NULL, val text NOT NULL, n int NOT NULL)
+            WITH (topic = '{topic}', format = 'debezium', key = 'id');
+        CREATE CONTINUOUS VIEW {schema}.per_val AS
+            SELECT val, count(*) AS n_rows, sum(n) AS total FROM {stream} GROUP BY val;
+        """
+    url = f"{connect.url}/connectors/{name}"
+    try:
+        with throwaway_views(pg, schema, [stream], definitions):
+            httpx.put(f"{url}/config", json=config, auth=connect.basic_auth(), timeout=60).raise_for_status()
+            yield schema, f"{schema}.per_val"
+    finally:
+        httpx.delete(url, auth=connect.basic_auth(), timeout=30)
+        with pg("postgres", autocommit=True) as conn:
+            wait_for(
+                lambda: (
+                    not conn.execute(
+                        "SELECT 1 FROM pg_replication_slots WHERE slot_name = %s AND active", (slot,)
+                    ).fetchone()
+                ),
+                what="the items slot released",
+            )
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            )
+        with pg("sv_owner", dbname=APP_DATABASE, autocommit=True) as conn:
+            conn.execute(f"DROP PUBLICATION {schema}_pub")
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        delete_topics([t for t in admin.list_topics(timeout=10).topics if t.startswith(f"{schema}.")])
+
+
+def test_a_view_over_captured_rows_equals_the_table_through_inserts_updates_and_deletes(captured_items, pg):
+    """The oracle is the captured table itself: after any mix of changes, the view equals its GROUP BY.
+
+    Updates of a column outside the key (val, n) must take the old row out of its group and put the
+    new one in: applied as an insert of a key already present, they would change nothing.
+    """
+    schema, view = captured_items
+    rng = random.Random()
+    with pg("sv_owner", dbname=APP_DATABASE, autocommit=True) as app, pg("sv_owner", autocommit=True) as views:
+
+        def table() -> list[tuple]:
+            query = f"SELECT val, count(*), sum(n) FROM {schema}.items GROUP BY val ORDER BY val"
+            return app.execute(query).fetchall()
+
+        def view_equals_table() -> bool:
+            rows = views.execute(f"SELECT val, n_rows, total FROM {view} WHERE n_rows > 0 ORDER BY val").fetchall()
+            return rows == table()
+
+        # Streaming, not snapshotting: a first row has come through before the changes under test.
+        app.execute(f"INSERT INTO {schema}.items VALUES (0, 'a', 1)")
+        wait_for(view_equals_table, timeout=180, interval=0.5, what="the connector streaming into the view")
+        ids = [0]
+        for step in range(300):
+            action = rng.choice(["insert", "update val", "update n", "update both", "delete", "move"])
+            if action == "insert" or not ids:
+                ids.append(max(ids, default=0) + 1)
+                app.execute(f"INSERT INTO {schema}.items VALUES (%s, %s, %s)", (ids[-1], rng.choice("abc"), step))
+            elif action == "delete":
+                app.execute(f"DELETE FROM {schema}.items WHERE id = %s", (ids.pop(rng.randrange(len(ids))),))
+            elif action == "move":  # a key change: Debezium sends a delete and a create
+                old, new = ids.pop(rng.randrange(len(ids))), max(ids, default=0) + 1000
+                app.execute(f"UPDATE {schema}.items SET id = %s WHERE id = %s", (new, old))
+                ids.append(new)
+            else:
+                sets = {"update val": "val = %(val)s", "update n": "n = %(n)s"}.get(action, "val = %(val)s, n = %(n)s")
+                app.execute(
+                    f"UPDATE {schema}.items SET {sets} WHERE id = %(id)s",
+                    {"id": rng.choice(ids), "val": rng.choice("abc"), "n": rng.randrange(100)},
+                )
+        wait_for(view_equals_table, timeout=180, interval=0.5, what="the view to equal the captured table")
 
 
 def test_no_change_is_lost_when_connect_and_then_postgres_restart_mid_stream(connector, stack, pg, ids):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.cdc.connectors import CONNECTORS_DIR, load
-from pipelines.cv.decoding.stream_decoder import StreamDecoder
+from pipelines.cv.decoding.stream_decoder import REPLACE, StreamDecoder
 from pipelines.runtime.events import DELETE, INSERT, InvalidEvent
 from pipelines.settings import PostgresSettings
 from tests.unit.test_events import STREAMS
@@ -30,10 +30,10 @@ def envelope(op: str, before: dict | None = None, after: dict | None = None, ts_
 ROW = {"oid": 42, "uid": 7, "created_at": "2026-11-22T10:00:00.123456Z"}
 
 
-@pytest.mark.parametrize("op", ["c", "r", "u"])
-def test_an_insert_a_snapshot_read_and_an_update_add_the_row(op):
+@pytest.mark.parametrize(("op", "applied"), [("c", INSERT), ("r", INSERT), ("u", REPLACE)])
+def test_an_insert_and_a_snapshot_read_add_the_row_and_an_update_replaces_it(op, applied):
     change = decode_app_like(None, envelope(op, after=ROW), 0)
-    assert change == (INSERT, (42, 7, datetime(2026, 11, 22, 10, 0, 0, 123456, tzinfo=UTC)))
+    assert change == (applied, (42, 7, datetime(2026, 11, 22, 10, 0, 0, 123456, tzinfo=UTC)))
 
 
 def test_a_delete_removes_the_row_by_its_key_with_the_commit_time():

@@ -25,10 +25,12 @@ Formats:
   read from text as strictly as from JSON: integers `-?(0|[1-9][0-9]*)`, numbers in JSON's grammar,
   `true`/`false`, jsonb as JSON text.
 - debezium: a change event of the JSON converter without schemas (`{"before", "after", "op",
-  "source": {"ts_ms"}}`); `c`, `r` and `u` insert the `after` row, `d` deletes the `before` row, a
-  null value (tombstone) carries nothing. A delete's row image holds only the table's primary key:
-  there, a NOT NULL column may be absent or null (NULL), and the `timestamp_column` takes the commit
-  time `source.ts_ms` (also for an insert without it) before the record timestamp.
+  "source": {"ts_ms"}}`); `c` and `r` insert the `after` row, `u` replaces its key's row with the
+  `after` row (REPLACE: a delete of the key, then an insert; the engine takes the deleted values from
+  the row it stored), `d` deletes the `before` row, a null value (tombstone) carries nothing. A
+  delete's row image holds only the table's primary key: there, a NOT NULL column may be absent or
+  null (NULL), and the `timestamp_column` takes the commit time `source.ts_ms` (also for an insert
+  without it) before the record timestamp.
 
 Every format: an event nested deeper than 500 levels is `out_of_range`, and a jsonb value is the
 JSON text as written (pipelines.cv.decoding.json_text).
@@ -53,7 +55,11 @@ from pipelines.cv.decoding.values import as_written
 from pipelines.cv.definitions import DefinitionError, StreamDef
 from pipelines.runtime.events import DELETE, INSERT, InvalidEvent, may_repeat, quoted_names
 
-DEBEZIUM_OPS = {"c": INSERT, "r": INSERT, "u": INSERT, "d": DELETE}
+# A Debezium update: its key's row is replaced. `decode` says so; a batch holds it as two changes,
+# DELETE then INSERT of the new row, which a keyed stream's deltas turn into the old row's retraction
+# and the new row's addition (an append-only stream keeps the insert only).
+REPLACE = 2
+DEBEZIUM_OPS = {"c": INSERT, "r": INSERT, "u": REPLACE, "d": DELETE}
 
 _ABSENT = object()  # a field the event does not have (a JSON null is None)
 _CSV_FIELD = re.compile(r'"((?:[^"]|"")*)"|([^,"\r\n]*)')
@@ -80,7 +86,8 @@ class DecodedBatch:
     """What decode_batch made of a list of records.
 
     Attributes:
-        ops: INSERT or DELETE for each accepted record, in input order.
+        ops: INSERT or DELETE for each change, in input order: one per accepted record, two for a
+            Debezium update (DELETE of the key, then INSERT of the new row, both with its values).
         columns: One list per output column, parallel to `ops`.
         rejected: (index into the records, why) for each rejected record, in input order.
         skipped: Records that carry nothing to apply (Debezium tombstones).
@@ -135,7 +142,7 @@ class StreamDecoder:
     # --- the reference ---------------------------------------------------------------------------
 
     def decode(self, key: bytes | None, value: bytes | None, timestamp_ms: int) -> tuple[int, tuple] | None:
-        """Decode one record: (INSERT or DELETE, the output columns' values), or None for a tombstone.
+        """Decode one record: (INSERT, DELETE or REPLACE, the output columns' values), or None for a tombstone.
 
         Args:
             key: The record key (compared with the `kafka_key` column when the stream has one).
@@ -294,9 +301,7 @@ class StreamDecoder:
             if decoded is None:
                 batch.skipped += 1
                 continue
-            batch.ops.append(decoded[0])
-            for column, value in zip(batch.columns, decoded[1], strict=True):
-                column.append(value)
+            _append(batch, *decoded)
         return batch
 
     def decode_batch(self, records: Sequence[RecordLike]) -> DecodedBatch:
@@ -340,10 +345,18 @@ class StreamDecoder:
             late.sort(key=operator.itemgetter(0))
             batch.ops, batch.columns = [], [[] for _ in self._out]
         for _, op, values in late:
-            batch.ops.append(op)
-            for into, value in zip(batch.columns, values, strict=True):
-                into.append(value)
+            _append(batch, op, values)
         return batch
+
+
+def _append(batch: DecodedBatch, op: int, values: tuple) -> None:
+    """Add a decoded record's change to a batch: two for a REPLACE."""
+    if op == REPLACE:
+        _append(batch, DELETE, values)
+        op = INSERT
+    batch.ops.append(op)
+    for into, value in zip(batch.columns, values, strict=True):
+        into.append(value)
 
 
 # --- formats -------------------------------------------------------------------------------------
