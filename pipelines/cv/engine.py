@@ -11,6 +11,7 @@ offsets they came from, or not at all.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -164,15 +165,17 @@ class StreamMaintainer:
         return deleted
 
     def _current_plan(self, conn: psycopg.Connection) -> _Plan:
-        version = catalog.catalog_version(conn)
-        if self._plan is None or self._plan.version != version:
-            self._plan = self._compile(conn, version)
+        # The stream's own version (migration 0018): another stream's definition leaves this plan be.
+        row = conn.execute("SELECT plan_version FROM cv.streams WHERE name = %s", (self.stream_name,)).fetchone()
+        if row is None:
+            raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
+        if self._plan is None or self._plan.version != row[0]:
+            self._plan = self._compile(conn, row[0])
             self._sessions_ready.clear()
         return self._plan
 
     def _compile(self, conn: psycopg.Connection, version: int) -> _Plan:
-        # Another stream's definition that no longer parses is that stream's problem, not this one's.
-        streams = catalog.load_streams(conn, skip_broken=True)
+        streams = declared_streams(conn)
         stream = streams.get(self.stream_name)
         if stream is None:
             raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
@@ -202,7 +205,7 @@ class StreamMaintainer:
         log.info(
             "stream plan loaded",
             stream=stream.name,
-            catalog_version=version,
+            plan_version=version,
             views=[c.view.qualified_name for c in views],
             quarantined=sorted(quarantined),
         )
@@ -218,6 +221,28 @@ class StreamMaintainer:
             tuple(clear_tables),
             quarantined,
         )
+
+
+_parsed: tuple[list[tuple[str, str]], dict[str, StreamDef]] | None = None  # stored definitions, parsed
+_parsed_lock = threading.Lock()
+
+
+def declared_streams(conn: psycopg.Connection) -> dict[str, StreamDef]:
+    """Every declared stream, parsed once for as long as the stored definitions stay the same.
+
+    Shared by the process's plans: parsing all of them for each stream's plan made a definition cost
+    quadratically in the number of streams. A stored definition that no longer parses is that
+    stream's problem: it is left out.
+    """
+    global _parsed
+    stored = conn.execute("SELECT name, definition FROM cv.streams ORDER BY name").fetchall()
+    with _parsed_lock:
+        if _parsed is not None and _parsed[0] == stored:
+            return _parsed[1]
+    streams = catalog.load_streams(conn, skip_broken=True)
+    with _parsed_lock:
+        _parsed = (stored, streams)
+    return streams
 
 
 def _view_statements(compiled: catalog.CompiledView, stream: StreamDef, source: sql.Composable) -> _ViewStatements:
