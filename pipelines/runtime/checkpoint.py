@@ -153,6 +153,8 @@ class Checkpoint:
         self.group_id = group_id
         self.sink = sink
         self.dead_letters = dead_letters
+        # Kafka's id of each topic being consumed, stored with the offsets it claims (migration 0019).
+        self.topic_ids: dict[str, str] = {}
         self._conn: psycopg.Connection | None = None
 
     @property
@@ -172,6 +174,37 @@ class Checkpoint:
                 (self.group_id, [t for t, _ in partitions], [p for _, p in partitions]),
             ).fetchall()
         return {(topic, partition): offset for topic, partition, offset in rows}
+
+    def stored_topic_ids(self, topics: list[str]) -> dict[str, set[str]]:
+        """The topic ids the group's offsets were stored for, per topic (ids not known are left out)."""
+        with self.conn.transaction():
+            rows = self.conn.execute(
+                "SELECT DISTINCT topic, topic_id FROM ops.kafka_offsets"
+                " WHERE group_id = %s AND topic = ANY(%s) AND topic_id IS NOT NULL",
+                (self.group_id, topics),
+            ).fetchall()
+        stored: dict[str, set[str]] = {}
+        for topic, topic_id in rows:
+            stored.setdefault(topic, set()).add(topic_id)
+        return stored
+
+    def restart_topic(self, topic: str, topic_id: str) -> int:
+        """The topic was recreated: its partitions start again from 0, under its new id; returns rows reset."""
+        with self.conn.transaction():
+            return self.conn.execute(
+                "UPDATE ops.kafka_offsets SET next_offset = 0, topic_id = %s, updated_at = now()"
+                " WHERE group_id = %s AND topic = %s",
+                (topic_id, self.group_id, topic),
+            ).rowcount
+
+    def record_topic_ids(self, ids: dict[str, str]) -> None:
+        """Note the ids of topics whose offsets were stored before ids were kept."""
+        with self.conn.transaction():
+            self.conn.execute(
+                "UPDATE ops.kafka_offsets AS o SET topic_id = i.id FROM unnest(%s::text[], %s::text[]) AS i (topic, id)"
+                " WHERE o.group_id = %s AND o.topic = i.topic AND o.topic_id IS NULL",
+                (list(ids), list(ids.values()), self.group_id),
+            )
 
     def stored_event_times(self, partitions: list[TopicPartition]) -> dict[TopicPartition, float]:
         """The newest Kafka timestamp committed per partition, in epoch seconds (absent: none yet)."""
@@ -274,9 +307,15 @@ class Checkpoint:
         unclaimed = [tp for tp in parts if batch.start[tp] is None and tp not in stored]
         if unclaimed:
             claimed = conn.execute(
-                "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset)"
-                " SELECT %s, *, 0 FROM unnest(%s::text[], %s::int[]) ON CONFLICT DO NOTHING",
-                (self.group_id, [t for t, _ in unclaimed], [p for _, p in unclaimed]),
+                "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset, topic_id)"
+                " SELECT %s, t, p, 0, i FROM unnest(%s::text[], %s::int[], %s::text[]) AS u (t, p, i)"
+                " ON CONFLICT DO NOTHING",
+                (
+                    self.group_id,
+                    [t for t, _ in unclaimed],
+                    [p for _, p in unclaimed],
+                    [self.topic_ids.get(t) for t, _ in unclaimed],
+                ),
             ).rowcount
             if claimed != len(unclaimed):
                 raise Fenced(f"checkpoint: another consumer started {unclaimed} first")

@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicCollection,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient
 
 from pipelines import metrics
 from pipelines.errors import StreamviewsError
@@ -136,6 +146,9 @@ def consumer_config(
         # librdkafka postpones the partition's next fetch by this long; at the default, 1 s, a
         # consumer that empties the queue sooner sits idle for the rest. Re-checks are cheap.
         "fetch.queue.backoff.ms": 10,
+        # A topic subscribed while it was still being created is "not available" until librdkafka next
+        # refreshes its metadata: every 5 minutes by default, so a new stream could wait that long.
+        "topic.metadata.refresh.interval.ms": 5_000,
         "logger": logging.getLogger("librdkafka"),
     }
     if settings is not None:
@@ -180,6 +193,7 @@ class Pipeline:
         self.topics: tuple[str, ...] = ()
         # Topics the sink held back (it could not apply their records), with when to read them again.
         self.held: dict[str, float] = {}
+        self._admin_client: AdminClient | None = None
         self._hold_failures: dict[str, int] = {}
         # Where each assigned (topic, partition) will stand in PostgreSQL once the batches decoded so
         # far have committed (None: never committed); reset from PostgreSQL by a rewind.
@@ -408,6 +422,7 @@ class Pipeline:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._settle(rewind=False)
+        self._check_topic_ids(sorted({tp.topic for tp in partitions}))
         stored = self._stored_offsets([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)
@@ -422,6 +437,41 @@ class Pipeline:
                 f"{tp.topic}[{tp.partition}]": stored.get((tp.topic, tp.partition), "beginning") for tp in partitions
             },
         )
+
+    def _check_topic_ids(self, topics: list[str]) -> None:
+        """Read a topic recreated under its name (its Kafka id changed) from its beginning, not its old offsets.
+
+        The ids are Kafka's (KIP-516) and stored with the offsets (migration 0019). Without an answer
+        from Kafka the check is skipped (logged): consuming goes on as before it existed.
+        """
+        try:
+            described = self._admin().describe_topics(TopicCollection(topics), request_timeout=10)
+            ids = {topic: str(future.result(10).topic_id) for topic, future in described.items()}
+            stored = self.checkpoint.stored_topic_ids(topics)
+        except (KafkaException, psycopg.Error) as e:
+            log.warning("cannot check the topics' ids", pipeline=self.name, topics=topics, error=str(e))
+            return
+        self.checkpoint.topic_ids.update(ids)
+        for topic, topic_id in ids.items():
+            if stored.get(topic, {topic_id}) != {topic_id}:
+                reset = self.checkpoint.restart_topic(topic, topic_id)
+                self.metrics.topic_recreated(topic)
+                log.warning(
+                    "topic was recreated; reading it from its beginning",
+                    pipeline=self.name,
+                    topic=topic,
+                    old_ids=sorted(stored[topic]),
+                    new_id=topic_id,
+                    partitions_reset=reset,
+                )
+        self.checkpoint.record_topic_ids(ids)
+
+    def _admin(self) -> AdminClient:
+        if self._admin_client is None:
+            self._admin_client = AdminClient(
+                {"bootstrap.servers": self.kafka.bootstrap_servers, "logger": logging.getLogger("librdkafka")}
+            )
+        return self._admin_client
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Let the batch in flight finish first: the partitions' next owner then starts after it.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -128,6 +129,36 @@ def pipeline_env(stack: StackSettings, **overrides: str) -> dict[str, str]:
         "METRICS_PORT": "0",
         **overrides,
     }
+
+
+def start_runner(stack: StackSettings, group: str, **env: str) -> subprocess.Popen:
+    """A stream runner of its own consumer group (`python -m pipelines.cv.runner --group G`).
+
+    Quarantined views and held streams are retried every second (the defaults wait 30 s).
+    """
+    settings = {
+        "PIPELINE_BATCH_WAIT_MS": "20",
+        "PIPELINE_EXPIRE_INTERVAL_S": "1",
+        "PIPELINE_VIEW_RETRY_S": "1",
+        "PIPELINE_HOLD_RETRY_S": "1",
+        **env,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipelines.cv.runner", "--group", group],
+        env=pipeline_env(stack, **settings),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def stop_runner(process: subprocess.Popen) -> str:
+    """Stop a runner with SIGTERM; its log (stderr), which must hold no traceback."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert "Traceback" not in stderr, stderr[-3000:]
+    return stderr
 
 
 @contextmanager

@@ -9,14 +9,20 @@ group keep flowing meanwhile.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 
 import pytest
 from confluent_kafka import Consumer, Producer
 
-from tests.integration.conftest import pipeline_env, throwaway_views, unique, wait_for
+from tests.integration.conftest import (
+    pipeline_env,
+    start_runner,
+    stop_runner,
+    throwaway_views,
+    unique,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -27,25 +33,9 @@ def group():
 @pytest.fixture
 def runner(stack, group):
     """A runner of the test's group, retrying quarantined views and held streams every second."""
-    env = pipeline_env(
-        stack,
-        PIPELINE_BATCH_WAIT_MS="20",
-        PIPELINE_EXPIRE_INTERVAL_S="1",
-        PIPELINE_VIEW_RETRY_S="1",
-        PIPELINE_HOLD_RETRY_S="1",
-    )
-    process = subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cv.runner", "--group", group],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process = start_runner(stack, group)
     yield process
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
-    assert "Traceback" not in stderr, stderr[-3000:]
+    stop_runner(process)
 
 
 def produce(kafka, topic: str, events: list[dict]) -> None:
@@ -194,7 +184,8 @@ def test_a_quarantined_view_over_a_keyed_stream_resumes_rebuilt_from_the_state_m
     with pg("sv_owner", autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
         conn.execute(
-            f"CREATE FUNCTION {schema}.kept_{schema}(c integer) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT c > 0'"
+            f"CREATE FUNCTION {schema}.kept_{schema}(c integer) RETURNS boolean"
+            " LANGUAGE sql IMMUTABLE AS 'SELECT c > 0'"
         )
     definitions = f"""
         CREATE STREAM {stream} (id bigint NOT NULL, cat integer NOT NULL)
@@ -237,7 +228,8 @@ def test_a_stream_whose_state_cannot_be_written_is_held_without_loss_while_anoth
     definitions = f"""
         CREATE STREAM {held} (id bigint NOT NULL) WITH (topic = '{held_topic}', key = 'id', consumer_group = '{group}');
         CREATE STREAM {flowing} (tag text NOT NULL) WITH (topic = '{other}', consumer_group = '{group}');
-        CREATE CONTINUOUS VIEW {schema}.held_count AS SELECT id % 2 AS parity, count(*) AS n FROM {held} GROUP BY parity;
+        CREATE CONTINUOUS VIEW {schema}.held_count AS
+            SELECT id % 2 AS parity, count(*) AS n FROM {held} GROUP BY parity;
         CREATE CONTINUOUS VIEW {schema}.flowing AS SELECT tag, count(*) AS n FROM {flowing} GROUP BY tag;
     """
     with throwaway_views(pg, schema, [held, flowing], definitions):
