@@ -73,6 +73,24 @@ RESEEKS = Counter(
     "Rewinds of the consumer to the offsets stored in PostgreSQL, after a batch was not committed.",
     ("pipeline",),
 )
+TOPIC_RECREATIONS = Counter(
+    "streamviews_topic_recreations_total",
+    "Topics found deleted and created again under the same name (their id changed) when partitions were"
+    " assigned: the group reads the new topic from its beginning.",
+    ("pipeline", "topic"),
+)
+VIEW_QUARANTINED = Gauge(
+    "streamviews_view_quarantine_active",
+    "1 while a continuous view is quarantined (cv.view_failures): it is not maintained until it runs again.",
+    ("view", "stream"),
+    registry=None,
+)
+STREAM_HELD = Gauge(
+    "streamviews_stream_hold_active",
+    "1 while the stream runner holds a stream back (cv.stream_failures): its offsets wait, nothing is lost.",
+    ("stream",),
+    registry=None,
+)
 SLOT_LAG = Gauge(
     "streamviews_replication_slot_lag_bytes",
     "WAL bytes a logical replication slot still holds back: pg_current_wal_lsn() - confirmed_flush_lsn"
@@ -169,7 +187,7 @@ class ServiceFamilies(Collector):
 
 
 FRESHNESS = Freshness()
-RUNNER_FAMILIES = ServiceFamilies(SLOT_LAG, SLOT_ACTIVE)
+RUNNER_FAMILIES = ServiceFamilies(SLOT_LAG, SLOT_ACTIVE, VIEW_QUARANTINED, STREAM_HELD)
 PULLER_FAMILIES = ServiceFamilies(PULLER_ROWS_BEHIND, PULLER_SECONDS_BEHIND, PULLER_ROWS_INDEXED, BULK_FAILURES)
 for _collector in (FRESHNESS, RUNNER_FAMILIES, PULLER_FAMILIES):
     REGISTRY.register(_collector)
@@ -216,9 +234,20 @@ class PipelineMetrics:
         self._lag: dict[tuple[str, int], Gauge] = {}
 
     def name_streams(self, streams: Mapping[str, str]) -> None:
-        """The stream of each topic from now on; the freshness of the streams gone is dropped."""
+        """The stream of each topic from now on; the series of the streams and topics gone are dropped."""
         self.streams = dict(streams)
         FRESHNESS.keep(self.pipeline, self.streams.values())
+        kept = set(self.streams.values())
+        for stream in [s for s in self._events if s not in kept]:
+            del self._events[stream]
+            EVENTS.remove(self.pipeline, stream)
+        for key in [k for k in self._dead if k[0] not in self.streams]:
+            del self._dead[key]
+            DEAD_LETTERS.remove(self.pipeline, *key)
+
+    def topic_recreated(self, topic: str) -> None:
+        """A topic's id changed under the group: it is read again from its beginning."""
+        TOPIC_RECREATIONS.labels(self.pipeline, topic).inc()
 
     def committed(
         self,
@@ -295,6 +324,16 @@ def set_replication_slots(slots: Iterable[tuple[str, int | None, bool]]) -> None
 
 
 _slots: set[str] = set()  # the slots exported by the last refresh
+
+
+def set_failures(quarantined: Iterable[tuple[str, str]], held: Iterable[str]) -> None:
+    """The views quarantined, as (view, stream), and the streams held now; the others are removed."""
+    VIEW_QUARANTINED.clear()
+    for view, stream in quarantined:
+        VIEW_QUARANTINED.labels(view, stream).set(1)
+    STREAM_HELD.clear()
+    for stream in held:
+        STREAM_HELD.labels(stream).set(1)
 
 
 def set_puller_backlog(rows: int, seconds: float) -> None:

@@ -35,6 +35,7 @@ from pipelines import metrics
 from pipelines.cv import catalog
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.definitions import DefinitionError, StreamDef
+from pipelines.cv.engine import declared_streams
 from pipelines.cv.sink import Origin, StreamChanges, ViewSink
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
@@ -125,14 +126,24 @@ class StreamRunner:
             self.export_slots()
 
     def export_slots(self) -> None:
-        """Set the replication-slot gauges (a failure only logs: the catalog connection is retried)."""
+        """Set the replication-slot and failure gauges (a failure only logs: the connection is retried)."""
         try:
-            slots = self._catalog_connection().execute(SLOTS_SQL).fetchall()
+            conn = self._catalog_connection()
+            slots = conn.execute(SLOTS_SQL).fetchall()
+            streams = sorted({source.target for source in self.sources.values()})
+            quarantined = conn.execute(
+                "SELECT view, stream FROM cv.view_failures WHERE stream = ANY(%s)", (streams,)
+            ).fetchall()
+            held = conn.execute(
+                "SELECT stream FROM cv.stream_failures WHERE group_id = %s AND stream = ANY(%s)",
+                (self.group_id, streams),
+            ).fetchall()
         except psycopg.Error as e:
-            log.warning("cannot read the replication slots; will retry", error=str(e).strip())
+            log.warning("cannot read the replication slots and failures; will retry", error=str(e).strip())
             self._close()
             return
         metrics.set_replication_slots(slots)
+        metrics.set_failures(quarantined, [stream for (stream,) in held])
 
     def watch_catalog(self) -> None:
         """Reload the streams when the catalog's version moved (checked at most every poll interval)."""
@@ -145,7 +156,7 @@ class StreamRunner:
             version = catalog.catalog_version(conn)
             if version == self.version:
                 return
-            streams = catalog.load_streams(conn, skip_broken=True)
+            streams = declared_streams(conn)
         except psycopg.Error as e:
             log.warning("cannot read the catalog; will retry", error=str(e).strip())
             self._close()
@@ -157,6 +168,10 @@ class StreamRunner:
         sources = {}
         for stream in streams.values():
             if not self.runs(stream):
+                continue
+            known = self.sources.get(stream.topic)
+            if known is not None and known.stream == stream:
+                sources[stream.topic] = known  # unchanged: its decoder is kept, not generated again
                 continue
             try:
                 decoder = StreamDecoder(stream)

@@ -277,6 +277,7 @@ def test_stream_statuses():
         "COMMIT",
         "DEAD",
         "LETTERS",
+        "STATE",
     ]
     assert table[2].split() == [
         "clicks",
@@ -290,8 +291,9 @@ def test_stream_statuses():
         "UTC",
         "check_violation=1,",
         "invalid_json=3",
+        "ok",
     ]
-    assert table[3].split() == ["gone", "gone", "-", "topic", "missing", "never", "never", "0"]
+    assert table[3].split() == ["gone", "gone", "-", "topic", "missing", "never", "never", "0", "ok"]
 
 
 @pytest.mark.parametrize(

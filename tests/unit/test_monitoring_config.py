@@ -45,6 +45,9 @@ CONTRACT = {
     "streamviews_elasticsearch_bulk_failures_total",
     "streamviews_replication_slot_lag_bytes",
     "streamviews_replication_slot_active",
+    "streamviews_topic_recreations_total",
+    "streamviews_view_quarantine_active",
+    "streamviews_stream_hold_active",
 }
 HISTOGRAMS = {"streamviews_batch_size_events", "streamviews_commit_duration_seconds"}
 # What every target has without us: Prometheus's own series and prometheus-client's process metrics.
