@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from pipelines.cv import catalog
 from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.views import view_catalog
 from pipelines.cv.views.aggregate_calls import topk_capacity
 from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
@@ -190,6 +191,8 @@ def test_a_read_view_shows_only_the_declared_columns_and_reads_by_key_through_an
         ("SELECT g, string_agg(x::text, ',') AS s FROM {append} GROUP BY g", "keeps every value"),
         ("SELECT g, percentile_disc(0.5) WITHIN GROUP (ORDER BY y) AS p FROM {append} GROUP BY g", "percentile_cont"),
         ("SELECT g, topk_agg(x, 0) AS t FROM {append} GROUP BY g", "positive integer"),
+        ("SELECT g, topk_agg(x, 300000000) AS t FROM {append} GROUP BY g", "k is at most 1000"),
+        ("SELECT g, percentile_cont(1.5) WITHIN GROUP (ORDER BY y) AS p FROM {append} GROUP BY g", "between 0 and 1"),
         ("SELECT g, x + count(*) AS t FROM {append} GROUP BY g", "inside an aggregate"),
         ("SELECT g, json_agg(x) AS t FROM {append} GROUP BY g", "keeps every value"),
         ("SELECT g, avg(x) FILTER (WHERE count(*) > 1) AS t FROM {append} GROUP BY g", "not allowed"),
@@ -213,3 +216,48 @@ def test_a_volatile_function_is_refused_in_a_view(pg, streams, select):
     statement = f"CREATE CONTINUOUS VIEW {streams['schema']}.volatile AS " + select.format(append=streams["append"])
     with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match="volatile"):
         catalog.define(owner, statement)
+
+
+def test_a_user_aggregate_view_can_be_altered_replaced_and_dropped_and_then_so_can_the_aggregate(stack, pg):
+    """ALTER, CREATE OR REPLACE and DROP of a view over a user aggregate (one with a combine function).
+
+    The view keeps it through helper aggregates in schema cv; ALTER and CREATE OR REPLACE read its
+    stored definition with the user's aggregates known, and DROP takes the helpers with it, so that
+    the aggregate and its function can then be dropped too.
+    """
+    schema = unique("uagg")
+    stream = f"{schema}_s"
+    select = f"SELECT g, date_trunc('hour', ts) AS h, {schema}.total(x) AS {{out}} FROM {stream} GROUP BY g, h"
+    with pg("sv_owner", autocommit=True) as owner:
+        owner.execute(f"CREATE SCHEMA {schema}")
+        owner.execute(
+            f"CREATE FUNCTION {schema}.add(a bigint, b bigint) RETURNS bigint LANGUAGE sql IMMUTABLE"
+            " RETURN coalesce(a, 0) + coalesce(b, 0)"
+        )
+        owner.execute(
+            f"CREATE AGGREGATE {schema}.total(bigint)"
+            f" (SFUNC = {schema}.add, STYPE = bigint, COMBINEFUNC = {schema}.add)"
+        )
+        owner.execute(f"GRANT USAGE ON SCHEMA {schema} TO sv_writer, sv_reader")
+    definitions = f"""
+        CREATE STREAM {stream} (g bigint, x bigint, ts timestamptz)
+            WITH (topic = '{stream}', consumer_group = '{schema}');
+        CREATE CONTINUOUS VIEW {schema}.totals AS {select.format(out="t")};
+    """
+    with throwaway_views(pg, schema, [stream], definitions, schema_exists=True):
+        with pg("sv_writer", autocommit=True) as writer:
+            apply_rows(writer, stream, [1, 1, 1], [(1, 5, TS), (1, 7, TS), (2, 1, TS)])
+        with pg("sv_owner", autocommit=True) as owner:
+            assert catalog.define(owner, f"ALTER CONTINUOUS VIEW {schema}.totals SET (ttl = '30 days')") == (
+                f"view {schema}.totals altered: ttl '30 days'"
+            )
+            replaced = catalog.define(
+                owner,
+                f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.totals WITH (ttl = '30 days') AS {select.format(out='s')}",
+            )
+            assert replaced.startswith(f"view {schema}.totals replaced; its storage is unchanged")
+            assert owner.execute(f"SELECT g, s FROM {schema}.totals ORDER BY g").fetchall() == [(1, 12), (2, 1)]
+
+            assert view_catalog.drop_view(owner, f"{schema}.totals") == f"view {schema}.totals dropped"
+            owner.execute(f"DROP AGGREGATE {schema}.total(bigint)")  # no CASCADE: nothing of the view is left
+            owner.execute(f"DROP FUNCTION {schema}.add(bigint, bigint)")

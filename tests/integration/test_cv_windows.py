@@ -139,12 +139,34 @@ def test_a_window_without_groups_has_one_row_and_a_read_by_group_is_an_index_sca
         ("WHERE g > now() - interval '1 minute'", "timestamptz column"),
         ("WHERE ts > now() - (interval '1 minute' * g)", "constant interval"),
         ("WHERE ts > now() - interval '1 minute' AND ts > now() - interval '2 minutes'", "only one"),
+        # cv.window_step divides the width into 60 steps: these would fail every batch.
+        ("WHERE ts > now() - interval '0 seconds'", r"at least 1 second wide .*not '0 seconds'"),
+        ("WHERE ts > now() - interval '-5 minutes'", "at least 1 second wide"),
+        ("WHERE ts > now() - interval '5 minutes ago'", "at least 1 second wide"),
+        ("WHERE ts > now() - interval '1 month -40 days'", "at least 1 second wide"),
+        ("WHERE ts > now() - interval '500 milliseconds'", "at least 1 second wide"),
+        # now() minus about 6,700 years is out of PostgreSQL's range: every batch would fail.
+        ("WHERE ts > now() - interval '7000 years'", "longer than 1000 years"),
+        ("WHERE ts > now() - interval '5 minuts'", "is not an interval"),
     ],
 )
 def test_a_window_must_slide_over_a_timestamp_by_a_constant_width(pg, streams, where, match):
     statement = (
         f"CREATE CONTINUOUS VIEW {streams['schema']}.bad AS SELECT g, count(*) AS n FROM {streams['append']} "
         f"{where} GROUP BY g"
+    )
+    with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match=match):
+        catalog.define(owner, statement)
+
+
+@pytest.mark.parametrize(
+    ("ttl", "match"),
+    [("0 days", "positive"), ("-1 day", "positive"), ("7000 years", "longer than 1000 years"), ("soon", "not an")],
+)
+def test_a_ttl_must_be_positive_and_at_most_1000_years(pg, streams, ttl, match):
+    statement = (
+        f"CREATE CONTINUOUS VIEW {streams['schema']}.bad WITH (ttl = '{ttl}') AS SELECT g, date_trunc('hour', ts) AS h,"
+        f" count(*) AS n FROM {streams['append']} GROUP BY g, h"
     )
     with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match=match):
         catalog.define(owner, statement)

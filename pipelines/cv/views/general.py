@@ -9,7 +9,9 @@ kept user-defined aggregates, and it needs nothing written per aggregate: bit_an
 `CREATE AGGREGATE ... (COMBINEFUNC = ...)` work the same way.
 
 The partial and combining aggregates are created once per aggregate signature in schema cv, named
-by a hash of the signature, and shared by every view that keeps that aggregate.
+by a hash of the signature, and shared by every view that keeps that aggregate; when the last of
+those views is dropped or replaced they are dropped too (`drop_unused`), so that the user's aggregate
+and its functions can be dropped.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv.definitions import DefinitionError
+from pipelines.logs import get_logger
+
+log = get_logger("cv.catalog")
 
 
 @dataclass(frozen=True)
@@ -62,13 +67,17 @@ class StateFunctions:
 
 
 def user_aggregates(conn: psycopg.Connection) -> frozenset[str]:
-    """Names of the aggregates outside pg_catalog that a view could keep (a combine function, no internal state)."""
+    """Names of the aggregates outside pg_catalog that a view could keep, bare and schema-qualified.
+
+    Which of them can really be kept (a combine function, no internal state) is checked when a view
+    is defined (`resolve`).
+    """
     rows = conn.execute(
-        "SELECT DISTINCT p.proname FROM pg_aggregate a JOIN pg_proc p ON p.oid = a.aggfnoid"
+        "SELECT DISTINCT n.nspname, p.proname FROM pg_aggregate a JOIN pg_proc p ON p.oid = a.aggfnoid"
         " JOIN pg_namespace n ON n.oid = p.pronamespace"
         " WHERE n.nspname NOT IN ('pg_catalog', 'information_schema', 'cv') AND a.aggkind = 'n'"
     )
-    return frozenset(name for (name,) in rows)
+    return frozenset(name for schema, bare in rows for name in (bare, f"{schema}.{bare}"))
 
 
 def resolve(conn: psycopg.Connection, function: str, arg_types: list[str], what: str) -> StateFunctions:
@@ -122,3 +131,33 @@ def _create_aggregate(
             sql.Identifier(schema, bare), sql.SQL(", ").join(sql.SQL(t) for t in arg_types), sql.SQL(", ").join(options)
         )
     )
+
+
+def drop_unused(conn: psycopg.Connection) -> list[str]:
+    """Drop the partial and combining aggregates in schema cv that no view keeps any more; their signatures."""
+    used = {
+        name
+        for (types,) in conn.execute("SELECT types FROM cv.views")
+        for functions in (types.get("states") or {}).values()
+        for name in (functions["partial"], functions["combine_aggregate"])
+    }
+    helpers = conn.execute(
+        "SELECT format('%I.%I', n.nspname, p.proname), format('%I.%I(%s)', n.nspname, p.proname,"
+        " pg_get_function_identity_arguments(p.oid))"
+        " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = 'cv' AND p.prokind = 'a' AND p.proname ~ '^(partial|combine)_[0-9a-f]{16}$'"
+    ).fetchall()
+    dropped = []
+    for name, signature in helpers:
+        if name in used:
+            continue
+        try:
+            with conn.transaction():
+                conn.execute(
+                    sql.SQL("DROP AGGREGATE {}").format(sql.SQL(signature))
+                )  # from pg_proc, quoted by format()
+        except psycopg.errors.DependentObjectsStillExist as e:  # something beyond the views uses it: keep it
+            log.warning("kept an aggregate no view keeps: something else uses it", aggregate=signature, error=str(e))
+            continue
+        dropped.append(signature)
+    return dropped

@@ -9,7 +9,12 @@ batch), so a change on a running system misses no batch and counts none twice:
   same: only the outputs computed from them differ) replaces the read view alone. Otherwise it
   rebuilds the view from the keyed stream's state; over an append-only stream, whose past events are
   not kept, it refuses and says so.
-- ALTER CONTINUOUS VIEW ... SET (ttl = ...) changes the retention, DROP removes everything.
+- ALTER CONTINUOUS VIEW ... SET (ttl = ...) changes the retention, DROP removes everything the view
+  made: its read view, its tables, and the aggregates kept for a user aggregate no other view keeps.
+
+Locks are taken in pipelines.cv.catalog's order: a view's read view first (only readers wait for it,
+and it waits for them), then the stream's lock, then its tables, each wait bounded; a reader that
+holds the view open delays the change, which then fails naming it, never the stream's ingestion.
 """
 
 from __future__ import annotations
@@ -19,11 +24,18 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pipelines.cv import stream_sql
-from pipelines.cv.catalog import bump, lock_stream
+from pipelines.cv.catalog import (
+    begin_change,
+    bump,
+    changing,
+    drop_read_view,
+    lock_stream_for_change,
+    lock_tables,
+)
 from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, storage_name
 from pipelines.cv.sql_text import CV_SCHEMA
 from pipelines.cv.statements import AlterView, Drop, with_options
-from pipelines.cv.views import compiler, extremes, read_views, view_types
+from pipelines.cv.views import compiler, extremes, general, read_views, view_types
 from pipelines.cv.views.view_types import ViewTypes
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_READER, ROLE_WRITER
@@ -31,15 +43,22 @@ from pipelines.settings import ROLE_READER, ROLE_WRITER
 log = get_logger("cv.catalog")
 
 
+# The longest ttl and sliding window: far beyond any use, and far from the timestamps PostgreSQL
+# cannot compute (now() - an interval of about 6,700 years is out of range, and would fail each batch).
+MAX_INTERVAL = "1000 years"
+# A sliding window's shortest width: its steps (1/60 of it) are then at least 1/60 s.
+MIN_WINDOW_S = 1
+
+
 def define_view(conn: psycopg.Connection, view: ViewDef, streams: dict[str, StreamDef]) -> str:
     """CREATE [OR REPLACE] CONTINUOUS VIEW, in the caller's transaction; the outcome as a line."""
     stream = streams[view.stream]
+    what = f"continuous view {view.qualified_name}"
     if stream.into is not None:
         raise DefinitionError(
-            f"continuous view {view.qualified_name}: stream {stream.name} feeds {stream.into} and keeps nothing of "
-            f"its own; define the view on {stream.into}"
+            f"{what}: stream {stream.name} feeds {stream.into} and keeps nothing of its own; define the view on "
+            f"{stream.into}"
         )
-    lock_stream(conn, stream.name, shared=False)
     row = conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (view.qualified_name,)).fetchone()
     if row is not None and _same_text(row[0], view.definition):
         return f"view {view.qualified_name} unchanged"
@@ -49,21 +68,24 @@ def define_view(conn: psycopg.Connection, view: ViewDef, streams: dict[str, Stre
             "rebuilds it, or drop it first"
         )
     check_ttl(conn, view)
+    check_window(conn, view)
     types = view_types.resolve(conn, view, stream)
     if row is None:
+        lock_stream_for_change(conn, stream.name, what)
         outcome = f"view {view.qualified_name} created; {_create(conn, view, stream, types)}"
         conn.execute(
             "INSERT INTO cv.views (name, stream, definition, types) VALUES (%s, %s, %s, %s)",
             (view.qualified_name, stream.name, view.definition, Jsonb(types.to_json())),
         )
     else:
-        old = parse(row[0], streams)
+        old = parse(row[0], streams, general.user_aggregates(conn))
         assert isinstance(old, ViewDef)
         outcome = _replace(conn, old, ViewTypes.from_json(row[1]), view, stream, types)
         conn.execute(
             "UPDATE cv.views SET definition = %s, types = %s WHERE name = %s",
             (view.definition, Jsonb(types.to_json()), view.qualified_name),
         )
+        general.drop_unused(conn)
     bump(conn)
     log.info("view defined", view=view.qualified_name, stream=stream.name, outcome=outcome)
     return outcome
@@ -152,35 +174,77 @@ def _replace(
     conn: psycopg.Connection, old: ViewDef, old_types: ViewTypes, view: ViewDef, stream: StreamDef, types: ViewTypes
 ) -> str:
     name = view.qualified_name
-    if _storage_of(old, old_types) == _storage_of(view, types):
-        conn.execute(sql.SQL("DROP VIEW {}").format(read_views.read_view(view)))
+    what = f"continuous view {name}"
+    same_storage = _storage_of(old, old_types) == _storage_of(view, types)
+    if not same_storage and stream.key is None:
+        raise DefinitionError(
+            f"{what}: cannot rebuild it: {stream.name} is append-only and its past events are not kept; keep the "
+            "groups, aggregates, filter, join and window (then only the read view changes), or drop the view and "
+            "create it again to start from now"
+        )
+    if old.stream != view.stream:
+        raise DefinitionError(f"{what}: it reads {old.stream}; drop it to read another stream")
+    _take_view(conn, what, view.schema, view.name, stream.name)
+    if same_storage:
         _rename_stored(conn, old, old_types, view, types)
         _create_read_view(conn, view, types)
         return f"view {name} replaced; its storage is unchanged (only what is computed from it changed)"
-    if stream.key is None:
-        raise DefinitionError(
-            f"continuous view {name}: cannot rebuild it: {stream.name} is append-only and its past events are not "
-            "kept; keep the groups, aggregates, filter, join and window (then only the read view changes), or drop "
-            "the view and create it again to start from now"
-        )
-    if old.stream != view.stream:
-        raise DefinitionError(f"continuous view {name}: it reads {old.stream}; drop it to read another stream")
     drop_view_relations(conn, view.schema, view.name)
     return f"view {name} rebuilt; {_create(conn, view, stream, types)}"
 
 
+def _take_view(conn: psycopg.Connection, what: str, schema: str, view: str, stream: str) -> None:
+    """Steps 2 to 4 (pipelines.cv.catalog) before an existing view changes.
+
+    Its read view is dropped (waiting only for readers), then its stream's lock and its tables are taken.
+    """
+    drop_read_view(conn, what, sql.Identifier(schema, view))
+    lock_stream_for_change(conn, stream, what)
+    lock_tables(conn, what, view_tables(conn, schema, view))
+
+
 def check_ttl(conn: psycopg.Connection, view: ViewDef) -> None:
-    """A ttl must be a positive interval PostgreSQL reads."""
+    """A ttl must be a positive interval PostgreSQL reads, at most MAX_INTERVAL."""
     if view.ttl is None:
         return
     what = f"continuous view {view.qualified_name}"
+    seconds, too_long = _interval(conn, view.ttl, f"{what}: ttl")
+    if seconds <= 0:
+        raise DefinitionError(f"{what}: ttl must be a positive interval, not {view.ttl!r}")
+    if too_long:
+        raise DefinitionError(f"{what}: ttl {view.ttl!r} is longer than {MAX_INTERVAL}")
+
+
+def check_window(conn: psycopg.Connection, view: ViewDef) -> None:
+    """A sliding window's width must be an interval PostgreSQL reads, from MIN_WINDOW_S to MAX_INTERVAL.
+
+    cv.window_step divides it into 60 steps: a zero or negative width would fail every batch.
+    """
+    if view.window is None:
+        return
+    what = f"continuous view {view.qualified_name}"
+    width = view.window.width
+    seconds, too_long = _interval(conn, width, f"{what}: sliding window")
+    if seconds < MIN_WINDOW_S:
+        raise DefinitionError(
+            f"{what}: a sliding window must be at least {MIN_WINDOW_S} second wide (it steps by 1/60 of its width), "
+            f"not {width!r}"
+        )
+    if too_long:
+        raise DefinitionError(f"{what}: sliding window {width!r} is longer than {MAX_INTERVAL}")
+
+
+def _interval(conn: psycopg.Connection, text: str, what: str) -> tuple[float, bool]:
+    """An interval's length in seconds, and whether it is longer than MAX_INTERVAL, as PostgreSQL reads it."""
     try:
         with conn.transaction():
-            positive = conn.execute("SELECT %s::interval > interval '0'", (view.ttl,)).fetchone()[0]
+            seconds, too_long = conn.execute(
+                "SELECT extract(epoch FROM %s::interval)::float8, %s::interval > %s::interval",
+                (text, text, MAX_INTERVAL),
+            ).fetchone()
     except psycopg.DataError as e:
-        raise DefinitionError(f"{what}: ttl {view.ttl!r} is not an interval") from e
-    if not positive:
-        raise DefinitionError(f"{what}: ttl must be a positive interval, not {view.ttl!r}")
+        raise DefinitionError(f"{what} {text!r} is not an interval") from e
+    return seconds, too_long
 
 
 def apply_change(conn: psycopg.Connection, change: AlterView | Drop, streams: dict[str, StreamDef]) -> str:
@@ -206,13 +270,14 @@ def alter_view(conn: psycopg.Connection, change: AlterView, streams: dict[str, S
     row = conn.execute("SELECT definition FROM cv.views WHERE name = %s", (change.name,)).fetchone()
     if row is None:
         raise DefinitionError(f"ALTER CONTINUOUS VIEW: no continuous view named {change.name}")
-    old = parse(row[0], streams)
+    aggregates = general.user_aggregates(conn)
+    old = parse(row[0], streams, aggregates)
     assert isinstance(old, ViewDef)
-    lock_stream(conn, old.stream, shared=False)
     options = {k: v for k, v in old.options.items() if k not in change.reset_options} | change.set_options
-    view = parse(with_options(row[0], options), streams)
+    view = parse(with_options(row[0], options), streams, aggregates)
     assert isinstance(view, ViewDef)
     check_ttl(conn, view)
+    lock_stream_for_change(conn, old.stream, f"ALTER CONTINUOUS VIEW {change.name}")
     if view.ttl and view.bucket and not _has_index_on(conn, view):
         conn.execute(
             sql.SQL("CREATE INDEX ON {} ({})").format(compiler.storage_table(view), sql.Identifier(view.bucket.name))
@@ -236,27 +301,37 @@ def _has_index_on(conn: psycopg.Connection, view: ViewDef) -> bool:
 
 
 def drop_view(conn: psycopg.Connection, name: str) -> str:
-    """Drop a continuous view: its read view, storage and reference counts."""
-    with conn.transaction():
+    """Drop a continuous view: its read view, its tables, and the aggregates only it kept."""
+    what = f"DROP CONTINUOUS VIEW {name}"
+
+    def drop() -> str:
+        begin_change(conn, what)
         row = conn.execute("SELECT stream FROM cv.views WHERE name = %s", (name,)).fetchone()
         if row is None:
             raise DefinitionError(f"no continuous view named {name}")
-        lock_stream(conn, row[0], shared=False)
         schema, _, view = name.partition(".")
+        _take_view(conn, what, schema, view, row[0])
         drop_view_relations(conn, schema, view)
         conn.execute("DELETE FROM cv.views WHERE name = %s", (name,))
+        general.drop_unused(conn)
         bump(conn)
-    return f"view {name} dropped"
+        return f"view {name} dropped"
+
+    return changing(conn, what, drop)
+
+
+def view_tables(conn: psycopg.Connection, schema: str, view: str) -> list[sql.Identifier]:
+    """A view's tables that exist: its storage, its reference counts and its min/max value counts."""
+    names = conn.execute(  # min/max value counts: <storage>__m<i>
+        "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace AND relkind = 'r' AND relname ~ %s"
+        " ORDER BY relname",
+        (CV_SCHEMA, f"^{storage_name(schema, view)}(__refs|__m[0-9]+)?$"),
+    ).fetchall()
+    return [sql.Identifier(CV_SCHEMA, table) for (table,) in names]
 
 
 def drop_view_relations(conn: psycopg.Connection, schema: str, view: str) -> None:
-    """The read view, the storage and the reference counts of a view, if they exist."""
+    """The read view and the tables of a view, if they exist."""
     conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(sql.Identifier(schema, view)))
-    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.storage_table_of(schema, view)))
-    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(compiler.refs_table_of(schema, view)))
-    counts = conn.execute(  # min/max value counts: <storage>__m<i>
-        "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace AND relkind = 'r' AND relname ~ %s",
-        (CV_SCHEMA, f"^{storage_name(schema, view)}__m[0-9]+$"),
-    ).fetchall()
-    for (table,) in counts:
-        conn.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(CV_SCHEMA, table)))
+    for table in view_tables(conn, schema, view):
+        conn.execute(sql.SQL("DROP TABLE {}").format(table))
