@@ -13,8 +13,10 @@
 
 Settings come from the environment (PG*, KAFKA_*, PIPELINE_*, LOG_*; see .env.sample). `define` and
 `drop` connect as sv_owner (definitions create and drop tables) unless PGUSER is set; `list` and
-`status` connect as the configured user. After `define` commits, each stream's topic and dead-letter
-topic are created when missing.
+`status` connect as the configured user. Before `define` changes the catalog, each stream's topic and
+dead-letter topic are created when missing: a topic Kafka refuses leaves nothing defined (and the
+topics created for it are deleted again). A definition blocked by locks held elsewhere (a reader
+holding a view open) is tried again a few times, then fails naming what held it (exit status 1).
 
 Every error is one line on stderr: exit status 2 when the input is wrong (arguments, a file, a
 definition PostgreSQL rejects), 1 when something failed at run time (a service unreachable, a topic
@@ -35,7 +37,8 @@ from typing import TextIO
 import psycopg
 import pydantic
 import structlog
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipelines.cv import catalog
 from pipelines.cv.cli_common import (
@@ -61,7 +64,6 @@ from pipelines.cv.views import view_catalog
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.runtime.deadletter import dead_letter_topic
-from pipelines.runtime.topics import ensure_topics
 from pipelines.settings import STREAM_RUNNER_GROUP, KafkaSettings, LogSettings, PipelineSettings, PostgresSettings
 
 log = get_logger("cli")
@@ -93,73 +95,115 @@ def read_input(statement: str | None, file: str | None, stdin: TextIO) -> tuple[
 def apply_definitions(conn: psycopg.Connection, statements: list[Statement]) -> list[str]:
     """Define every statement in one transaction: all of them or none; the catalog's outcome lines.
 
+    A transaction blocked by a lock is tried again from its first statement (catalog.changing).
+
     Raises:
         CommandError: A statement failed (naming it); nothing was committed.
+        DefinitionBlocked: Locks held elsewhere kept the definitions from being applied; nothing was committed.
     """
-    outcomes = []
-    with conn.transaction():
+
+    def apply_all() -> list[str]:
+        outcomes = []
         for statement in statements:
             try:
                 outcomes.append(catalog.define(conn, statement.text))
             except DefinitionError as e:
-                where = f"statement {statement.number} (line {statement.line}): " if len(statements) > 1 else ""
-                raise CommandError(f"{where}{one_line(e)}", USAGE) from e
+                raise CommandError(f"{_position(statement, statements)}{one_line(e)}", USAGE) from e
             except psycopg.Error as e:
                 raise CommandError(f"{statement.prefix(len(statements))}{pg_message(e)}", pg_status(e)) from e
-    return outcomes
+        return outcomes
+
+    return catalog.changing(conn, "definitions", apply_all)
 
 
-def defined_streams(conn: psycopg.Connection, statements: list[Statement]) -> list[StreamDef]:
-    """The streams among the statements, as the catalog now holds them."""
-    streams = catalog.load_streams(conn)
-    defined = []
+def _position(statement: Statement, statements: list[Statement]) -> str:
+    return f"statement {statement.number} (line {statement.line}): " if len(statements) > 1 else ""
+
+
+def stream_topics(statements: list[Statement], default_partitions: int) -> dict[str, int]:
+    """The topics (and dead-letter topics) of the streams the statements declare, with their partition counts.
+
+    Raises:
+        CommandError: A CREATE STREAM statement is invalid (naming it).
+    """
+    wanted: dict[str, int] = {}
     for statement in statements:
         if not statement.label.startswith("CREATE STREAM"):  # views, ALTER and DROP have no topic
             continue
-        definition = parse(statement.text, streams)
-        if isinstance(definition, StreamDef):
-            defined.append(streams.get(definition.name, definition))
-    return defined
-
-
-def ensure_stream_topics(streams: list[StreamDef], kafka: KafkaSettings, default_partitions: int) -> list[str]:
-    """Create each stream's topic and dead-letter topic when missing; a line per topic created.
-
-    Raises:
-        CommandError: Kafka is unreachable or refused to create a topic.
-    """
-    wanted: dict[str, int] = {}
-    for stream in streams:
+        try:
+            stream = parse(statement.text, {})
+        except DefinitionError as e:
+            raise CommandError(f"{_position(statement, statements)}{one_line(e)}", USAGE) from e
+        assert isinstance(stream, StreamDef)
         partitions = stream.partitions or default_partitions
         wanted.setdefault(stream.topic, partitions)
         wanted.setdefault(dead_letter_topic(stream.topic), partitions)
+    return wanted
+
+
+def create_topics(wanted: dict[str, int], kafka: KafkaSettings) -> dict[str, int]:
+    """Create the topics that are missing, before any definition is committed; those created.
+
+    A topic Kafka refuses (an invalid name, one that collides with an existing topic, ...) fails the
+    command before the catalog changes, and the topics it did create are deleted again.
+
+    Raises:
+        CommandError: Kafka is unreachable or refused a topic.
+    """
     if not wanted:
-        return []
-    existing = kafka_topics(kafka_admin(kafka), kafka)
+        return {}
+    admin = kafka_admin(kafka)
+    existing = kafka_topics(admin, kafka)
     missing = {topic: n for topic, n in wanted.items() if topic not in existing}
-    if missing:
+    if not missing:
+        return {}
+    requests = [NewTopic(topic, num_partitions=n, replication_factor=-1) for topic, n in missing.items()]
+    created: dict[str, int] = {}
+    refused: list[str] = []
+    for topic, future in admin.create_topics(requests, request_timeout=KAFKA_TIMEOUT_S).items():
         try:
-            ensure_topics(kafka.bootstrap_servers, missing, timeout=KAFKA_TIMEOUT_S)
-        except (StreamviewsError, KafkaException) as e:
-            message = kafka_message(e) if isinstance(e, KafkaException) else one_line(e)
-            raise CommandError(f"definitions committed, but topics not created: {message}") from e
-    return [f"topic {topic} created ({n} partitions)" for topic, n in missing.items()]
+            future.result(KAFKA_TIMEOUT_S)
+            created[topic] = missing[topic]
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:  # created meanwhile: fine
+                refused.append(f"{topic}: {kafka_message(e)}")
+        except TimeoutError:
+            refused.append(f"{topic}: no answer from Kafka in {KAFKA_TIMEOUT_S:g} s")
+    if refused:
+        delete_topics(admin, created)
+        raise CommandError(f"topic {refused[0]}; nothing was defined")
+    return created
+
+
+def delete_topics(admin: AdminClient, topics: dict[str, int]) -> None:
+    """Delete topics this command created, when what they were created for was not defined after all."""
+    if not topics:
+        return
+    for topic, future in admin.delete_topics(list(topics), operation_timeout=KAFKA_TIMEOUT_S).items():
+        try:
+            future.result(KAFKA_TIMEOUT_S)
+        except (KafkaException, TimeoutError) as e:  # left behind: an empty topic, harmless; said at -v
+            log.warning("a topic created for definitions that failed was not deleted", topic=topic, error=str(e))
 
 
 def cmd_define(args: argparse.Namespace) -> int:
-    """Apply the statements all or nothing, then create the defined streams' missing topics."""
+    """Create the streams' missing topics, then apply the statements all or nothing."""
     source, text = read_input(args.statement, args.file, sys.stdin)
     statements = numbered_statements(text)
     if not statements:
         raise DefinitionError(f"no statements in {source}")
-    settings = PostgresSettings()
-    with database(settings, definer(settings)) as conn:
-        outcomes = apply_definitions(conn, statements)
-        streams = defined_streams(conn, statements)
+    settings, kafka = PostgresSettings(), KafkaSettings()
+    created = create_topics(stream_topics(statements, PipelineSettings().topic_partitions), kafka)
+    try:
+        with database(settings, definer(settings)) as conn:
+            outcomes = apply_definitions(conn, statements)
+    except BaseException:
+        delete_topics(kafka_admin(kafka), created)
+        raise
     for outcome in outcomes:
         print(outcome, flush=True)
-    for line in ensure_stream_topics(streams, KafkaSettings(), PipelineSettings().topic_partitions):
-        print(line)
+    for topic, partitions in created.items():
+        print(f"topic {topic} created ({partitions} partitions)")
     return 0
 
 
@@ -222,14 +266,18 @@ def resolve_drop(conn: psycopg.Connection, name: str, kind: str | None) -> tuple
 def cmd_drop(args: argparse.Namespace) -> int:
     """Drop the named views and streams, in the order given, all or nothing."""
     settings = PostgresSettings()
-    outcomes = []
     with database(settings, definer(settings)) as conn:
+
+        def drop_all() -> list[str]:
+            outcomes = []
+            for name in args.names:
+                kind, qualified = resolve_drop(conn, name, args.kind)
+                drop = view_catalog.drop_view if kind == "view" else catalog.drop_stream
+                outcomes.append(drop(conn, qualified))
+            return outcomes
+
         try:
-            with conn.transaction():
-                for name in args.names:
-                    kind, qualified = resolve_drop(conn, name, args.kind)
-                    drop = view_catalog.drop_view if kind == "view" else catalog.drop_stream
-                    outcomes.append(drop(conn, qualified))
+            outcomes = catalog.changing(conn, "drop", drop_all)
         except psycopg.Error as e:
             raise CommandError(pg_message(e), pg_status(e)) from e
     for outcome in outcomes:

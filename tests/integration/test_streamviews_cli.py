@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
 
 from pipelines.cv import catalog
 from pipelines.cv.views import view_catalog
@@ -220,3 +221,38 @@ def test_status_shows_lag_last_commit_and_dead_letters(cli, pg, kafka, name):
     assert cells[:4] == [name, name, "2", "2"]
     assert cells[-1] == "invalid_json=4"
     assert one_error(cli("status", f"{name}_nosuch", user="sv_writer")) == f"no stream named {name}_nosuch"
+
+
+def test_a_topic_kafka_cannot_take_leaves_nothing_defined(cli, pg, admin, name):
+    # A trailing newline once passed the topic check: the stream was committed, its topic never created.
+    message = one_error(cli("define", f"CREATE STREAM {name} (a bigint) WITH (topic = '{name}\n')"))
+    assert message == f"CREATE STREAM {name}: option topic '{name}\\n' has a control character"
+    assert catalog_names(pg, name) == set()
+
+    # Kafka refuses a topic whose name collides with another's once '.' and '_' are alike: the topics
+    # are created before the catalog changes, so the stream is not defined, and its dead-letter topic,
+    # created in the same request, is deleted again.
+    admin.create_topics([NewTopic(f"{name}_x", num_partitions=1, replication_factor=1)])[f"{name}_x"].result(30)
+    definitions = f"{stream_sql(name)};\nCREATE STREAM {name}_2 (a bigint) WITH (topic = '{name}.x');"
+    message = one_error(cli("define", "-", stdin=definitions), status=1)
+    assert message.startswith(f"topic {name}.x: ")
+    assert "collides" in message
+    assert message.endswith("; nothing was defined")
+    assert catalog_names(pg, name) == set()
+    topics = admin.list_topics(timeout=30).topics
+    assert {name, f"{name}.dlq", f"{name}.x", f"{name}.x.dlq"}.isdisjoint(topics)
+
+
+def test_a_reader_holding_a_view_open_fails_its_replace_and_drop_in_one_line_naming_it(cli, pg, name):
+    ok(cli("define", "-", stdin=f"{stream_sql(name)};\n{view_sql(name + '_v', name)};"))
+    replace = (
+        view_sql(f"{name}_v", name).replace("CREATE", "CREATE OR REPLACE", 1).replace("AS n", "AS n, count(*) + 1 AS m")
+    )
+    with pg("sv_owner") as reader:  # an open transaction that read the view (the owner: no watchdog ends it)
+        reader.execute(f"SELECT * FROM public.{name}_v").fetchall()
+        for args in (("define", replace), ("drop", f"{name}_v")):
+            message = one_error(cli(*args), status=1)
+            assert f"a reader holds public.{name}_v open (pid {reader.info.backend_pid}, sv_owner" in message
+            assert message.endswith("retry later")
+        reader.rollback()
+    assert ok(cli("drop", f"{name}_v")) == [f"view public.{name}_v dropped"]
