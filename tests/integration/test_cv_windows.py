@@ -170,3 +170,21 @@ def test_a_ttl_must_be_positive_and_at_most_1000_years(pg, streams, ttl, match):
     )
     with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match=match):
         catalog.define(owner, statement)
+
+
+@pytest.mark.parametrize(
+    ("group", "match"),
+    [
+        ("date_trunc('fortnight', ts)", 'unit "fortnight" not recognized'),
+        ("date_part('fortnight', ts)", 'unit "fortnight" not recognized'),
+        ("extract(fortnight FROM ts)", 'unit "fortnight" not recognized'),
+    ],
+)
+def test_a_time_unit_is_checked_when_the_view_is_defined_not_at_its_first_event(pg, streams, group, match):
+    # Types are resolved over NULLs, which every unit passes; a real timestamp does not.
+    statement = (
+        f"CREATE CONTINUOUS VIEW {streams['schema']}.bad AS SELECT {group} AS b, count(*) AS n"
+        f" FROM {streams['append']} GROUP BY b"
+    )
+    with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match=match):
+        catalog.define(owner, statement)

@@ -19,7 +19,10 @@ holds the view open delays the change, which then fails naming it, never the str
 
 from __future__ import annotations
 
+import pglast
 import psycopg
+from pglast import ast
+from pglast.stream import RawStream
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -32,7 +35,7 @@ from pipelines.cv.catalog import (
     lock_stream_for_change,
     lock_tables,
 )
-from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, storage_name
+from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, storage_name, walk
 from pipelines.cv.sql_text import CV_SCHEMA
 from pipelines.cv.statements import AlterView, Drop, with_options
 from pipelines.cv.views import compiler, extremes, general, read_views, view_types
@@ -69,6 +72,7 @@ def define_view(conn: psycopg.Connection, view: ViewDef, streams: dict[str, Stre
         )
     check_ttl(conn, view)
     check_window(conn, view)
+    check_units(conn, view, stream)
     types = view_types.resolve(conn, view, stream)
     if row is None:
         lock_stream_for_change(conn, stream.name, what)
@@ -232,6 +236,42 @@ def check_window(conn: psycopg.Connection, view: ViewDef) -> None:
         )
     if too_long:
         raise DefinitionError(f"{what}: sliding window {width!r} is longer than {MAX_INTERVAL}")
+
+
+# Functions whose first argument names a unit that PostgreSQL checks only against a value: over the
+# NULL columns view types are resolved with, `date_trunc('fortnight', ts)` passes, and then fails on
+# every event. A non-NULL value of the column's type is what each call is tried with.
+_UNIT_FUNCTIONS = frozenset({"date_trunc", "date_part", "extract"})
+_SAMPLE_VALUES = {"timestamptz": "now()", "date": "current_date"}
+
+
+def check_units(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> None:
+    """Each date_trunc / date_part / extract of a stream column must name a unit its type has."""
+    kinds = {c.name: c.kind for c in stream.columns}
+    expressions = [g.sql for g in view.groups] + [e for a in view.aggregates for e in (a.arg_sql, a.filter_sql) if e]
+    expressions += [e for e in (view.where_sql,) if e]
+    for expression in expressions:
+        for node in walk(pglast.parse_sql(f"SELECT {expression}")[0].stmt):
+            unit_call = isinstance(node, ast.FuncCall) and node.funcname[-1].sval in _UNIT_FUNCTIONS
+            if not unit_call or len(node.args or ()) != 2:
+                continue
+            unit, value = node.args
+            if not (isinstance(unit, ast.A_Const) and isinstance(unit.val, ast.String)):
+                continue
+            kind = kinds.get(value.fields[-1].sval, "") if isinstance(value, ast.ColumnRef) else ""
+            if kind not in _SAMPLE_VALUES:
+                continue
+            call = sql.SQL("SELECT {}({}, {})").format(
+                sql.Identifier("pg_catalog", node.funcname[-1].sval),
+                sql.Literal(unit.val.sval),
+                sql.SQL(_SAMPLE_VALUES[kind]),
+            )
+            try:
+                with conn.transaction():
+                    conn.execute(call)
+            except psycopg.Error as e:
+                message = " ".join((e.diag.message_primary or str(e)).split())
+                raise DefinitionError(f"continuous view {view.qualified_name}: {RawStream()(node)}: {message}") from e
 
 
 def _interval(conn: psycopg.Connection, text: str, what: str) -> tuple[float, bool]:
