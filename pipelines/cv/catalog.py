@@ -287,7 +287,9 @@ def define(conn: psycopg.Connection, statement: str) -> str:
 
     def apply() -> str:
         begin_change(conn, what)
-        streams = load_streams(conn)
+        # A stored stream this release refuses (say, its topic ends in a newline) must not block every
+        # other definition, nor its own DROP: it is left out, as the runner leaves it out.
+        streams = load_streams(conn, skip_broken=True)
         if change is not None:
             return view_catalog.apply_change(conn, change, streams)
         definition = parse(statement, streams, general.user_aggregates(conn))
@@ -374,7 +376,7 @@ def drop_stream(conn: psycopg.Connection, name: str) -> str:
         begin_change(conn, what)
         if conn.execute("SELECT 1 FROM cv.views WHERE stream = %s", (name,)).fetchone():
             raise DefinitionError(f"stream {name} still has views; drop them first")
-        feeders = [s.name for s in load_streams(conn).values() if s.into == name]
+        feeders = [s.name for s in load_streams(conn, skip_broken=True).values() if s.into == name]
         if feeders:
             raise DefinitionError(f"stream {name} is fed by {', '.join(feeders)}; drop those streams first")
         if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (name,)).fetchone() is None:

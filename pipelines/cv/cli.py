@@ -223,7 +223,7 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "\n\n".join(f"-- {kind} {name}\n{definition.rstrip().rstrip(';')};" for kind, name, definition in rows)
             )
             return 0
-        streams = catalog.load_streams(conn)
+        streams = catalog.load_streams(conn, skip_broken=True)  # one no longer valid is logged, not fatal
         views = conn.execute("SELECT name, stream FROM cv.views ORDER BY name").fetchall()
     stream_rows = [
         (s.name, s.topic, s.format, ", ".join(s.key) if s.key else "- (append-only)", s.into or "-")

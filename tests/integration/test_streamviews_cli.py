@@ -256,3 +256,15 @@ def test_a_reader_holding_a_view_open_fails_its_replace_and_drop_in_one_line_nam
             assert message.endswith("retry later")
         reader.rollback()
     assert ok(cli("drop", f"{name}_v")) == [f"view public.{name}_v dropped"]
+
+
+def test_a_stored_stream_this_release_refuses_blocks_no_definition_and_can_be_dropped(cli, pg, name):
+    # As a stream defined before topics ending in a newline were refused was stored.
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)",
+            (name, f"{name}\n", f"CREATE STREAM {name} (a bigint) WITH (topic = '{name}\n')"),
+        )
+    assert ok(cli("define", stream_sql(f"{name}_ok")))[0] == f"stream {name}_ok created"
+    assert ok(cli("drop", name)) == [f"stream {name} dropped"]
+    assert catalog_names(pg, name) == {f"{name}_ok"}
