@@ -51,6 +51,7 @@ class ViewApplyError(StreamviewsError):
         super().__init__(f"view {view}: {describe_error(error)}")
         self.view = view
         self.error = error
+        self.__cause__ = error
 
 
 def describe_error(error: BaseException) -> str:

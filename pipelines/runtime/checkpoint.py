@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import psycopg
-from psycopg import errors as pg_errors
 
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
@@ -63,10 +62,13 @@ def is_transient(error: BaseException) -> bool:
     """True when a failure is the database's, not the batch's: retrying the same batch later may pass."""
     while isinstance(error, StreamviewsError) and isinstance(error.__cause__, psycopg.Error):
         error = error.__cause__  # a failure the sink wrapped to say where it happened
-    if isinstance(error, Fenced | psycopg.OperationalError | psycopg.InterfaceError | pg_errors.QueryCanceled):
+    if isinstance(error, Fenced):
         return True
     if isinstance(error, psycopg.Error):
-        state = error.sqlstate or ""
+        state = error.sqlstate
+        if not state:  # raised by the client: the connection is gone, or a bug of ours
+            return isinstance(error, psycopg.OperationalError | psycopg.InterfaceError)
+        # By SQLSTATE, not class: psycopg calls program limits (54, an index row too long) operational.
         return state[:2] in TRANSIENT_SQLSTATE_CLASSES or state in TRANSIENT_SQLSTATES
     if isinstance(error, StreamviewsError) and getattr(error, "transient", False):
         return True  # e.g. dead letters that Kafka did not store

@@ -9,6 +9,7 @@ group keep flowing meanwhile.
 from __future__ import annotations
 
 import json
+import secrets
 import subprocess
 import sys
 
@@ -91,15 +92,19 @@ def test_events_a_view_cannot_take_are_dead_lettered_naming_the_view_and_the_res
         good = [{"tag": "a", "d": 1.5, "x": 2} for _ in range(40)]
         # The second 1.7e308 overflows sum(d) (22003); x = 0 divides by zero in ratios' WHERE (22012).
         poison = [{"tag": "big", "d": 1.7e308, "x": 2}, {"tag": "big", "d": 1.7e308, "x": 2}]
+        # A 6,000-character group key (random: it must not compress) is more than a btree index row
+        # can hold (54000).
+        poison.append({"tag": secrets.token_urlsafe(4500), "d": 1.0, "x": 2})
         produce(kafka, metrics, good[:20] + poison + [{"tag": "zero", "d": 1.0, "x": 0}] + good[20:])
         produce(kafka, other, [{"tag": "b"} for _ in range(30)])
 
-        letters = dead_letters(kafka, metrics, expected=2)
-        assert len(letters) == 2
+        letters = dead_letters(kafka, metrics, expected=3)
+        assert len(letters) == 3
         assert {letter["dlq.reason"] for letter in letters} == {"view_error"}
         details = sorted(letter["dlq.detail"] for letter in letters)
         assert details[0].startswith(f"{schema}.ratios: SQLSTATE 22012")
-        assert details[1].startswith(f"{schema}.sums: SQLSTATE 22003")
+        assert details[1].startswith(f"{schema}.ratios: SQLSTATE 54000")  # ratios comes first, by name
+        assert details[2].startswith(f"{schema}.sums: SQLSTATE 22003")
 
         expected_sums = {"a": (60.0, 40), "big": (1.7e308, 1)}
         wait_for(lambda: rows(pg, f"SELECT tag, total, n FROM {schema}.sums") == expected_sums, timeout=60)
@@ -117,7 +122,7 @@ def test_events_a_view_cannot_take_are_dead_lettered_naming_the_view_and_the_res
             counted = conn.execute(
                 "SELECT reason, count FROM ops.dead_letters WHERE group_id = %s AND topic = %s", (group, metrics)
             ).fetchall()
-        assert counted == [("view_error", 2)]
+        assert counted == [("view_error", 3)]
 
 
 def test_a_view_whose_join_table_is_gone_is_quarantined_while_the_rest_flow_and_its_gap_is_recorded(

@@ -184,6 +184,38 @@ def test_a_per_record_decoder_counts_the_records_of_each_topic():
     assert [error.reason for _, error in decoded.rejected] == ["invalid_json"]
 
 
+def test_the_series_of_a_dropped_stream_and_its_topic_leave_the_endpoint(pipeline):
+    m = metrics.PipelineMetrics(pipeline)
+    m.name_streams({"clicks": "clicks", "views": "views"})
+    m.committed(3, {"clicks": 2, "views": 1}, Counter({("clicks", "malformed_json"): 1}), {})
+
+    m.name_streams({"views": "views"})  # clicks was dropped
+
+    assert value("streamviews_events_total", pipeline=pipeline, stream="clicks") is None
+    assert value("streamviews_dead_letters_total", pipeline=pipeline, topic="clicks", reason="malformed_json") is None
+    assert value("streamviews_events_total", pipeline=pipeline, stream="views") == 1
+
+
+def test_quarantined_views_and_held_streams_are_exported_while_they_last():
+    registry = CollectorRegistry()
+    for family in metrics.RUNNER_FAMILIES.families:
+        registry.register(family)
+
+    metrics.set_failures([("public.pv", "page_views")], ["likes"])
+    assert (
+        registry.get_sample_value("streamviews_view_quarantine_active", {"view": "public.pv", "stream": "page_views"})
+        == 1
+    )
+    assert registry.get_sample_value("streamviews_stream_hold_active", {"stream": "likes"}) == 1
+
+    metrics.set_failures([], [])
+    assert (
+        registry.get_sample_value("streamviews_view_quarantine_active", {"view": "public.pv", "stream": "page_views"})
+        is None
+    )
+    assert registry.get_sample_value("streamviews_stream_hold_active", {"stream": "likes"}) is None
+
+
 def test_replication_slots_gone_are_no_longer_exported():
     registry = CollectorRegistry()  # the runner's own families are registered by the runner only
     for family in metrics.RUNNER_FAMILIES.families:
