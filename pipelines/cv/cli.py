@@ -192,14 +192,15 @@ def cmd_define(args: argparse.Namespace) -> int:
     statements = numbered_statements(text)
     if not statements:
         raise DefinitionError(f"no statements in {source}")
+    wanted = stream_topics(statements, PipelineSettings().topic_partitions)
     settings, kafka = PostgresSettings(), KafkaSettings()
-    created = create_topics(stream_topics(statements, PipelineSettings().topic_partitions), kafka)
-    try:
-        with database(settings, definer(settings)) as conn:
+    with database(settings, definer(settings)) as conn:  # PostgreSQL reachable before Kafka is asked
+        created = create_topics(wanted, kafka)  # before the transaction: no lock is held while Kafka answers
+        try:
             outcomes = apply_definitions(conn, statements)
-    except BaseException:
-        delete_topics(kafka_admin(kafka), created)
-        raise
+        except BaseException:
+            delete_topics(kafka_admin(kafka), created)
+            raise
     for outcome in outcomes:
         print(outcome, flush=True)
     for topic, partitions in created.items():

@@ -14,6 +14,7 @@ from confluent_kafka import KafkaError, KafkaException
 from pipelines.cv import cli, cli_common, status
 from pipelines.cv.cli_common import CommandError
 from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.statement_text import numbered_statements
 
 STREAM = "CREATE STREAM clicks (oid bigint, ts timestamptz) WITH (topic = 'clicks')"
 VIEW = "CREATE CONTINUOUS VIEW per_object AS SELECT oid, count(*) AS n FROM clicks GROUP BY oid"
@@ -321,3 +322,16 @@ def test_table_aligns_columns():
 def test_view_name_defaults_to_public():
     assert cli.view_name("x") == "public.x"
     assert cli.view_name("social.x") == "social.x"
+
+
+def test_the_topics_of_the_streams_defined_are_known_before_anything_is_defined():
+    statements = numbered_statements(
+        f"CREATE STREAM a (x int) WITH (partitions = 3);\n{VIEW};\nCREATE STREAM b (x int) WITH (topic = 'b.t')"
+    )
+    assert cli.stream_topics(statements, 6) == {"a": 3, "a.dlq": 3, "b.t": 6, "b.t.dlq": 6}
+
+
+def test_a_stream_whose_topic_kafka_would_refuse_fails_before_connecting(capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(f"{VIEW};\nCREATE STREAM b (x int) WITH (topic = 'b/t');\n"))
+    message = error_line(capsys, 2, cli.main(["define", "-"]))
+    assert message.startswith("statement 2 (line 2): CREATE STREAM b: topic 'b/t' is not a Kafka topic name")
