@@ -18,7 +18,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from decimal import Decimal
 from itertools import compress
 from operator import attrgetter, methodcaller
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -27,7 +26,7 @@ import msgspec
 
 from pipelines.cv.decoding.checks import CompiledCheck
 from pipelines.cv.decoding.fields import Field
-from pipelines.cv.decoding.json_text import MAX_DEPTH, SUSPECT_NUMBER, too_deep
+from pipelines.cv.decoding.json_text import MAX_DEPTH, SUSPECT_NUMBER, read_decimal, too_deep
 from pipelines.cv.decoding.values import INT_RANGES, NUMBER, as_real
 from pipelines.cv.definitions import StreamDef
 from pipelines.runtime.events import INSERT, InvalidEvent, from_epoch_ms, quoted_names, repeat_suspects
@@ -382,7 +381,7 @@ def _fast_converter(f: Field) -> Callable[[Any], Any] | None:
                 return None
             if not NUMBER.fullmatch(text):
                 raise _Fallback  # not a number: the reference names the type
-            return convert(Decimal(text))  # an integer too: exact, of any length
+            return convert(read_decimal(text))  # an integer too: exact, of any length
 
         return numeric
     if kind == "jsonb":

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from decimal import Decimal
+from decimal import MAX_EMAX, Decimal, InvalidOperation
 from itertools import accumulate
 from typing import Any
 
@@ -34,8 +34,18 @@ MAX_DEPTH = 500
 NUMERIC_WHOLE_DIGITS, NUMERIC_FRACTION_DIGITS, NUMERIC_EXPONENT_LIMIT = 131_072, 16_383, 1_073_741_823
 _INT_DIGITS = 4300  # sys.int_info.default_max_str_digits: int() of longer text raises ValueError
 
+
+def read_decimal(text: str) -> Decimal:
+    """A JSON number's value as a Decimal, exact but for an exponent past 10**17 (out of every range anyway)."""
+    try:
+        return Decimal(text)
+    except InvalidOperation:  # an exponent beyond Decimal's 10**18
+        mantissa, _, exponent = text.lower().partition("e")
+        return Decimal(f"{mantissa}e{'-' if exponent.startswith('-') else ''}{MAX_EMAX // 2}")
+
+
 # Generic JSON, numbers exact: a fraction or exponent is a Decimal of its text, an integer an int.
-ANY_JSON = msgspec.json.Decoder(float_hook=Decimal)
+ANY_JSON = msgspec.json.Decoder(float_hook=read_decimal)
 # A JSON object's fields as their JSON text, unparsed: how a jsonb column's text is found.
 RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
@@ -78,7 +88,7 @@ def load_json(value: bytes) -> Any:
         text = value.decode()
         if unpaired_surrogate(text):
             raise ValueError("invalid utf-16 surrogate pair")
-        return json.loads(text, parse_int=read_integer, parse_float=Decimal, parse_constant=_constant)
+        return json.loads(text, parse_int=read_integer, parse_float=read_decimal, parse_constant=_constant)
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise msgspec.DecodeError(str(e)) from None
 

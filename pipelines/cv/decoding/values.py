@@ -35,6 +35,7 @@ from pipelines.cv.decoding.json_text import (
     check_depth,
     jsonb_rejection,
     load_json,
+    read_decimal,
     read_integer,
     surrogate_rejection,
 )
@@ -51,6 +52,7 @@ _BITS32 = struct.Struct("<I")
 _INFINITY = float("inf")
 _REAL_MAX = 2.0**128 - 2.0**104
 _REAL_OVERFLOW = 2.0**128 - 2.0**103  # halfway between real's largest value and 2**128: overflows
+_AS_WRITTEN = msgspec.json.Encoder(decimal_format="number", enc_hook=Decimal)  # HugeInt: as a Decimal
 _DATE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
@@ -263,7 +265,7 @@ def text_converter(column: Column, from_json: Callable[[Any], Any], range_reason
         if kind in ("numeric", "double", "real"):
             if not NUMBER.fullmatch(text):
                 raise InvalidEvent("wrong_type", f"{name} must be a number, got {text[:DETAIL_LIMIT]!r}")
-            return from_json(read_integer(text) if INTEGER.fullmatch(text) else Decimal(text))
+            return from_json(read_integer(text) if INTEGER.fullmatch(text) else read_decimal(text))
         if kind == "boolean":
             if text not in ("true", "false"):
                 raise InvalidEvent("wrong_type", f"{name} must be true or false, got {text[:DETAIL_LIMIT]!r}")
@@ -302,5 +304,5 @@ def as_written(value: Any) -> str:
         return str(value)[:DETAIL_LIMIT]
     try:
         return json_text(value)
-    except TypeError:  # a Decimal or a big integer inside: msgspec writes them
-        return msgspec.json.encode(value).decode()[:DETAIL_LIMIT]
+    except TypeError:  # a Decimal or a big integer inside: msgspec writes them as the numbers they are
+        return _AS_WRITTEN.encode(value).decode()[:DETAIL_LIMIT]
