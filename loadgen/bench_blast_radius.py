@@ -150,9 +150,9 @@ def _run(
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True, "linger.ms": 5})
     stop = threading.Event()
     bystanders = [topics[n] for n in sorted(topics) if n != first]
-    sampler = threading.Thread(target=_sample, args=(owner, group, bystanders, result, stop), daemon=True)
+    sampler = threading.Thread(target=sample_freshness, args=(owner, group, bystanders, result, stop), daemon=True)
     try:
-        _wait_for_assignment(owner, group, len(topics), runner)
+        wait_for_assignment(owner, group, len(topics), runner)
         sampler.start()
         started, sent, broken = time.monotonic(), 0, False
         tick = 0.05
@@ -196,7 +196,7 @@ def _run(
         ]
 
 
-def _wait_for_assignment(owner: str, group: str, partitions: int, runner: ServiceProcess) -> None:
+def wait_for_assignment(owner: str, group: str, partitions: int, runner: ServiceProcess) -> None:
     """Until the runner holds every partition (its first batches claim their offset rows)."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -207,7 +207,7 @@ def _wait_for_assignment(owner: str, group: str, partitions: int, runner: Servic
     raise BenchmarkError(f"blast radius: the runner took no partitions in 60 s: {runner.tail()}")
 
 
-def _sample(owner: str, group: str, topics: list[str], result: BlastRadius, stop: threading.Event) -> None:
+def sample_freshness(owner: str, group: str, topics: list[str], result: BlastRadius, stop: threading.Event) -> None:
     """Every 100 ms, each bystander's freshness: now minus its newest event time committed."""
     with psycopg.connect(owner, autocommit=True) as conn:
         while not stop.wait(0.1):

@@ -7,8 +7,9 @@
 -- lost) while the other streams go on. Both are visible in `streamviews status` and the metrics.
 --
 -- The runner writes as sv_writer, which may not change the catalog: quarantining and resuming a view
--- go through the SECURITY DEFINER functions below, which bump the catalog's version so that every
--- runner process reloads its plans without the view (or with it again).
+-- go through the SECURITY DEFINER functions below. Every runner process sees the change through its
+-- stream's plan version (migration 0018), which moves with cv.view_failures; the global catalog
+-- version does not move, so no definition waits on a batch that quarantines.
 
 CREATE TABLE cv.view_failures (
     view        text PRIMARY KEY REFERENCES cv.views (name) ON DELETE CASCADE,
@@ -69,11 +70,7 @@ BEGIN
     SELECT v.name, v.stream, p_sqlstate, left(p_reason, 1000), p_missed_from, now() + p_retry_after
       FROM cv.views AS v WHERE v.name = p_view
     ON CONFLICT (view) DO NOTHING;
-    IF NOT FOUND THEN
-        RETURN false;
-    END IF;
-    UPDATE cv.catalog SET version = version + 1;
-    RETURN true;
+    RETURN FOUND;
 END
 $$;
 
@@ -108,7 +105,6 @@ BEGIN
         VALUES (f.view, f.stream, f.reason, f.failed_at, f.missed_from, p_missed_to)
         ON CONFLICT DO NOTHING;
     END IF;
-    UPDATE cv.catalog SET version = version + 1;
 END
 $$;
 

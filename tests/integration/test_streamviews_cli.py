@@ -197,6 +197,8 @@ def test_status_shows_lag_last_commit_and_dead_letters(cli, pg, kafka, name):
         "newest_event": None,
         "freshness_s": None,
         "dead_letters": {},
+        "held": None,
+        "failed_views": [],
     }
     assert stream["lag_by_partition"] == {"0": 5, "1": 0}
 
@@ -216,10 +218,21 @@ def test_status_shows_lag_last_commit_and_dead_letters(cli, pg, kafka, name):
 
     header, columns, row = ok(cli("status", "--group", group, name, user="sv_writer"))
     assert header == f"consumer group {group}"
-    assert columns.split() == ["STREAM", "TOPIC", "PARTITIONS", "LAG", "FRESHNESS", "LAST", "COMMIT", "DEAD", "LETTERS"]
+    assert columns.split() == [
+        "STREAM",
+        "TOPIC",
+        "PARTITIONS",
+        "LAG",
+        "FRESHNESS",
+        "LAST",
+        "COMMIT",
+        "DEAD",
+        "LETTERS",
+        "STATE",
+    ]
     cells = row.split()
     assert cells[:4] == [name, name, "2", "2"]
-    assert cells[-1] == "invalid_json=4"
+    assert cells[-2:] == ["invalid_json=4", "ok"]
     assert one_error(cli("status", f"{name}_nosuch", user="sv_writer")) == f"no stream named {name}_nosuch"
 
 
