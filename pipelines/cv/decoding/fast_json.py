@@ -40,6 +40,7 @@ _RAW = msgspec.Raw
 # exponent of three digits or more, or 200 zeros after a decimal point (with an exponent of two
 # digits at most, fewer leave the number within double's range).
 _MAY_UNDERFLOW = re.compile(rb"[eE]-0*[1-9][0-9]{2}|\.0{200}")
+_ZEROS = b"." + b"0" * 200
 # A column kind's JSON values, as the quote count of `FastJson._repeated` sees them.
 _QUOTE_KINDS = {
     "text": "str",
@@ -247,7 +248,10 @@ class FastJson:
             column = _jsonb_column(column, not f.not_null, bad)
         elif f.kind in ("double", "real") and 0.0 in column:
             # Zero, or a number too small for the type that msgspec rounded to zero: the reference tells.
-            bad.update(p for p, v in enumerate(column) if v == 0.0 and _MAY_UNDERFLOW.search(values[p]))
+            zeros = [p for p, v in enumerate(column) if v == 0.0]
+            written = b"\x00".join([values[p] for p in zeros])
+            if b"e-" in written or b"E-" in written or _ZEROS in written:
+                bad.update(p for p in zeros if _MAY_UNDERFLOW.search(values[p]))
         if convert is not None:
             try:
                 column = [v if v is None or v is _UNSET else convert(v) for v in column]

@@ -20,7 +20,7 @@ import re
 import struct
 from collections.abc import Callable
 from datetime import date, datetime
-from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, DecimalException
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 from typing import Any
 from uuid import UUID
 
@@ -204,7 +204,8 @@ def as_real(value: float, exact: int | Decimal | None = None) -> float:
         if abs(value) != _REAL_OVERFLOW:
             raise
         rounded = math.copysign(_INFINITY, value)  # a tie: settled below
-    if rounded != value:
+    # Halfway between two reals, a double has at most 25 significant bits (a real has 24).
+    if rounded != value and (math.frexp(value)[0] * 33554432.0).is_integer():
         other = _other_side(value, rounded)
         if other is not None:
             if exact is None:
@@ -232,23 +233,25 @@ def _numeric_fit(typmods: tuple[int, ...]) -> Callable[[Decimal], bool]:
     precision, scale = (*typmods, 0)[:2] if typmods else (None, None)
 
     def fits(value: Decimal) -> bool:
-        # First what numeric's input takes of str(value), the text sent: see json_text.numeric_text_fits.
+        # First what numeric's input takes of str(value), the text sent (json_text.numeric_text_fits):
+        # its scale as written (-exponent), its digits before the point, the exponent of a zero.
         _, digits, exponent = value.as_tuple()
-        if -exponent > NUMERIC_FRACTION_DIGITS:  # type: ignore[operator]
+        if exponent < -NUMERIC_FRACTION_DIGITS:  # type: ignore[operator]
             return False
-        if value.is_zero():
+        if digits[0] == 0:  # zero (a non-zero Decimal's digits start with a non-zero one)
             return exponent < NUMERIC_EXPONENT_LIMIT  # type: ignore[operator]
-        if value.adjusted() >= NUMERIC_WHOLE_DIGITS:
+        whole = len(digits) + exponent  # type: ignore[operator]
+        if whole > NUMERIC_WHOLE_DIGITS:
             return False
         if precision is None:
             return True
-        try:
-            _, digits, exponent = value.normalize(EXACT).as_tuple()
-        except DecimalException:
-            return False
-        whole, fraction = max(0, len(digits) + exponent), max(0, -exponent)  # type: ignore[operator]
-        # No rounding to the scale: a value with more decimals than the column keeps is not its value.
-        return fraction <= scale and whole <= precision - scale
+        # No rounding to the scale: a value with more decimals than the column keeps is not its value
+        # (trailing zeros are not decimals it lacks).
+        fraction = 0
+        if exponent < 0:  # type: ignore[operator]
+            zeros = len(digits) - len(bytes(digits).rstrip(b"\0"))
+            fraction = max(0, -exponent - zeros)  # type: ignore[operator]
+        return fraction <= scale and max(0, whole) <= precision - scale
 
     return fits
 
