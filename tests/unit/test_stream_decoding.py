@@ -520,3 +520,35 @@ def test_a_value_that_is_not_one_json_object_within_the_size_limit_is_rejected(v
 
 def test_a_value_of_exactly_the_size_limit_is_read():
     assert values(decoder("a int", "max_event_bytes = 100"), b'{"a": 1' + b" " * 92 + b"}") == (1,)
+
+
+# --- nesting --------------------------------------------------------------------------------------
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+@pytest.mark.parametrize("unknown_fields", ["reject", "ignore"])
+def test_an_event_nested_deeper_than_500_levels_is_out_of_range_in_both_decoders(unknown_fields):
+    # The event's own object is a level: a jsonb value may nest 499 deep. Deeper is a real reason,
+    # not `undecodable` (the runner's word for a decoder that raised).
+    dec = decoder("tag text NOT NULL, j jsonb", f"unknown_fields = '{unknown_fields}'")
+    records = [Record(b'{"tag": "x", "j": ' + nested(depth) + b"}") for depth in (499, 500, 1100)]
+
+    for batch in (dec.decode_batch(records), dec.decode_each(records)):
+        assert batch.columns[1] == [nested(499).decode()]
+        assert [(i, e.reason) for i, e in batch.rejected] == [(1, "out_of_range"), (2, "out_of_range")]
+        assert batch.rejected[1][1].detail == "value is nested 1101 deep, over the 500 levels decoding reads"
+
+
+def test_brackets_inside_strings_do_not_nest():
+    dec = decoder("j jsonb")
+    text = b'["' + b"[" * 2000 + b'"]'
+    assert one(dec, b'{"j": ' + text + b"}") == text.decode()
+
+
+def test_a_likes_event_with_a_value_nested_1100_deep_is_out_of_range():
+    likes = decoder("oid bigint NOT NULL, uid bigint NOT NULL", "unknown_fields = 'ignore'")
+    assert rejection(likes, b'{"oid": 1, "uid": 2, "x": ' + nested(1100) + b"}").reason == "out_of_range"
+    assert rejection(decoder("oid bigint NOT NULL"), b'{"oid": ' + nested(1100) + b"}").reason == "out_of_range"
