@@ -372,3 +372,11 @@ def test_debezium_updates_applied_by_the_engine_keep_a_view_equal_to_the_table(i
         counts[val] += 1
         totals[val] += n
     assert rows == [(val, counts[val], totals[val]) for val in sorted(counts)]
+
+
+def test_postgresql_takes_jsonb_as_deep_as_decoding_reads(conn):
+    dec = StreamDecoder(stream("j jsonb"))
+    deepest = b"[" * 499 + b"]" * 499  # inside the event's object: 500 levels
+    batch = dec.decode_batch([Record(b'{"j": ' + deepest + b"}")])
+    literal = array_literal(batch.columns[0], "jsonb")
+    assert conn.execute("SELECT (%s::jsonb[])[1] = %s::jsonb", (literal, deepest.decode())).fetchone() == (True,)
