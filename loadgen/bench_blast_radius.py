@@ -207,10 +207,12 @@ def wait_for_assignment(owner: str, group: str, partitions: int, runner: Service
     raise BenchmarkError(f"blast radius: the runner took no partitions in 60 s: {runner.tail()}")
 
 
-def sample_freshness(owner: str, group: str, topics: list[str], result: BlastRadius, stop: threading.Event) -> None:
-    """Every 100 ms, each bystander's freshness: now minus its newest event time committed."""
+def sample_freshness(
+    owner: str, group: str, topics: list[str], result: BlastRadius, stop: threading.Event, interval: float = 0.1
+) -> None:
+    """Every `interval` seconds, each topic's freshness: now minus its newest event time committed."""
     with psycopg.connect(owner, autocommit=True) as conn:
-        while not stop.wait(0.1):
+        while not stop.wait(interval):
             rows = conn.execute(
                 "SELECT extract(epoch FROM now() - max(last_event_at))::float8 FROM ops.kafka_offsets"
                 " WHERE group_id = %s AND topic = ANY(%s) GROUP BY topic",

@@ -215,14 +215,16 @@ class StreamRunner:
                 log.exception("batch decoding failed; decoding record by record", stream=source.stream.name)
                 decoded = source.decoder.decode_each(group, undecodable=UNDECODABLE)
             rejected.extend((group[index], error) for index, error in decoded.rejected)
+            # Records, not changes: a Debezium update is one record and two changes (delete, insert).
+            records = len(group) - len(decoded.rejected) - decoded.skipped
             if decoded.ops:
                 changes = payload.get(source.target)
                 if changes is None:
                     changes = payload[source.target] = StreamChanges()
                 rejected_at = frozenset(index for index, _ in decoded.rejected)
                 changes.extend(decoded.ops, decoded.columns, Origin(source.decoder, group, rejected_at))
-                size += len(decoded.ops)
-            counts[topic] = len(decoded.ops)
+                size += records
+            counts[topic] = records
         return Decoded(payload, size, rejected, counts)
 
     def _ensure_topics(self, sources: Iterable[Source]) -> None:
