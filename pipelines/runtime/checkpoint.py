@@ -129,7 +129,9 @@ class Batch:
     end: dict[TopicPartition, int] = field(default_factory=dict)  # next offset after the batch
     # The Kafka timestamp (ms) of each partition's last record in the batch: how fresh it leaves the views.
     event_ms: dict[TopicPartition, int] = field(default_factory=dict)
-    # Set by a commit in isolation: topics the sink held back (their partitions were not advanced).
+    # Set by a commit in isolation (its first attempt was rolled back): the topics the sink held back
+    # (their partitions were not advanced).
+    isolated: bool = False
     held_topics: set[str] = field(default_factory=set)
 
     @property
@@ -264,6 +266,7 @@ class Checkpoint:
                 self._conn = None
             raise
         if outcome.isolate:
+            batch.isolated = True
             batch.dead_letters = dead_letters
             batch.size -= len(outcome.rejected)
             for message, _ in outcome.rejected:
@@ -272,6 +275,9 @@ class Checkpoint:
                     batch.counts[topic] -= 1
             batch.held_topics = set(outcome.held_topics)
             batch.end = end
+            for topic in outcome.held_topics:  # read again later: not counted now
+                batch.size -= batch.counts.pop(topic, 0)
+            batch.event_ms = {tp: ms for tp, ms in batch.event_ms.items() if tp[0] not in outcome.held_topics}
         return changed
 
     def _send_dead_letters(self, rejected: list[tuple[Any, InvalidEvent]], counts: Counter[tuple[str, str]]) -> None:

@@ -328,6 +328,9 @@ class Pipeline:
                 self._rewind()
             return False
         self._failures = 0
+        if batch.isolated:  # its first attempt was rolled back
+            self.totals["retries"] += 1
+            self.metrics.rolled_back()
         self.totals["batches"] += 1
         self.totals["records"] += batch.consumed
         self.totals["changes"] += changed

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pipelines.cv.runner import DEFAULT_GROUP
-from pipelines.cv.views.compiler import storage_table_of
+from pipelines.cv.stream_sql import state_table_of
 from pipelines.settings import ROLE_WRITER
 from tests.integration.conftest import unique, wait_for
 from tests.integration.test_declared_streams import define, produce, streamviews
@@ -89,7 +89,8 @@ def declared(stack, pg, admin):
     define(
         stack,
         f"""
-            CREATE STREAM {stream} (url text NOT NULL) WITH (topic = '{names["topic"]}');
+            CREATE STREAM {stream} (id bigint NOT NULL, url text NOT NULL)
+                WITH (topic = '{names["topic"]}', key = 'id');
             CREATE CONTINUOUS VIEW {names["view"]} AS SELECT url, count(*) AS views FROM {stream} GROUP BY url;
         """,
     )
@@ -109,32 +110,32 @@ def declared(stack, pg, admin):
 def test_a_streams_lag_rises_while_its_view_refuses_writes_then_returns_to_zero_with_every_event_counted(
     stack, kafka, pg, declared
 ):
-    # The supervised runner serves the metrics; stopping it would take them away with it. Instead its
-    # commits fail while the view's storage refuses sv_writer's inserts: the runner rolls back, backs
-    # off and reads the batch again, its loop (and its lag gauge) still running, while records pile up.
+    # The supervised runner serves the metrics; stopping it would take them away with it. Instead the
+    # stream's state refuses sv_writer's inserts: the runner rolls the batch back and holds the stream
+    # (docs/isolation.md), its loop (and its lag gauge) still running, while records pile up.
     stream, topic = declared["stream"], declared["topic"]
     events = f'sum(streamviews_events_total{{pipeline="streams",stream="{stream}"}})'
     lag = f'sum(streamviews_consumer_lag_records{{pipeline="streams",topic="{topic}"}})'
     rollbacks = 'sum(streamviews_rollbacks_total{pipeline="streams"})'
-    produce(kafka, topic, [json.dumps({"url": "/warm-up"}).encode()])
+    produce(kafka, topic, [json.dumps({"id": 0, "url": "/warm-up"}).encode()])
     wait_for(lambda: value(stack, events) == 1, timeout=90, what="Prometheus to count the first event")
     wait_for(lambda: value(stack, lag) == 0, timeout=60, what="the lag at 0 after the first event")
     rolled_back = value(stack, rollbacks) or 0
 
-    schema, view = declared["view"].split(".")
-    storage = storage_table_of(schema, view)
+    state = state_table_of(stream)
     with pg("sv_owner", autocommit=True) as conn:
-        conn.execute(f"REVOKE INSERT ON {storage.as_string(conn)} FROM {ROLE_WRITER}")
+        conn.execute(f"REVOKE INSERT ON {state.as_string(conn)} FROM {ROLE_WRITER}")
     try:
-        produce(kafka, topic, [json.dumps({"url": f"/p/{i % 5}"}).encode() for i in range(200)])
+        produce(kafka, topic, [json.dumps({"id": i, "url": f"/p/{i % 5}"}).encode() for i in range(1, 201)])
         wait_for(lambda: (value(stack, lag) or 0) > 0, timeout=90, what="the lag to rise in Prometheus")
         wait_for(lambda: value(stack, rollbacks) > rolled_back, timeout=60, what="the rollbacks to be counted")
         assert value(stack, events) == 1, "nothing is counted before it commits"
     finally:
         with pg("sv_owner", autocommit=True) as conn:
-            conn.execute(f"GRANT INSERT ON {storage.as_string(conn)} TO {ROLE_WRITER}")
+            conn.execute(f"GRANT INSERT ON {state.as_string(conn)} TO {ROLE_WRITER}")
 
-    wait_for(lambda: value(stack, lag) == 0, timeout=120, what="the lag back at 0 in Prometheus")
+    # The held stream is read again after PIPELINE_HOLD_RETRY_S (30 s).
+    wait_for(lambda: value(stack, lag) == 0, timeout=150, what="the lag back at 0 in Prometheus")
     assert value(stack, events) == 201
     with pg("sv_reader") as conn:
         assert conn.execute(f"SELECT sum(views) FROM {declared['view']}").fetchone()[0] == 201
