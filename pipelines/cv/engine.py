@@ -20,7 +20,7 @@ from psycopg import sql
 
 from pipelines.cv import arrays, catalog, stream_sql
 from pipelines.cv.definitions import StreamDef, ViewDef
-from pipelines.cv.views import compiler, extremes
+from pipelines.cv.views import compiler
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 
@@ -287,20 +287,10 @@ def rebuild_from_state(conn: psycopg.Connection, compiled: catalog.CompiledView,
     Its storage is emptied, then filled as a new view's is: exact whatever the view missed, since
     the state holds every live row.
     """
-    view, types = compiled.view, compiled.types
-    tables = [compiler.storage_table(view)]
-    if compiler.uses_refs(view, stream):
-        tables.append(compiler.refs_table(view))
-    tables += [extremes.counts_table(view, index) for index, _ in extremes.kept_extremes(view, stream)]
-    for table in tables:
-        conn.execute(sql.SQL("DELETE FROM {}").format(table))
-    source = stream_sql.backfill_source(stream)
-    for statement in compiler.update_extreme_counts(view, stream, source):
+    for statement in compiler.reset_storage(compiled.view, stream):
+        conn.execute(statement)
+    for statement in compiler.backfill_from_state(compiled.view, stream, compiled.types):
         conn.execute(statement, ())
-    if compiler.uses_refs(view, stream):
-        conn.execute(compiler.create_transitions_table(view, types))
-        conn.execute(compiler.update_refs(view, source), ())
-    conn.execute(compiler.apply_deltas(view, stream, source, types.states), ())
 
 
 def _maintain(conn: psycopg.Connection, statements: _ViewStatements, params: list[object]) -> None:

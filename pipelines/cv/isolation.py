@@ -10,7 +10,8 @@ with `outcome.isolate` set, and the views sink hands each stream to `StreamIsola
    function gone, a privilege revoked, an operator that does not exist; 0A: not supported) is
    *quarantined*: recorded in `cv.view_failures` with the reason and where its stream stood, left out
    of the stream's maintenance, and the stream is applied again without it.
-3. Any other failure is taken to be the records': they are bisected, each half under a savepoint;
+3. Any other failure is taken to be the records': they are read back from Kafka (the common path
+   keeps no message once decoded) and bisected, each half under a savepoint;
    halves that apply are kept, and a record that fails on its own is dead-lettered, its reason
    `view_error` (or `apply_error` for the stream's state) with the view and PostgreSQL's SQLSTATE and
    message. k bad records among n cost O(k log n) attempts, each record is rejected once.
@@ -36,6 +37,7 @@ from psycopg.types.json import Jsonb
 
 from pipelines.cv import catalog
 from pipelines.cv.engine import (
+    StreamDropped,
     StreamMaintainer,
     ViewApplyError,
     describe_error,
@@ -85,29 +87,37 @@ class StreamBroken(StreamviewsError):
 
 @dataclass(frozen=True)
 class Unit:
-    """One record's changes: the message, and the range of the stream's changes it made."""
+    """One record and the changes it makes (one, two for a Debezium update), as parallel columns."""
 
     message: Any
-    start: int
-    count: int
+    ops: list[int]
+    columns: list[list[Any]]
 
 
-def units_of(changes: StreamChanges) -> list[Unit] | None:
-    """Which message made which changes, by decoding each message again alone (isolation only).
+def units_of(changes: StreamChanges, fetched: dict[tuple[str, int], list[Any]]) -> list[Unit] | None:
+    """The records behind a stream's changes, each decoded again on its own (isolation only).
 
-    None when the record-by-record decoding does not account for every change (a decoder bug): the
-    changes cannot be told apart then, and the stream is held rather than guessed at.
+    `fetched` holds the batch's records read back from Kafka, per partition in offset order; the
+    records are taken partition by partition, which keeps each key's changes in order where its
+    partition does (and no order across partitions was ever promised). None
+    when they do not account for exactly the stream's changes (a record gone from the topic since,
+    say): the changes cannot be told apart then, and the stream is held rather than guessed at.
     """
-    units, position = [], 0
+    units = []
     for origin in changes.origins:
-        for index, message in enumerate(origin.messages):
-            if index in origin.rejected:
-                continue
-            count = len(origin.decoder.decode_each([message], undecodable="undecodable").ops)
-            if count:
-                units.append(Unit(message, position, count))
-                position += count
-    return units if position == len(changes.ops) else None
+        for tp in sorted(tp for tp in fetched if tp[0] == origin.topic):
+            for message in fetched[tp]:
+                decoded = origin.decoder.decode_each([message], undecodable="undecodable")
+                if decoded.ops:  # rejected (a dead letter already) or a tombstone: no change
+                    units.append(Unit(message, decoded.ops, decoded.columns))
+    return units if sum(len(u.ops) for u in units) == len(changes.ops) else None
+
+
+def _joined(units: list[Unit]) -> tuple[list[int], list[list[Any]]]:
+    """The changes of these records, in their order, as one batch."""
+    ops = [op for unit in units for op in unit.ops]
+    columns = [[value for unit in units for value in unit.columns[i]] for i in range(len(units[0].columns))]
+    return ops, columns
 
 
 class StreamIsolation:
@@ -137,9 +147,7 @@ class StreamIsolation:
                         changed = self._whole()
                     except _Bisect:
                         if units is None:
-                            units = units_of(self.changes)
-                        if units is None:
-                            raise StreamBroken("its changes could not be traced to their records", None) from None
+                            units = self._units()
                         changed = self._bisect(units)
             except ViewBroken as e:
                 self.maintainer.forget_sessions()
@@ -162,20 +170,33 @@ class StreamIsolation:
         try:
             with self.conn.transaction():
                 return self.maintainer.apply(self.conn, self.changes.ops, self.changes.columns)
+        except StreamDropped:
+            raise  # its records have nowhere to go: the sink skips them
         except Exception as e:
             self.maintainer.forget_sessions()
             self._classify(e)
             raise _Bisect from e
 
+    def _units(self) -> list[Unit]:
+        """The stream's records, read back from Kafka and decoded one by one."""
+        topics = set(self.changes.topics)
+        ranges = {tp: span for tp, span in self.outcome.ranges.items() if tp[0] in topics}
+        if self.outcome.fetch is None:
+            raise StreamBroken(f"stream {self.stream}: its records cannot be read again to tell them apart", None)
+        units = units_of(self.changes, self.outcome.fetch(ranges))
+        if units is None:
+            raise StreamBroken(f"stream {self.stream}: its records read again do not make the same changes", None)
+        return units
+
     def _bisect(self, units: list[Unit]) -> int:
-        first, last = units[0].start, units[-1].start + units[-1].count
         try:
             with self.conn.transaction():
-                ops = self.changes.ops[first:last]
-                columns = [column[first:last] for column in self.changes.columns]
+                ops, columns = _joined(units)
                 changed = self.maintainer.apply(self.conn, ops, columns)
                 self.maintainer.clear_batch(self.conn)
                 return changed
+        except StreamDropped:
+            raise
         except Exception as e:
             self.maintainer.forget_sessions()
             self._classify(e)
@@ -259,6 +280,12 @@ def hold(conn: psycopg.Connection, stream: str, broken: StreamBroken, topics: li
     log.error("stream held back; its offsets wait", stream=stream, topics=topics, reason=broken.reason)
 
 
+def held_streams(conn: psycopg.Connection, group_id: str) -> set[str]:
+    """The streams the group holds back, as recorded."""
+    rows = conn.execute("SELECT stream FROM cv.stream_failures WHERE group_id = %s", (group_id,)).fetchall()
+    return {stream for (stream,) in rows}
+
+
 def release_stream(conn: psycopg.Connection, stream: str) -> None:
     """A held stream applied again: its failure is over."""
     conn.execute("DELETE FROM cv.stream_failures WHERE stream = %s", (stream,))
@@ -283,6 +310,8 @@ def retry_quarantined(conn: psycopg.Connection, streams: tuple[str, ...], group_
         try:
             with conn.transaction():
                 catalog.lock_stream(conn, stream_name, shared=False)
+                if not conn.execute("SELECT 1 FROM cv.view_failures WHERE view = %s", (view,)).fetchone():
+                    continue  # another runner of the group resumed it while this one waited for the lock
                 streams_now = catalog.load_streams(conn, skip_broken=True)
                 stream = streams_now[stream_name]
                 views = catalog.load_views(conn, streams_now, stream_name)

@@ -221,8 +221,7 @@ class StreamRunner:
                 changes = payload.get(source.target)
                 if changes is None:
                     changes = payload[source.target] = StreamChanges()
-                rejected_at = frozenset(index for index, _ in decoded.rejected)
-                changes.extend(decoded.ops, decoded.columns, Origin(source.decoder, group, rejected_at))
+                changes.extend(decoded.ops, decoded.columns, Origin(topic, source.decoder))
                 size += records
             counts[topic] = records
         return Decoded(payload, size, rejected, counts)

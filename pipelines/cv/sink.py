@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,15 +17,14 @@ log = get_logger("cv.sink")
 
 @dataclass(frozen=True)
 class Origin:
-    """Where a part of a stream's changes came from: one topic's messages of the poll and its decoder.
+    """A topic whose records made some of a stream's changes, and the decoder that made them.
 
-    Kept so that isolation can tell which message a change came from (pipelines/cv/isolation.py);
-    worked out only then, never on the common path.
+    All isolation needs to tell the changes' records apart (pipelines/cv/isolation.py): it reads
+    the records again and decodes them one by one. The messages themselves are not kept.
     """
 
+    topic: str
     decoder: Any  # the StreamDecoder that made the changes
-    messages: Sequence[Any]  # the topic's messages of the poll, in order
-    rejected: frozenset[int]  # positions in `messages` the decoder rejected (already dead letters)
 
 
 @dataclass
@@ -51,7 +49,7 @@ class StreamChanges:
     @property
     def topics(self) -> list[str]:
         """The topics the changes were read from."""
-        return sorted({o.messages[0].topic() for o in self.origins if o.messages})
+        return sorted({o.topic for o in self.origins})
 
 
 class ViewSink:
@@ -68,11 +66,15 @@ class ViewSink:
         self.maintainers: dict[str, StreamMaintainer] = {}
         self.streams: tuple[str, ...] = ()  # the streams whose retention housekeeping runs
         self.poison_limit, self.view_retry_s = poison_limit, view_retry_s
-        self.held_streams: set[str] = set()  # recorded in cv.stream_failures by this process
+        # The group's streams recorded in cv.stream_failures (read at the first batch: a restarted
+        # runner clears what it held before once the stream applies again).
+        self.held_streams: set[str] | None = None
 
     def apply(self, conn: psycopg.Connection, payload: dict[str, StreamChanges], outcome: ApplyOutcome) -> int:
         """Apply every stream's changes in this transaction; returns the deltas (real changes)."""
         changed = 0
+        if self.held_streams is None:
+            self.held_streams = isolation.held_streams(conn, self.group_id)
         for name in sorted(payload):
             changes = payload[name]
             if not changes.ops:

@@ -88,6 +88,9 @@ class ApplyOutcome:
         start: The stored position of each partition the batch read (for the sink's records of where
             a failure began).
         group_id: The consumer group committing the batch.
+        ranges: The offsets the batch read, [first, end) per partition.
+        fetch: Reads those records from Kafka again (`RecordFetcher`): isolation tells records apart
+            by them, so the common path keeps none of the messages it decoded.
     """
 
     isolate: bool = False
@@ -95,6 +98,16 @@ class ApplyOutcome:
     held_topics: set[str] = field(default_factory=set)
     start: dict[tuple[str, int], int | None] = field(default_factory=dict)
     group_id: str = ""
+    ranges: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
+    fetch: RecordFetcher | None = None
+
+
+class RecordFetcher(Protocol):
+    """Reads records from Kafka again: for each (topic, partition), those in [first, end), in offset order."""
+
+    def __call__(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> dict[tuple[str, int], list[Any]]:
+        """The records of the ranges (confluent_kafka Messages)."""
+        ...
 
 
 class Sink(Protocol):
@@ -126,6 +139,7 @@ class Batch:
     dead_letters: Counter[tuple[str, str]] = field(default_factory=Counter)  # (topic, reason) -> n
     counts: dict[str, int] = field(default_factory=dict)  # records in the payload, per topic
     start: dict[TopicPartition, int | None] = field(default_factory=dict)  # stored position expected
+    first: dict[TopicPartition, int] = field(default_factory=dict)  # offset of the batch's first record
     end: dict[TopicPartition, int] = field(default_factory=dict)  # next offset after the batch
     # The Kafka timestamp (ms) of each partition's last record in the batch: how fresh it leaves the views.
     event_ms: dict[TopicPartition, int] = field(default_factory=dict)
@@ -152,11 +166,19 @@ def partition_lag(low: int, high: int, next_offset: int | None) -> int:
 class Checkpoint:
     """Owns the transaction that applies a batch and stores its offsets."""
 
-    def __init__(self, conninfo: str, group_id: str, sink: Sink, dead_letters: DeadLetterSender | None = None) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        group_id: str,
+        sink: Sink,
+        dead_letters: DeadLetterSender | None = None,
+        fetch: RecordFetcher | None = None,
+    ) -> None:
         self.conninfo = conninfo
         self.group_id = group_id
         self.sink = sink
         self.dead_letters = dead_letters
+        self.fetch = fetch
         # Kafka's id of each topic being consumed, stored with the offsets it claims (migration 0019).
         self.topic_ids: dict[str, str] = {}
         self._conn: psycopg.Connection | None = None
@@ -246,7 +268,11 @@ class Checkpoint:
                 error=f"{type(e).__name__}: {str(e).strip()}"[:500],
                 records=batch.size,
             )
-        return self._attempt(batch, ApplyOutcome(isolate=True, start=dict(batch.start), group_id=self.group_id))
+        ranges = {tp: (first, batch.end[tp]) for tp, first in batch.first.items() if tp in batch.end}
+        outcome = ApplyOutcome(
+            isolate=True, start=dict(batch.start), group_id=self.group_id, ranges=ranges, fetch=self.fetch
+        )
+        return self._attempt(batch, outcome)
 
     def _attempt(self, batch: Batch, outcome: ApplyOutcome) -> int:
         conn = self.conn

@@ -61,6 +61,12 @@ RecordDecoder = Callable[[bytes | None, bytes | None, int], Any]
 UNDECODABLE = "undecodable"
 
 
+class RecordsNotFetched(StreamviewsError):
+    """Isolation could not read a failed batch's records back from Kafka: the batch is retried."""
+
+    transient = True
+
+
 @dataclass
 class Decoded:
     """What a batch decoder made of a poll's messages."""
@@ -189,7 +195,7 @@ class Pipeline:
             ),
             name,
         )
-        self.checkpoint = Checkpoint(postgres.conninfo(), group_id, sink, self.dead_letters)
+        self.checkpoint = Checkpoint(postgres.conninfo(), group_id, sink, self.dead_letters, self.fetch_records)
         self.topics: tuple[str, ...] = ()
         # Topics the sink held back (it could not apply their records), with when to read them again.
         self.held: dict[str, float] = {}
@@ -397,6 +403,7 @@ class Pipeline:
                 tp = (topic, partition)
                 if tp in positions:  # else: revoked while this poll was in flight
                     batch.start.setdefault(tp, positions[tp])
+                    batch.first.setdefault(tp, message.offset())
                     run = by_topic.setdefault(topic, [])
                 else:
                     run = None
@@ -468,6 +475,44 @@ class Pipeline:
                     partitions_reset=reset,
                 )
         self.checkpoint.record_topic_ids(ids)
+
+    def fetch_records(
+        self, ranges: dict[tuple[str, int], tuple[int, int]], timeout_s: float = 60.0
+    ) -> dict[tuple[str, int], list[Message]]:
+        """The records of each (topic, partition) in [first, end), read again with a consumer of their own.
+
+        Isolation needs the records of a failed batch to tell them apart; reading them again there
+        spares the common path from keeping every message until its batch commits (they are tracked
+        by Python's garbage collector, and kept ones made its full collections pause the runner).
+        Called from the committer thread, so it does not touch the pipeline's consumer.
+
+        Raises:
+            StreamviewsError: Kafka did not return them within `timeout_s` (the batch is retried).
+        """
+        wanted = {tp: (first, end) for tp, (first, end) in ranges.items() if end > first}
+        found: dict[tuple[str, int], list[Message]] = {tp: [] for tp in wanted}
+        if not wanted:
+            return found
+        config = consumer_config(self.kafka, f"{self.name}-isolation", f"{self.group_id}-isolation")
+        consumer = Consumer(config)
+        try:
+            consumer.assign([TopicPartition(t, p, first) for (t, p), (first, _) in sorted(wanted.items())])
+            pending, deadline = set(wanted), time.monotonic() + timeout_s
+            while pending:
+                if time.monotonic() > deadline:
+                    raise RecordsNotFetched(f"isolation: records of {sorted(pending)} not read back in {timeout_s} s")
+                for message in consumer.consume(1000, 0.5):
+                    if message.error() is not None:
+                        continue
+                    tp = (message.topic(), message.partition())
+                    if tp in pending and message.offset() < wanted[tp][1]:
+                        found[tp].append(message)
+                    if tp in pending and message.offset() >= wanted[tp][1] - 1:
+                        pending.discard(tp)
+                        consumer.pause([TopicPartition(*tp)])
+        finally:
+            consumer.close()
+        return found
 
     def _admin(self) -> AdminClient:
         if self._admin_client is None:

@@ -74,35 +74,38 @@ def test_an_error_is_described_in_one_line_with_its_sqlstate():
     assert describe_error(TypeError("Integer exceeds 64-bit range\n")) == "TypeError: Integer exceeds 64-bit range"
 
 
-class Message(SimpleNamespace):
-    def topic(self) -> str:
-        return self.t
-
-
 class Decoder:
-    """Makes as many changes of a record as its value says (0: a tombstone, 2: an update)."""
+    """Makes as many changes of a record as its value says (0: rejected or a tombstone, 2: an update)."""
 
     def decode_each(self, records, undecodable=None):
-        return SimpleNamespace(ops=[1] * sum(r.n for r in records))
+        n = sum(r.n for r in records)
+        return SimpleNamespace(ops=[1] * n, columns=[[r.n for r in records for _ in range(r.n)]])
 
 
-def test_each_change_is_traced_to_the_record_that_made_it():
-    first = [Message(t="a", n=1), Message(t="a", n=0), Message(t="a", n=2), Message(t="a", n=1)]
-    second = [Message(t="b", n=1)]
+def test_each_change_is_traced_to_the_record_that_made_it_by_reading_the_records_again():
+    a0 = [SimpleNamespace(n=1), SimpleNamespace(n=0), SimpleNamespace(n=2)]
+    a1 = [SimpleNamespace(n=1)]
+    b0 = [SimpleNamespace(n=1)]
     changes = StreamChanges()
-    changes.extend([1] * 3, [[1, 2, 3]], Origin(Decoder(), first, frozenset({3})))  # the last was rejected
-    changes.extend([1], [[4]], Origin(Decoder(), second, frozenset()))
+    changes.extend([1] * 4, [[1, 2, 2, 1]], Origin("a", Decoder()))
+    changes.extend([1], [[1]], Origin("b", Decoder()))
 
-    units = units_of(changes)
+    units = units_of(changes, {("a", 1): a1, ("a", 0): a0, ("b", 0): b0, ("c", 0): [SimpleNamespace(n=5)]})
 
-    assert [(u.message, u.start, u.count) for u in units] == [(first[0], 0, 1), (first[2], 1, 2), (second[0], 3, 1)]
+    # In partition order, each record with the changes it makes; the record that made none is left out.
+    assert [(u.message, u.ops, u.columns) for u in units] == [
+        (a0[0], [1], [[1]]),
+        (a0[2], [1, 1], [[2, 2]]),
+        (a1[0], [1], [[1]]),
+        (b0[0], [1], [[1]]),
+    ]
     assert changes.topics == ["a", "b"]
 
 
-def test_changes_that_cannot_be_traced_are_not_guessed_at():
+def test_changes_the_records_read_again_do_not_account_for_are_not_guessed_at():
     changes = StreamChanges()
-    changes.extend([1, 1], [[1, 2]], Origin(Decoder(), [Message(t="a", n=1)], frozenset()))
-    assert units_of(changes) is None
+    changes.extend([1, 1], [[1, 2]], Origin("a", Decoder()))
+    assert units_of(changes, {("a", 0): [SimpleNamespace(n=1)]}) is None
 
 
 def test_status_lists_the_views_not_maintained_and_what_to_do():

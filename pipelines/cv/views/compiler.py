@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from psycopg import sql
 
+from pipelines.cv import stream_sql
 from pipelines.cv.definitions import Aggregate, StreamDef, ViewDef, split_arguments, storage_name
 from pipelines.cv.sql_text import CV_SCHEMA, comma_list, ident, raw
 from pipelines.cv.views import extremes, windows
@@ -381,3 +382,26 @@ def expire(view: ViewDef, stream: StreamDef) -> list[sql.Composed]:
     )
     counts = [extremes.expire(view, i) for i, _ in extremes.kept_extremes(view, stream)]
     return [statement, *(c for c in counts if c is not None)]
+
+
+def backfill_from_state(view: ViewDef, stream: StreamDef, types: ViewTypes) -> list[sql.Composed]:
+    """The statements that fill a view over a keyed stream from the stream's state, run in order.
+
+    A new view is filled with them; a quarantined one that resumes runs them after emptying its
+    storage (`reset_storage`), which makes it exact whatever it missed.
+    """
+    source = stream_sql.backfill_source(stream)
+    statements = list(update_extreme_counts(view, stream, source))
+    if uses_refs(view, stream):
+        statements += [create_transitions_table(view, types), update_refs(view, source)]
+    statements.append(apply_deltas(view, stream, source, types.states))
+    return statements
+
+
+def reset_storage(view: ViewDef, stream: StreamDef) -> list[sql.Composed]:
+    """Empty a view's storage: its rows, reference counts and min/max value counts."""
+    tables = [storage_table(view)]
+    if uses_refs(view, stream):
+        tables.append(refs_table(view))
+    tables += [extremes.counts_table(view, index) for index, _ in extremes.kept_extremes(view, stream)]
+    return [sql.SQL("DELETE FROM {}").format(table) for table in tables]

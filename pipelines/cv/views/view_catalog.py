@@ -26,7 +26,6 @@ from pglast.stream import RawStream
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv import stream_sql
 from pipelines.cv.catalog import (
     begin_change,
     bump,
@@ -116,13 +115,8 @@ def _create(conn: psycopg.Connection, view: ViewDef, stream: StreamDef, types: V
     _create_read_view(conn, view, types)
     if stream.key is None:
         return "starts from now (append-only stream: no state to backfill from)"
-    source = stream_sql.backfill_source(stream)
-    for statement in compiler.update_extreme_counts(view, stream, source):
+    for statement in compiler.backfill_from_state(view, stream, types):
         conn.execute(statement, ())
-    if compiler.uses_refs(view, stream):
-        conn.execute(compiler.create_transitions_table(view, types))
-        conn.execute(compiler.update_refs(view, source), ())
-    conn.execute(compiler.apply_deltas(view, stream, source, types.states), ())
     groups = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(storage)).fetchone()[0]
     return f"backfilled {groups} groups from the current state of {stream.name}"
 
