@@ -142,11 +142,6 @@ class StreamMaintainer:
             for statement in self._plan.clear_tables:
                 conn.execute(statement)
 
-    @property
-    def quarantined(self) -> frozenset[str]:
-        """The views of the stream left out of its maintenance, as of the last plan."""
-        return self._plan.quarantined if self._plan is not None else frozenset()
-
     def forget_sessions(self) -> None:
         """After a rollback: forget the temporary tables and the plan made in the rolled-back transaction.
 

@@ -280,10 +280,12 @@ class Checkpoint:
             with conn.transaction():
                 self._verify_positions(conn, batch)
                 changed = self.sink.apply(conn, batch.payload, outcome) if batch.size else 0
-                dead_letters = Counter(batch.dead_letters)
+                # A held topic's records are read again, its bad ones dead-lettered again then: count them then.
+                held = outcome.held_topics
+                dead_letters = Counter({k: n for k, n in batch.dead_letters.items() if k[0] not in held})
                 if outcome.rejected:
                     self._send_dead_letters(outcome.rejected, dead_letters)
-                end = {tp: o for tp, o in batch.end.items() if tp[0] not in outcome.held_topics}
+                end = {tp: o for tp, o in batch.end.items() if tp[0] not in held}
                 self._store_offsets(conn, end, batch.event_ms)
                 self._count_dead_letters(conn, dead_letters)
         except BaseException:

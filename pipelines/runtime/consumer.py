@@ -341,10 +341,10 @@ class Pipeline:
         self.totals["records"] += batch.consumed
         self.totals["changes"] += changed
         self.metrics.committed(batch.consumed, batch.counts, batch.dead_letters, batch.event_ms)
+        for topic in batch.counts.keys() - batch.held_topics:  # applied again: its back-off starts over
+            self._hold_failures.pop(topic, None)
         if batch.held_topics:
             self._hold(batch.held_topics)
-        else:
-            self._hold_failures.clear()
         for tp, offset in batch.end.items():
             if tp in self.stored:
                 self.stored[tp] = offset
