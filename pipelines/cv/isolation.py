@@ -260,7 +260,7 @@ def positions(conn: psycopg.Connection, group_id: str, topics: list[str]) -> dic
 def quarantine(
     conn: psycopg.Connection, broken: ViewBroken, topics: list[str], outcome: ApplyOutcome, retry_s: float
 ) -> None:
-    """Record the view as failed, in the batch's transaction; the catalog's version moves with it."""
+    """Record the view as failed, in the batch's transaction; its stream's plan version moves with it."""
     recorded = conn.execute(
         "SELECT cv.quarantine_view(%s, %s, %s, %s, make_interval(secs => %s))",
         (broken.view, broken.sqlstate, broken.reason, Jsonb(positions(conn, outcome.group_id, topics)), retry_s),
