@@ -95,7 +95,7 @@ $$;
 -- same transaction. It finds where those rows landed with a TID range scan from the table's
 -- hi_block up (only this batch's blocks) and raises hi_block to the highest one. Rows landing below
 -- hi_block (free space reused after vacuum cleaned an aborted batch) are recorded as a rewind, so
--- the puller reads that part again; see pipelines/ctid_puller.py for why this leaves no holes.
+-- the puller reads that part again; see pipelines/audit/puller.py for why this leaves no holes.
 CREATE OR REPLACE FUNCTION audit.record_batch(tbl text, copied bigint) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$
@@ -285,5 +285,5 @@ REVOKE ALL ON FUNCTION audit.create_log(text), audit.ensure_table(text, int, dat
 GRANT EXECUTE ON FUNCTION audit.ensure_table(text, int, date), audit.record_batch(text, bigint) TO sv_writer;
 GRANT EXECUTE ON FUNCTION audit.drop_expired(text, date) TO sv_indexer;
 
--- The default log, written by `python -m pipelines.audit` and pulled by `python -m pipelines.ctid_puller`.
+-- The default log, written by `python -m pipelines.audit.writer` and pulled by `python -m pipelines.audit.puller`.
 SELECT audit.create_log('audit');
