@@ -30,7 +30,8 @@ from psycopg import sql
 
 from pipelines.audit.events import AuditDecoder, AuditEvent
 from pipelines.runtime.checkpoint import ApplyOutcome, Record
-from pipelines.runtime.consumer import BatchDecoder, PipelineSpec, main, per_record
+from pipelines.runtime.consumer import BatchDecoder, per_record
+from pipelines.runtime.single_topic import PipelineSpec, main
 from pipelines.settings import AuditSettings
 
 # The shard goes last: it is the table's, so it is appended to rows encoded before their shard is known.

@@ -19,7 +19,6 @@ are consumed again after the re-seek. At most one batch is in flight, so commits
 
 from __future__ import annotations
 
-import argparse
 import logging
 import signal
 import sys
@@ -35,22 +34,20 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     KafkaError,
-    KafkaException,
     Message,
     Producer,
-    TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
 
 from pipelines import metrics
 from pipelines.errors import StreamviewsError
-from pipelines.logs import configure_logging, get_logger
+from pipelines.logs import get_logger
 from pipelines.runtime.checkpoint import Batch, Checkpoint, Fenced, Record, Sink, partition_lag
-from pipelines.runtime.deadletter import DeadLetters, dead_letter_topic
+from pipelines.runtime.deadletter import DeadLetters
 from pipelines.runtime.events import InvalidEvent
-from pipelines.runtime.topics import ensure_topics
-from pipelines.settings import KafkaSettings, MetricsSettings, PipelineSettings, PostgresSettings
+from pipelines.runtime.reread import read_back
+from pipelines.runtime.topic_ids import check_topic_ids
+from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
 
 log = get_logger("consumer")
 
@@ -59,12 +56,6 @@ log = get_logger("consumer")
 RecordDecoder = Callable[[bytes | None, bytes | None, int], Any]
 # The dead-letter reason for a record whose decoder failed unexpectedly (a bug, not bad input).
 UNDECODABLE = "undecodable"
-
-
-class RecordsNotFetched(StreamviewsError):
-    """Isolation could not read a failed batch's records back from Kafka: the batch is retried."""
-
-    transient = True
 
 
 @dataclass
@@ -110,22 +101,6 @@ def per_record(decode: RecordDecoder) -> BatchDecoder:
         return Decoded(records, len(records), rejected, counts)
 
     return decode_batch
-
-
-@dataclass(frozen=True)
-class PipelineSpec:
-    """What a single-topic pipeline module declares: its name, default topic, decoder and sink.
-
-    `add_arguments` adds the pipeline's own command-line options; `build` makes its decoder and sink
-    from the parsed arguments (at start, so that settings are read in `main`, never at import).
-    """
-
-    name: str
-    topic: str
-    summary: str  # one line for --help
-    module: str  # how it is run: python -m <module>
-    build: Callable[[argparse.Namespace], tuple[BatchDecoder, Sink]]
-    add_arguments: Callable[[argparse.ArgumentParser], None] = lambda _parser: None
 
 
 def consumer_config(
@@ -199,7 +174,6 @@ class Pipeline:
         self.topics: tuple[str, ...] = ()
         # Topics the sink held back (it could not apply their records), with when to read them again.
         self.held: dict[str, float] = {}
-        self._admin_client: AdminClient | None = None
         self._hold_failures: dict[str, int] = {}
         # Where each assigned (topic, partition) will stand in PostgreSQL once the batches decoded so
         # far have committed (None: never committed); reset from PostgreSQL by a rewind.
@@ -432,7 +406,8 @@ class Pipeline:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._settle(rewind=False)
-        self._check_topic_ids(sorted({tp.topic for tp in partitions}))
+        topics = sorted({tp.topic for tp in partitions})
+        check_topic_ids(self.kafka.bootstrap_servers, self.checkpoint, topics, self.metrics.topic_recreated)
         stored = self._stored_offsets([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)
@@ -448,78 +423,9 @@ class Pipeline:
             },
         )
 
-    def _check_topic_ids(self, topics: list[str]) -> None:
-        """Read a topic recreated under its name (its Kafka id changed) from its beginning, not its old offsets.
-
-        The ids are Kafka's (KIP-516) and stored with the offsets (migration 0019). Without an answer
-        from Kafka the check is skipped (logged): consuming goes on as before it existed.
-        """
-        try:
-            described = self._admin().describe_topics(TopicCollection(topics), request_timeout=10)
-            ids = {topic: str(future.result(10).topic_id) for topic, future in described.items()}
-            stored = self.checkpoint.stored_topic_ids(topics)
-        except (KafkaException, psycopg.Error) as e:
-            log.warning("cannot check the topics' ids", pipeline=self.name, topics=topics, error=str(e))
-            return
-        self.checkpoint.topic_ids.update(ids)
-        for topic, topic_id in ids.items():
-            if stored.get(topic, {topic_id}) != {topic_id}:
-                reset = self.checkpoint.restart_topic(topic, topic_id)
-                self.metrics.topic_recreated(topic)
-                log.warning(
-                    "topic was recreated; reading it from its beginning",
-                    pipeline=self.name,
-                    topic=topic,
-                    old_ids=sorted(stored[topic]),
-                    new_id=topic_id,
-                    partitions_reset=reset,
-                )
-        self.checkpoint.record_topic_ids(ids)
-
-    def fetch_records(
-        self, ranges: dict[tuple[str, int], tuple[int, int]], timeout_s: float = 60.0
-    ) -> dict[tuple[str, int], list[Message]]:
-        """The records of each (topic, partition) in [first, end), read again with a consumer of their own.
-
-        Isolation needs the records of a failed batch to tell them apart; reading them again there
-        spares the common path from keeping every message until its batch commits (they are tracked
-        by Python's garbage collector, and kept ones made its full collections pause the runner).
-        Called from the committer thread, so it does not touch the pipeline's consumer.
-
-        Raises:
-            StreamviewsError: Kafka did not return them within `timeout_s` (the batch is retried).
-        """
-        wanted = {tp: (first, end) for tp, (first, end) in ranges.items() if end > first}
-        found: dict[tuple[str, int], list[Message]] = {tp: [] for tp in wanted}
-        if not wanted:
-            return found
-        config = consumer_config(self.kafka, f"{self.name}-isolation", f"{self.group_id}-isolation")
-        consumer = Consumer(config)
-        try:
-            consumer.assign([TopicPartition(t, p, first) for (t, p), (first, _) in sorted(wanted.items())])
-            pending, deadline = set(wanted), time.monotonic() + timeout_s
-            while pending:
-                if time.monotonic() > deadline:
-                    raise RecordsNotFetched(f"isolation: records of {sorted(pending)} not read back in {timeout_s} s")
-                for message in consumer.consume(1000, 0.5):
-                    if message.error() is not None:
-                        continue
-                    tp = (message.topic(), message.partition())
-                    if tp in pending and message.offset() < wanted[tp][1]:
-                        found[tp].append(message)
-                    if tp in pending and message.offset() >= wanted[tp][1] - 1:
-                        pending.discard(tp)
-                        consumer.pause([TopicPartition(*tp)])
-        finally:
-            consumer.close()
-        return found
-
-    def _admin(self) -> AdminClient:
-        if self._admin_client is None:
-            self._admin_client = AdminClient(
-                {"bootstrap.servers": self.kafka.bootstrap_servers, "logger": logging.getLogger("librdkafka")}
-            )
-        return self._admin_client
+    def fetch_records(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> dict[tuple[str, int], list[Message]]:
+        """A failed batch's records read back for isolation (pipelines/runtime/reread.py)."""
+        return read_back(self.kafka.bootstrap_servers, f"{self.kafka.client_id}-{self.name}-isolation", ranges)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Let the batch in flight finish first: the partitions' next owner then starts after it.
@@ -583,43 +489,3 @@ class Pipeline:
             self.checkpoint.housekeeping()
         except (psycopg.Error, StreamviewsError) as e:
             log.warning("housekeeping failed; will retry", pipeline=self.name, error=str(e))
-
-
-def main(spec: PipelineSpec, argv: list[str] | None = None) -> int:
-    """Command line of a single-topic pipeline: `python -m <module> [--topic T] [--group G] [its options]`."""
-    parser = argparse.ArgumentParser(prog=f"python -m {spec.module}", description=spec.summary)
-    parser.add_argument("--topic", default=spec.topic, help=f"Kafka topic (default {spec.topic})")
-    parser.add_argument("--group", default="", help="consumer group (default PIPELINE_GROUP_ID or streamviews-<name>)")
-    spec.add_arguments(parser)
-    args = parser.parse_args(argv)
-    configure_logging()
-    settings, kafka, postgres = PipelineSettings(), KafkaSettings(), PostgresSettings()
-    metrics_settings = MetricsSettings()
-    group_id = args.group or settings.group_id or f"streamviews-{spec.name}"
-    log.info(
-        "settings",
-        pipeline=spec.name,
-        **settings.describe(),
-        kafka=kafka.describe(),
-        postgres=postgres.describe(),
-        metrics=metrics_settings.describe(),
-    )
-    metrics.serve(metrics_settings, spec.name)
-    decode, sink = spec.build(args)
-    ensure_topics(
-        kafka.bootstrap_servers,
-        {args.topic: settings.topic_partitions, dead_letter_topic(args.topic): settings.topic_partitions},
-    )
-    pipeline = Pipeline(
-        spec.name,
-        decode=decode,
-        sink=sink,
-        group_id=group_id,
-        kafka=kafka,
-        postgres=postgres,
-        settings=settings,
-        metrics_refresh_s=metrics_settings.refresh_s,
-    )
-    pipeline.subscribe([args.topic])
-    pipeline.run()
-    return 0
