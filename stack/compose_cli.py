@@ -2,8 +2,10 @@
 
 No Docker engine runs where the stack runs, and Docker's compose plugin is not installed, but Compose
 is a Go module and `docker-compose config` needs no engine: it parses, validates and interpolates the
-file exactly as `docker compose up` would. So `up` builds one pinned version from the Go module proxy
-into the state directory, once; afterwards its presence is all that is checked.
+file exactly as `docker compose up` would. So the test that needs it (tests/unit/test_compose_cli.py,
+run by `make test`) builds one pinned version from the Go module proxy into the state directory,
+once; afterwards its presence is all that is checked. `make up` and `make demo` never build it: Go is
+a prerequisite of that test alone.
 
 Why `go build` inside the downloaded module rather than `go install <module>/cmd@<version>`: Compose's
 go.mod has `exclude` directives, which `go install pkg@version` refuses. Built as the main module, its
@@ -39,7 +41,7 @@ GO_ENV = {"GOFLAGS": "-mod=readonly", "GOWORK": "off", "CGO_ENABLED": "0"}
 
 
 def compose_cli_path(paths: StackPaths) -> Path:
-    """Where `up` puts the pinned `docker-compose` binary (the tests look for it here)."""
+    """Where the pinned `docker-compose` binary is built (in the state directory, beside the distributions)."""
     return paths.dist / f"compose-{COMPOSE_VERSION}" / "docker-compose"
 
 
@@ -50,7 +52,7 @@ def ensure_compose_cli(paths: StackPaths) -> Path:
     3. download the module (verified against the checksum database) and learn its folder;
     4. build `./cmd` there into a staging folder of this process's own, then rename the folder into
     place, so an interrupted build never leaves a half-written binary that would count as present;
-    when a concurrent `up` got there first, its binary is kept and this one dropped.
+    when a concurrent build (another test run) got there first, its binary is kept and this one dropped.
     """
     target = compose_cli_path(paths)
     if target.exists():
@@ -73,7 +75,7 @@ def ensure_compose_cli(paths: StackPaths) -> Path:
         cwd=folder.parent,
     )
     source = Path(json.loads(downloaded)["Dir"])
-    # A staging folder of its own: another `up` (the stack is shared) may be building at the same time.
+    # A staging folder of its own: another test run (the state directory is shared) may be building too.
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
     try:
         run(
@@ -87,7 +89,7 @@ def ensure_compose_cli(paths: StackPaths) -> Path:
             shutil.rmtree(folder, ignore_errors=True)
             staging.rename(folder)
     except OSError:
-        if not target.exists():  # not merely another `up` that finished first
+        if not target.exists():  # not merely another build that finished first
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)

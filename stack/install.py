@@ -1,6 +1,7 @@
 """Installing what the stack runs: Debian packages, the service account, and the Maven distributions.
 
-Also the docker-compose CLI the tests check docker-compose.yml with (stack/compose_cli.py).
+Not the docker-compose CLI: only the test that checks docker-compose.yml needs it, and builds it
+itself (stack/compose_cli.py), so `make demo` needs no Go.
 
 Each step checks first and does nothing when its result is already there, so a warm `up` spends no
 time here. Downloads go through Maven's local repository (a shared cache); each distribution is then
@@ -20,7 +21,6 @@ from pathlib import Path
 
 from pipelines.errors import StackError
 from pipelines.logs import get_logger
-from stack.compose_cli import ensure_compose_cli
 from stack.pg_extension import ensure_extension
 from stack.settings import StackSettings
 from stack.shell import ServiceUser, make_dir, run
@@ -56,7 +56,6 @@ def install(settings: StackSettings) -> tuple[ServiceUser, Distributions]:
     make_dir(settings.paths.root, user)
     check_traversable(settings.paths.root, user)
     dist = make_dir(settings.paths.dist, user)
-    ensure_compose_cli(settings.paths)
     versions = {"kafka.version": settings.kafka_version, "log4j.version": settings.log4j_version}
     return user, Distributions(
         java=find_java(),
