@@ -29,7 +29,7 @@ import psycopg
 from psycopg import sql
 
 from pipelines.audit.events import AuditDecoder, AuditEvent
-from pipelines.runtime.checkpoint import ApplyOutcome, Record
+from pipelines.runtime.checkpoint import ApplyOutcome
 from pipelines.runtime.consumer import BatchDecoder, per_record
 from pipelines.runtime.single_topic import PipelineSpec, main
 from pipelines.settings import AuditSettings
@@ -41,6 +41,8 @@ COPY_COLUMNS = ("ts", "uid", "content", "fields", "shard")
 # One event as (its UTC day in days since 1970-01-01, its binary COPY row without the trailing shard
 # field). A plain tuple: it is built for every event, and a named tuple's constructor is a Python call.
 CopyRow = tuple[int, bytes]
+# A batch: each event's `CopyRow` with its Kafka partition (its shard), as `per_record` decodes it.
+AuditBatch = list[tuple[int, CopyRow]]
 
 
 class AuditSink:
@@ -50,7 +52,7 @@ class AuditSink:
         self.log_schema = log_schema
         self._tables: dict[tuple[int, date], str] = {}  # created and committed, as far as we know
 
-    def apply(self, conn: psycopg.Connection, records: list[Record], outcome: ApplyOutcome | None = None) -> int:
+    def apply(self, conn: psycopg.Connection, records: AuditBatch, outcome: ApplyOutcome | None = None) -> int:
         """Write the batch of `CopyRow`s: one COPY per (shard, day) table, in key order; returns the rows written.
 
         Nothing to isolate (`outcome`): the audit decoder admits only rows every table takes, and
@@ -138,13 +140,13 @@ class CopyRowDecoder:
         return encode_row(self._decode(key, value, timestamp_ms))
 
 
-def _build(args: argparse.Namespace) -> tuple[BatchDecoder, AuditSink]:
+def _build(args: argparse.Namespace) -> tuple[BatchDecoder[AuditBatch], AuditSink]:
     settings = AuditSettings()
     decode = AuditDecoder(max_age=timedelta(days=settings.retention_days))
     return per_record(CopyRowDecoder(decode)), AuditSink(settings.schema_name)
 
 
-PIPELINE = PipelineSpec(
+PIPELINE: PipelineSpec[AuditBatch] = PipelineSpec(
     "audit",
     "audit",
     "Consume audit events into per-shard, per-day PostgreSQL tables (AUDIT_SCHEMA), with COPY.",

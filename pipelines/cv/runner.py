@@ -36,13 +36,14 @@ from pipelines.cv import catalog
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.definitions import DefinitionError, StreamDef
 from pipelines.cv.engine import declared_streams
-from pipelines.cv.sink import Origin, StreamChanges, ViewSink
+from pipelines.cv.sink import Origin, StreamChanges, ViewChanges, ViewSink
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
+from pipelines.runtime.clients import ConfluentClients, KafkaClients
 from pipelines.runtime.consumer import UNDECODABLE, Decoded, Pipeline
 from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.runtime.events import InvalidEvent
-from pipelines.runtime.topics import ensure_topics
+from pipelines.runtime.offsets import OffsetStore, PostgresOffsets
 from pipelines.settings import (
     STREAM_RUNNER_GROUP,
     KafkaSettings,
@@ -81,6 +82,8 @@ class StreamRunner:
             without a `consumer_group`.
         only: Run just these streams (and those feeding them); None runs all of the group's.
         metrics_refresh_s: How often the lag gauges are set (the slots' every other time).
+        clients: Its Kafka clients (default: confluent-kafka's, from `kafka`).
+        offsets: Its group's stored offsets (default: PostgreSQL's, from `postgres`).
     """
 
     def __init__(
@@ -93,17 +96,19 @@ class StreamRunner:
         default_group: bool = True,
         only: frozenset[str] | None = None,
         metrics_refresh_s: float = 5.0,
+        clients: KafkaClients | None = None,
+        offsets: OffsetStore[psycopg.Connection] | None = None,
     ) -> None:
-        self.kafka, self.postgres, self.settings, self.only = kafka, postgres, settings, only
+        self.postgres, self.settings, self.only = postgres, settings, only
         self.group_id, self.default_group = group_id, default_group
+        self.clients = clients or ConfluentClients(kafka)
         self.sink = ViewSink(group_id, settings.poison_limit, settings.view_retry_s)
-        self.pipeline = Pipeline(
+        self.pipeline: Pipeline[psycopg.Connection, ViewChanges] = Pipeline(
             NAME,
             decode=self.decode,
             sink=self.sink,
-            group_id=group_id,
-            kafka=kafka,
-            postgres=postgres,
+            clients=self.clients,
+            offsets=offsets or PostgresOffsets(postgres.conninfo(), group_id),
             settings=settings,
             metrics_refresh_s=metrics_refresh_s,
         )
@@ -199,9 +204,9 @@ class StreamRunner:
             return False
         return self.only is None or stream.name in self.only or stream.into in self.only
 
-    def decode(self, by_topic: dict[str, list[Message]]) -> Decoded:
+    def decode(self, by_topic: dict[str, list[Message]]) -> Decoded[ViewChanges]:
         """A poll's messages, topic by topic through each stream's decoder, into changes per target stream."""
-        payload: dict[str, StreamChanges] = {}
+        payload: ViewChanges = {}
         rejected: list[tuple[Message, InvalidEvent]] = []
         counts: dict[str, int] = {}
         size = 0
@@ -235,7 +240,7 @@ class StreamRunner:
         if not partitions:
             return
         try:
-            ensure_topics(self.kafka.bootstrap_servers, partitions)
+            self.clients.ensure_topics(partitions)
         except (StreamviewsError, KafkaException) as e:
             # Subscribing still works: a topic that appears later is picked up by the consumer.
             log.warning("cannot create topics; consuming those that exist", error=str(e))

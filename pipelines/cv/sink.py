@@ -52,6 +52,10 @@ class StreamChanges:
         return sorted({o.topic for o in self.origins})
 
 
+# The runner's payload: each target stream's changes, by stream name (what `StreamRunner.decode` makes).
+ViewChanges = dict[str, StreamChanges]
+
+
 class ViewSink:
     """Applies each batch to the streams it touches, in stream name order, then views in name order.
 
@@ -70,7 +74,7 @@ class ViewSink:
         # runner clears what it held before once the stream applies again).
         self.held_streams: set[str] | None = None
 
-    def apply(self, conn: psycopg.Connection, payload: dict[str, StreamChanges], outcome: ApplyOutcome) -> int:
+    def apply(self, conn: psycopg.Connection, payload: ViewChanges, outcome: ApplyOutcome) -> int:
         """Apply every stream's changes in this transaction; returns the deltas (real changes)."""
         changed = 0
         if self.held_streams is None:

@@ -1,13 +1,14 @@
 """Exactly-once into PostgreSQL: a batch's effects and its Kafka offsets commit in one transaction.
 
 Kafka's own committed offsets are not the source of truth: on partition assignment the consumer seeks
-to the offsets stored here (`ops.kafka_offsets`). A crash before COMMIT loses the whole batch and it is
-consumed again; a crash after COMMIT resumes after it. Either way each event counts once.
+to the offsets stored here (`ops.kafka_offsets`, through an `OffsetStore`: pipelines/runtime/offsets.py).
+A crash before COMMIT loses the whole batch and it is consumed again; a crash after COMMIT resumes
+after it. Either way each event counts once.
 
 A consumer that lost a partition in a rebalance may still be applying a batch for it while the new
 owner starts. The offset rows are the fence: each transaction locks them first and checks that they
-still hold the position the batch started from; the slower of two writers finds them moved, rolls
-back and re-seeks.
+still hold the position the batch started from (`OffsetStore.claim`); the slower of two writers finds
+them moved, rolls back and re-seeks.
 
 A batch that fails for a reason other than the database's availability (a value a view cannot take,
 a view that cannot run) is not retried as it was: it is applied again at once in *isolation*, where
@@ -20,23 +21,25 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import psycopg
 
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 from pipelines.runtime.events import InvalidEvent
+from pipelines.runtime.offsets import C, Connection, Fenced, OffsetStore, TopicPartition
 
 log = get_logger("checkpoint")
 
-TopicPartition = tuple[str, int]
 # One decoded record and the Kafka partition it came from, in batch order (per-record decoders).
 Record = tuple[int, Any]
+# A batch's payload: what a pipeline's decoder makes and its sink applies (the two agree on its type).
+P = TypeVar("P")
+P_contra = TypeVar("P_contra", contravariant=True)
+C_contra = TypeVar("C_contra", bound=Connection, contravariant=True)
 
-
-class Fenced(StreamviewsError):
-    """Stored offsets moved under us: another consumer owns (or owned) the partition."""
+__all__ = ["ApplyOutcome", "Batch", "Checkpoint", "Fenced", "Record", "Sink", "is_transient", "partition_lag"]
 
 
 class DeadLetterSender(Protocol):
@@ -110,10 +113,14 @@ class RecordFetcher(Protocol):
         ...
 
 
-class Sink(Protocol):
-    """Where a pipeline's decoded records go: written inside the checkpoint's transaction."""
+class Sink(Protocol[C_contra, P_contra]):
+    """Where a pipeline's decoded records go: written inside the checkpoint's transaction.
 
-    def apply(self, conn: psycopg.Connection, payload: Any, outcome: ApplyOutcome) -> int:
+    Typed by its connection (psycopg's, or the in-memory double's) and its payload: a `Pipeline`
+    takes a decoder and a sink of the same payload type.
+    """
+
+    def apply(self, conn: C_contra, payload: P_contra, outcome: ApplyOutcome) -> int:
         """Write one batch's decoded payload (what the pipeline's decoder made); returns the changes made.
 
         With `outcome.isolate` a sink that can confine failures does so and reports them in `outcome`;
@@ -125,16 +132,16 @@ class Sink(Protocol):
         """Forget per-session state (temporary tables, caches) after a rollback or a new connection."""
         ...
 
-    def housekeeping(self, conn: psycopg.Connection) -> None:
+    def housekeeping(self, conn: C_contra) -> None:
         """Periodic upkeep inside its own transaction (e.g. retention of time buckets)."""
         ...
 
 
 @dataclass
-class Batch:
+class Batch(Generic[P]):
     """What one poll produced: the decoded payload, dead-letter counts, and the offsets it spans."""
 
-    payload: Any = None  # what the sink's apply() takes, made by the pipeline's decoder
+    payload: P | None = None  # what the sink's apply() takes, made by the pipeline's decoder
     size: int = 0  # records in the payload
     dead_letters: Counter[tuple[str, str]] = field(default_factory=Counter)  # (topic, reason) -> n
     counts: dict[str, int] = field(default_factory=dict)  # records in the payload, per topic
@@ -163,92 +170,65 @@ def partition_lag(low: int, high: int, next_offset: int | None) -> int:
     return max(0, high - start)
 
 
-class Checkpoint:
-    """Owns the transaction that applies a batch and stores its offsets."""
+class Checkpoint(Generic[C, P]):
+    """Owns the transaction that applies a batch and stores its offsets (in `offsets`, the group's store)."""
 
     def __init__(
         self,
-        conninfo: str,
-        group_id: str,
-        sink: Sink,
+        offsets: OffsetStore[C],
+        sink: Sink[C, P],
         dead_letters: DeadLetterSender | None = None,
         fetch: RecordFetcher | None = None,
     ) -> None:
-        self.conninfo = conninfo
-        self.group_id = group_id
+        self.offsets = offsets
+        self.group_id = offsets.group_id
         self.sink = sink
         self.dead_letters = dead_letters
         self.fetch = fetch
         # Kafka's id of each topic being consumed, stored with the offsets it claims (migration 0019).
         self.topic_ids: dict[str, str] = {}
-        self._conn: psycopg.Connection | None = None
+        self._conn: C | None = None
 
     @property
-    def conn(self) -> psycopg.Connection:
+    def conn(self) -> C:
         """The checkpoint's connection, reopened after a failure."""
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.conninfo)
+            self._conn = self.offsets.connect()
             self.sink.reset()
         return self._conn
 
     def stored_offsets(self, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
         """Next offsets stored for this group; partitions never committed are absent."""
         with self.conn.transaction():
-            rows = self.conn.execute(
-                "SELECT topic, partition, next_offset FROM ops.kafka_offsets"
-                " WHERE group_id = %s AND (topic, partition) IN (SELECT * FROM unnest(%s::text[], %s::int[]))",
-                (self.group_id, [t for t, _ in partitions], [p for _, p in partitions]),
-            ).fetchall()
-        return {(topic, partition): offset for topic, partition, offset in rows}
+            return self.offsets.read(self.conn, partitions)
 
     def stored_topic_ids(self, topics: list[str]) -> dict[str, set[str]]:
         """The topic ids the group's offsets were stored for, per topic (ids not known are left out)."""
         with self.conn.transaction():
-            rows = self.conn.execute(
-                "SELECT DISTINCT topic, topic_id FROM ops.kafka_offsets"
-                " WHERE group_id = %s AND topic = ANY(%s) AND topic_id IS NOT NULL",
-                (self.group_id, topics),
-            ).fetchall()
-        stored: dict[str, set[str]] = {}
-        for topic, topic_id in rows:
-            stored.setdefault(topic, set()).add(topic_id)
-        return stored
+            return self.offsets.topic_ids(self.conn, topics)
 
     def restart_topic(self, topic: str, topic_id: str) -> int:
         """The topic was recreated: its partitions start again from 0, under its new id; returns rows reset."""
         with self.conn.transaction():
-            return self.conn.execute(
-                "UPDATE ops.kafka_offsets SET next_offset = 0, topic_id = %s, updated_at = now()"
-                " WHERE group_id = %s AND topic = %s",
-                (topic_id, self.group_id, topic),
-            ).rowcount
+            return self.offsets.restart_topic(self.conn, topic, topic_id)
 
     def record_topic_ids(self, ids: dict[str, str]) -> None:
         """Note the ids of topics whose offsets were stored before ids were kept."""
         with self.conn.transaction():
-            self.conn.execute(
-                "UPDATE ops.kafka_offsets AS o SET topic_id = i.id FROM unnest(%s::text[], %s::text[]) AS i (topic, id)"
-                " WHERE o.group_id = %s AND o.topic = i.topic AND o.topic_id IS NULL",
-                (list(ids), list(ids.values()), self.group_id),
-            )
+            self.offsets.record_topic_ids(self.conn, ids)
 
     def stored_event_times(self, partitions: list[TopicPartition]) -> dict[TopicPartition, float]:
         """The newest Kafka timestamp committed per partition, in epoch seconds (absent: none yet)."""
         with self.conn.transaction():
-            rows = self.conn.execute(
-                "SELECT topic, partition, extract(epoch FROM last_event_at)::float8 FROM ops.kafka_offsets"
-                " WHERE group_id = %s AND last_event_at IS NOT NULL"
-                " AND (topic, partition) IN (SELECT * FROM unnest(%s::text[], %s::int[]))",
-                (self.group_id, [t for t, _ in partitions], [p for _, p in partitions]),
-            ).fetchall()
-        return {(topic, partition): seconds for topic, partition, seconds in rows}
+            return self.offsets.event_times(self.conn, partitions)
 
-    def commit(self, batch: Batch) -> int:
+    def commit(self, batch: Batch[P]) -> int:
         """Apply the batch and store its offsets atomically; returns the changes the sink made.
 
         1. Begin a transaction.
         2. Lock the batch's offset rows in (topic, partition) order and check each still holds the
-           position the batch started from; otherwise raise Fenced (nothing was written).
+           position the batch started from (`OffsetStore.claim`); otherwise raise Fenced (nothing was
+           written).
         3. Hand the records to the sink (views, audit tables), which writes them in this transaction.
         4. In isolation (below), dead-letter the records the sink rejected, and wait for Kafka to
            store them; leave out the partitions of the topics it held back.
@@ -274,20 +254,21 @@ class Checkpoint:
         )
         return self._attempt(batch, outcome)
 
-    def _attempt(self, batch: Batch, outcome: ApplyOutcome) -> int:
+    def _attempt(self, batch: Batch[P], outcome: ApplyOutcome) -> int:
         conn = self.conn
         try:
             with conn.transaction():
-                self._verify_positions(conn, batch)
-                changed = self.sink.apply(conn, batch.payload, outcome) if batch.size else 0
+                self.offsets.claim(conn, batch.start, self.topic_ids)
+                payload = batch.payload
+                changed = self.sink.apply(conn, payload, outcome) if batch.size and payload is not None else 0
                 # A held topic's records are read again, its bad ones dead-lettered again then: count them then.
                 held = outcome.held_topics
                 dead_letters = Counter({k: n for k, n in batch.dead_letters.items() if k[0] not in held})
                 if outcome.rejected:
                     self._send_dead_letters(outcome.rejected, dead_letters)
                 end = {tp: o for tp, o in batch.end.items() if tp[0] not in held}
-                self._store_offsets(conn, end, batch.event_ms)
-                self._count_dead_letters(conn, dead_letters)
+                self.offsets.advance(conn, end, batch.event_ms)
+                self.offsets.count_dead_letters(conn, dead_letters)
         except BaseException:
             self.sink.reset()
             if conn.broken:
@@ -328,74 +309,6 @@ class Checkpoint:
             if conn.broken:
                 self._conn = None
             raise
-
-    def _verify_positions(self, conn: psycopg.Connection, batch: Batch) -> None:
-        parts = sorted(batch.start)
-        rows = conn.execute(
-            "SELECT topic, partition, next_offset FROM ops.kafka_offsets"
-            " WHERE group_id = %s AND (topic, partition) IN (SELECT * FROM unnest(%s::text[], %s::int[]))"
-            " ORDER BY topic, partition FOR UPDATE",
-            (self.group_id, [t for t, _ in parts], [p for _, p in parts]),
-        ).fetchall()
-        stored = {(topic, partition): offset for topic, partition, offset in rows}
-        # A partition never committed: claim its row. A concurrent claimant waits for our commit and
-        # then finds the row taken, which fences it like a moved offset would.
-        unclaimed = [tp for tp in parts if batch.start[tp] is None and tp not in stored]
-        if unclaimed:
-            claimed = conn.execute(
-                "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset, topic_id)"
-                " SELECT %s, t, p, 0, i FROM unnest(%s::text[], %s::int[], %s::text[]) AS u (t, p, i)"
-                " ON CONFLICT DO NOTHING",
-                (
-                    self.group_id,
-                    [t for t, _ in unclaimed],
-                    [p for _, p in unclaimed],
-                    [self.topic_ids.get(t) for t, _ in unclaimed],
-                ),
-            ).rowcount
-            if claimed != len(unclaimed):
-                raise Fenced(f"checkpoint: another consumer started {unclaimed} first")
-            stored.update(dict.fromkeys(unclaimed))
-        for tp in parts:
-            if stored.get(tp) != batch.start[tp]:
-                raise Fenced(
-                    f"checkpoint: {tp[0]}[{tp[1]}] is at {stored.get(tp)} in PostgreSQL, this batch starts at "
-                    f"{batch.start[tp]}: another consumer moved it"
-                )
-
-    def _store_offsets(
-        self, conn: psycopg.Connection, end: dict[TopicPartition, int], event_ms: dict[TopicPartition, int]
-    ) -> None:
-        parts = sorted(end)
-        if not parts:
-            return
-        conn.execute(
-            "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset, last_event_at)"
-            " SELECT %s, t, p, o, to_timestamp(ms / 1000.0)"
-            " FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::bigint[]) AS u (t, p, o, ms)"
-            " ON CONFLICT (group_id, topic, partition)"
-            " DO UPDATE SET next_offset = excluded.next_offset, updated_at = now(),"
-            " last_event_at = greatest(ops.kafka_offsets.last_event_at, excluded.last_event_at)",
-            (
-                self.group_id,
-                [t for t, _ in parts],
-                [p for _, p in parts],
-                [end[tp] for tp in parts],
-                [event_ms.get(tp) for tp in parts],
-            ),
-        )
-
-    def _count_dead_letters(self, conn: psycopg.Connection, dead_letters: Counter[tuple[str, str]]) -> None:
-        if not dead_letters:
-            return
-        keys = sorted(dead_letters)
-        conn.execute(
-            "INSERT INTO ops.dead_letters (group_id, topic, reason, count)"
-            " SELECT %s, * FROM unnest(%s::text[], %s::text[], %s::bigint[])"
-            " ON CONFLICT (group_id, topic, reason)"
-            " DO UPDATE SET count = ops.dead_letters.count + excluded.count, last_at = now()",
-            (self.group_id, [t for t, _ in keys], [r for _, r in keys], [dead_letters[k] for k in keys]),
-        )
 
     def close(self) -> None:
         """Close the connection."""

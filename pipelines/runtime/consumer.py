@@ -19,7 +19,6 @@ are consumed again after the re-seek. At most one batch is in flight, so commits
 
 from __future__ import annotations
 
-import logging
 import signal
 import sys
 import time
@@ -27,60 +26,55 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Generic, Protocol, TypeVar
 
 import psycopg
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    Message,
-    Producer,
-    TopicPartition,
-)
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
 
 from pipelines import metrics
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
-from pipelines.runtime.checkpoint import Batch, Checkpoint, Fenced, Record, Sink, partition_lag
+from pipelines.runtime.checkpoint import Batch, Checkpoint, Fenced, P, Sink, partition_lag
+from pipelines.runtime.clients import ConsumerClient, KafkaClients
 from pipelines.runtime.deadletter import DeadLetters
 from pipelines.runtime.events import InvalidEvent
-from pipelines.runtime.reread import read_back
+from pipelines.runtime.offsets import C, OffsetStore
 from pipelines.runtime.topic_ids import check_topic_ids
-from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
+from pipelines.settings import PipelineSettings
 
 log = get_logger("consumer")
 
 # A record decoder turns (key, value, Kafka timestamp in ms) into one record for the sink, None for a
 # record that carries nothing to apply (a tombstone), or raises InvalidEvent.
-RecordDecoder = Callable[[bytes | None, bytes | None, int], Any]
+T = TypeVar("T")
+RecordDecoder = Callable[[bytes | None, bytes | None, int], T | None]
 # The dead-letter reason for a record whose decoder failed unexpectedly (a bug, not bad input).
 UNDECODABLE = "undecodable"
 
 
 @dataclass
-class Decoded:
+class Decoded(Generic[P]):
     """What a batch decoder made of a poll's messages."""
 
-    payload: Any  # what the sink's apply() takes
+    payload: P | None  # what the sink's apply() takes (None: nothing to apply)
     size: int  # records in the payload
     rejected: list[tuple[Message, InvalidEvent]] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict)  # records in the payload per topic (for metrics)
 
 
-class BatchDecoder(Protocol):
+class BatchDecoder(Protocol[P]):
     """Decodes a poll's valid messages for the sink, given by topic (each topic's in poll order)."""
 
-    def __call__(self, by_topic: dict[str, list[Message]]) -> Decoded:
+    def __call__(self, by_topic: dict[str, list[Message]]) -> Decoded[P]:
         """Decode; a message that breaks its contract is returned in `rejected`, never raised."""
         ...
 
 
-def per_record(decode: RecordDecoder) -> BatchDecoder:
+def per_record(decode: RecordDecoder[T]) -> BatchDecoder[list[tuple[int, T]]]:
     """A batch decoder calling `decode` for each message; the payload is a list of `Record`s."""
 
-    def decode_batch(by_topic: dict[str, list[Message]]) -> Decoded:
-        records: list[Record] = []
+    def decode_batch(by_topic: dict[str, list[Message]]) -> Decoded[list[tuple[int, T]]]:
+        records: list[tuple[int, T]] = []
         rejected: list[tuple[Message, InvalidEvent]] = []
         counts: dict[str, int] = {}
         for topic, messages in by_topic.items():
@@ -103,74 +97,35 @@ def per_record(decode: RecordDecoder) -> BatchDecoder:
     return decode_batch
 
 
-def consumer_config(
-    kafka: KafkaSettings, name: str, group_id: str, settings: PipelineSettings | None = None
-) -> dict[str, Any]:
-    """The pipelines' consumer: offsets from PostgreSQL only, fuller fetches, no idle backoff.
+class Pipeline(Generic[C, P]):
+    """Consumes topics into one sink, exactly once.
 
-    With `settings`: its session timeout, and static membership when it has an instance id (a
-    restarted pipeline is back at work as soon as it has started, not after the session timeout).
+    Args:
+        name: The pipeline's name, in its logs, metrics and Kafka client ids.
+        decode: Makes a poll's payload; `sink` applies it (both of payload type P).
+        clients: Makes its Kafka clients (`ConfluentClients(KafkaSettings())` in a service; a test's
+            `pipelines.runtime.testing.MemoryBroker`).
+        offsets: The group's stored offsets, the truth it resumes from and its fence
+            (`PostgresOffsets` in a service; `pipelines.runtime.testing.MemoryOffsets` in a test).
     """
-    config = {
-        "bootstrap.servers": kafka.bootstrap_servers,
-        "client.id": f"{kafka.client_id}-{name}",
-        "group.id": group_id,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "range",
-        # Fetch in batches of at least 64 KiB (or after 50 ms): under a steady trickle, fewer,
-        # fuller fetches cost the broker far less CPU than one response per new record.
-        "fetch.min.bytes": 65_536,
-        "fetch.wait.max.ms": 50,
-        # When its local queue passes queued.min.messages or queued.max.messages.kbytes,
-        # librdkafka postpones the partition's next fetch by this long; at the default, 1 s, a
-        # consumer that empties the queue sooner sits idle for the rest. Re-checks are cheap.
-        "fetch.queue.backoff.ms": 10,
-        # A topic subscribed while it was still being created is "not available" until librdkafka next
-        # refreshes its metadata: every 5 minutes by default, so a new stream could wait that long.
-        "topic.metadata.refresh.interval.ms": 5_000,
-        "logger": logging.getLogger("librdkafka"),
-    }
-    if settings is not None:
-        config["session.timeout.ms"] = settings.session_timeout_ms
-        config["heartbeat.interval.ms"] = settings.session_timeout_ms // 4
-        if settings.group_instance_id:
-            config["group.instance.id"] = f"{settings.group_instance_id}-{name}"
-    return config
-
-
-class Pipeline:
-    """Consumes topics into one sink, exactly once."""
 
     def __init__(
         self,
         name: str,
         *,
-        decode: BatchDecoder,
-        sink: Sink,
-        group_id: str,
-        kafka: KafkaSettings,
-        postgres: PostgresSettings,
+        decode: BatchDecoder[P],
+        sink: Sink[C, P],
+        clients: KafkaClients,
+        offsets: OffsetStore[C],
         settings: PipelineSettings,
         metrics_refresh_s: float = 5.0,
     ) -> None:
-        self.name, self.group_id = name, group_id
+        self.name, self.group_id = name, offsets.group_id
         self.decode, self.sink = decode, sink
-        self.kafka, self.settings = kafka, settings
-        self.consumer = Consumer(consumer_config(kafka, name, group_id, settings))
-        self.dead_letters = DeadLetters(
-            Producer(
-                {
-                    "bootstrap.servers": kafka.bootstrap_servers,
-                    "enable.idempotence": True,
-                    "linger.ms": 5,
-                    "logger": logging.getLogger("librdkafka"),
-                }
-            ),
-            name,
-        )
-        self.checkpoint = Checkpoint(postgres.conninfo(), group_id, sink, self.dead_letters, self.fetch_records)
+        self.clients, self.settings = clients, settings
+        self.consumer: ConsumerClient = clients.consumer(name, self.group_id, settings)
+        self.dead_letters = DeadLetters(clients.producer(name), name)
+        self.checkpoint = Checkpoint(offsets, sink, self.dead_letters, self.fetch_records)
         self.topics: tuple[str, ...] = ()
         # Topics the sink held back (it could not apply their records), with when to read them again.
         self.held: dict[str, float] = {}
@@ -184,8 +139,12 @@ class Pipeline:
         self.metrics = metrics.PipelineMetrics(name)
         self._metrics_refresh_s = metrics_refresh_s  # METRICS_REFRESH_S: how often the lag gauges are set
         self._committer = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-commit")
-        self._inflight: tuple[Batch, Future[int]] | None = None
+        self._inflight: tuple[Batch[P], Future[int]] | None = None
         self.running = True
+        self.sleep: Callable[[float], None] = time.sleep  # back-offs (a test records them instead)
+        # When the loop's periodic duties are next due (monotonic seconds; 0: at the first step).
+        self._next_housekeeping = self._next_beat = self._next_lag = 0.0
+        self._next_report = time.monotonic() + settings.report_interval_s
         self.totals = {"batches": 0, "records": 0, "changes": 0, "retries": 0}
         self._failures = 0  # consecutive failed commits
 
@@ -194,7 +153,7 @@ class Pipeline:
         topics = tuple(sorted(set(topics)))
         if topics == self.topics:
             return
-        self._settle()
+        self.settle()
         self.topics = topics
         if topics:
             self.consumer.subscribe(
@@ -219,44 +178,49 @@ class Pipeline:
         # that long, which adds up over a batch's dozen statements.
         sys.setswitchinterval(0.0005)
         log.info("pipeline started", pipeline=self.name, sink=str(self.sink), group_id=self.group_id)
-        next_housekeeping = time.monotonic()
-        next_report = time.monotonic() + self.settings.report_interval_s
-        next_beat = next_lag = 0.0
         try:
             while self.running:
-                if tick is not None:
-                    tick()
-                if self.held:
-                    self._release_held()
-                if self.topics:
-                    messages = self.consumer.consume(self.settings.batch_max, self.settings.batch_wait_ms / 1000)
-                else:
-                    messages = []
-                    time.sleep(self.settings.batch_wait_ms / 1000)
-                if messages:
-                    self._process(messages)
-                elif self._inflight is not None:
-                    self._settle()
-                now = time.monotonic()
-                if now >= next_housekeeping:
-                    self._settle()
-                    self._housekeeping()
-                    next_housekeeping = now + self.settings.expire_interval_s
-                if self.settings.heartbeat_file and now >= next_beat:
-                    Path(self.settings.heartbeat_file).touch()
-                    next_beat = now + 1
-                if now >= next_lag:
-                    self._refresh_lag()
-                    next_lag = now + self._metrics_refresh_s
-                if now >= next_report:
-                    log.info("progress", pipeline=self.name, **self.totals, dead_letters=dict(self.dead_letters.counts))
-                    next_report = now + self.settings.report_interval_s
+                self.step(tick)
         finally:
-            self._settle(rewind=False)
-            self._committer.shutdown()
-            self.consumer.close()
-            self.checkpoint.close()
-            log.info("pipeline stopped", pipeline=self.name, **self.totals)
+            self.close()
+
+    def step(self, tick: Callable[[], None] | None = None) -> None:
+        """One turn of the loop: one poll, decoded and handed to the committer, then the duties due."""
+        if tick is not None:
+            tick()
+        if self.held:
+            self._release_held()
+        if self.topics:
+            messages = self.consumer.consume(self.settings.batch_max, self.settings.batch_wait_ms / 1000)
+        else:
+            messages = []
+            time.sleep(self.settings.batch_wait_ms / 1000)
+        if messages:
+            self._process(messages)
+        elif self._inflight is not None:
+            self.settle()
+        now = time.monotonic()
+        if now >= self._next_housekeeping:
+            self.settle()
+            self._housekeeping()
+            self._next_housekeeping = now + self.settings.expire_interval_s
+        if self.settings.heartbeat_file and now >= self._next_beat:
+            Path(self.settings.heartbeat_file).touch()
+            self._next_beat = now + 1
+        if now >= self._next_lag:
+            self.refresh_lag()
+            self._next_lag = now + self._metrics_refresh_s
+        if now >= self._next_report:
+            log.info("progress", pipeline=self.name, **self.totals, dead_letters=dict(self.dead_letters.counts))
+            self._next_report = now + self.settings.report_interval_s
+
+    def close(self) -> None:
+        """Wait for the batch in flight, leave the group and close the connections."""
+        self.settle(rewind=False)
+        self._committer.shutdown()
+        self.consumer.close()
+        self.checkpoint.close()
+        log.info("pipeline stopped", pipeline=self.name, **self.totals)
 
     def stop(self) -> None:
         """Ask the loop to end after the current batch."""
@@ -266,12 +230,12 @@ class Pipeline:
         batch = self._decode(messages)
         if not batch.end:
             return
-        if self._settle():
+        if self.settle():
             self._inflight = (batch, self._committer.submit(self._commit, batch))
         # else: the batch in flight failed and everything was re-seeked; this one started where that
         # one ended, so it is dropped and consumed again.
 
-    def _commit(self, batch: Batch) -> int:
+    def _commit(self, batch: Batch[P]) -> int:
         """In the committer thread: dead letters reach Kafka before the batch's offsets commit."""
         self.dead_letters.flush()
         started = time.perf_counter()
@@ -279,7 +243,7 @@ class Pipeline:
         self.metrics.commit_seconds(time.perf_counter() - started)
         return changed
 
-    def _settle(self, *, rewind: bool = True) -> bool:
+    def settle(self, *, rewind: bool = True) -> bool:
         """Wait for the batch in flight, if any; True if it committed (or there was none).
 
         On failure, back off and (with `rewind`) re-seek every partition to PostgreSQL's offsets.
@@ -304,7 +268,7 @@ class Pipeline:
                 retry_in_s=delay,
             )
             if rewind:
-                time.sleep(delay)
+                self.sleep(delay)
                 self._rewind()
             return False
         self._failures = 0
@@ -354,11 +318,11 @@ class Pipeline:
         self.consumer.resume([TopicPartition(t, p) for t, p in self.positions if t in due])
         log.info("held topics read again", pipeline=self.name, topics=sorted(due))
 
-    def _decode(self, messages: list[Message]) -> Batch:
+    def _decode(self, messages: list[Message]) -> Batch[P]:
         # This loop runs for every message, so it does as little as it can per message: a poll holds
         # runs of messages of one partition, and the partition's bookkeeping (is it still ours, where
         # did the batch start, where does it end) is done once per run, not once per message.
-        batch = Batch()
+        batch: Batch[P] = Batch()
         positions = self.positions
         by_topic: dict[str, list[Message]] = {}
         run: list[Message] | None = None  # where the current run's messages go; None: a revoked partition
@@ -392,7 +356,7 @@ class Pipeline:
             except Exception as e:  # a decoder bug: dead-letter the poll rather than crash-loop on it
                 log.exception("batch decoder failed", pipeline=self.name)
                 error = InvalidEvent(UNDECODABLE, f"{type(e).__name__}: {e}")
-                decoded = Decoded(None, 0, [(m, error) for group in by_topic.values() for m in group])
+                decoded = Decoded[P](None, 0, [(m, error) for group in by_topic.values() for m in group])
             batch.payload, batch.size, batch.counts = decoded.payload, decoded.size, decoded.counts
             for message, error in decoded.rejected:
                 self.dead_letters.send(message, error)
@@ -404,10 +368,10 @@ class Pipeline:
                 batch.event_ms[tp] = ms
         return batch
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._settle(rewind=False)
+    def _on_assign(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
+        self.settle(rewind=False)
         topics = sorted({tp.topic for tp in partitions})
-        check_topic_ids(self.kafka.bootstrap_servers, self.checkpoint, topics, self.metrics.topic_recreated)
+        check_topic_ids(self.clients, self.checkpoint, topics, self.metrics.topic_recreated)
         stored = self._stored_offsets([(tp.topic, tp.partition) for tp in partitions])
         for tp in partitions:
             key = (tp.topic, tp.partition)
@@ -425,11 +389,11 @@ class Pipeline:
 
     def fetch_records(self, ranges: dict[tuple[str, int], tuple[int, int]]) -> dict[tuple[str, int], list[Message]]:
         """A failed batch's records read back for isolation (pipelines/runtime/reread.py)."""
-        return read_back(self.kafka.bootstrap_servers, f"{self.kafka.client_id}-{self.name}-isolation", ranges)
+        return self.clients.read_back(self.name, ranges)
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         # Let the batch in flight finish first: the partitions' next owner then starts after it.
-        self._settle(rewind=False)
+        self.settle(rewind=False)
         for tp in partitions:
             self.positions.pop((tp.topic, tp.partition), None)
             self.stored.pop((tp.topic, tp.partition), None)
@@ -446,7 +410,7 @@ class Pipeline:
                 return self.checkpoint.stored_offsets(partitions)
             except psycopg.Error as e:
                 log.warning("cannot read stored offsets; retrying", error=str(e), retry_in_s=delay)
-                time.sleep(delay)
+                self.sleep(delay)
                 delay = min(delay * 2, 10)
 
     def _rewind(self) -> None:
@@ -460,7 +424,7 @@ class Pipeline:
             self.positions[tp] = self.stored[tp] = stored.get(tp)
             self.consumer.seek(TopicPartition(tp[0], tp[1], stored.get(tp, OFFSET_BEGINNING)))
 
-    def _refresh_lag(self) -> None:
+    def refresh_lag(self) -> None:
         """The consumer-lag gauges: each held partition's high watermark minus its stored offset.
 
         The watermarks are the ones librdkafka keeps from its fetch responses (`cached=True`, no

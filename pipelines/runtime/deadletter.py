@@ -14,6 +14,7 @@ import confluent_kafka
 
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
+from pipelines.runtime.clients import ProducerClient
 from pipelines.runtime.events import InvalidEvent
 
 log = get_logger("deadletter")
@@ -68,7 +69,7 @@ class DeadLetters:
         counts: Dead letters sent by reason since start, for metrics and the shutdown log.
     """
 
-    def __init__(self, producer: confluent_kafka.Producer, pipeline: str) -> None:
+    def __init__(self, producer: ProducerClient, pipeline: str) -> None:
         self._producer = producer
         self._pipeline = pipeline
         self._failures: list[str] = []

@@ -9,20 +9,24 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Generic
+
+import psycopg
 
 from pipelines import metrics
 from pipelines.logs import configure_logging, get_logger
-from pipelines.runtime.checkpoint import Sink
+from pipelines.runtime.checkpoint import P, Sink
+from pipelines.runtime.clients import ConfluentClients
 from pipelines.runtime.consumer import BatchDecoder, Pipeline
 from pipelines.runtime.deadletter import dead_letter_topic
-from pipelines.runtime.topics import ensure_topics
+from pipelines.runtime.offsets import PostgresOffsets
 from pipelines.settings import KafkaSettings, MetricsSettings, PipelineSettings, PostgresSettings
 
 log = get_logger("consumer")
 
 
 @dataclass(frozen=True)
-class PipelineSpec:
+class PipelineSpec(Generic[P]):
     """What a single-topic pipeline module declares: its name, default topic, decoder and sink.
 
     `add_arguments` adds the pipeline's own command-line options; `build` makes its decoder and sink
@@ -33,11 +37,11 @@ class PipelineSpec:
     topic: str
     summary: str  # one line for --help
     module: str  # how it is run: python -m <module>
-    build: Callable[[argparse.Namespace], tuple[BatchDecoder, Sink]]
+    build: Callable[[argparse.Namespace], tuple[BatchDecoder[P], Sink[psycopg.Connection, P]]]
     add_arguments: Callable[[argparse.ArgumentParser], None] = lambda _parser: None
 
 
-def main(spec: PipelineSpec, argv: list[str] | None = None) -> int:
+def main(spec: PipelineSpec[Any], argv: list[str] | None = None) -> int:
     """Command line of a single-topic pipeline: `python -m <module> [--topic T] [--group G] [its options]`."""
     parser = argparse.ArgumentParser(prog=f"python -m {spec.module}", description=spec.summary)
     parser.add_argument("--topic", default=spec.topic, help=f"Kafka topic (default {spec.topic})")
@@ -58,17 +62,16 @@ def main(spec: PipelineSpec, argv: list[str] | None = None) -> int:
     )
     metrics.serve(metrics_settings, spec.name)
     decode, sink = spec.build(args)
-    ensure_topics(
-        kafka.bootstrap_servers,
-        {args.topic: settings.topic_partitions, dead_letter_topic(args.topic): settings.topic_partitions},
+    clients = ConfluentClients(kafka)
+    clients.ensure_topics(
+        {args.topic: settings.topic_partitions, dead_letter_topic(args.topic): settings.topic_partitions}
     )
     pipeline = Pipeline(
         spec.name,
         decode=decode,
         sink=sink,
-        group_id=group_id,
-        kafka=kafka,
-        postgres=postgres,
+        clients=clients,
+        offsets=PostgresOffsets(postgres.conninfo(), group_id),
         settings=settings,
         metrics_refresh_s=metrics_settings.refresh_s,
     )

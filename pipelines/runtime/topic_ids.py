@@ -7,31 +7,29 @@ compares them: a changed id restarts the group's partitions of that topic at 0.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaException, TopicCollection
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaException
 
 from pipelines.logs import get_logger
 from pipelines.runtime.checkpoint import Checkpoint
+from pipelines.runtime.clients import KafkaClients
 
 log = get_logger("topic_ids")
 
 
 def check_topic_ids(
-    bootstrap_servers: str, checkpoint: Checkpoint, topics: list[str], recreated: Callable[[str], None]
+    clients: KafkaClients, checkpoint: Checkpoint[Any, Any], topics: list[str], recreated: Callable[[str], None]
 ) -> None:
     """Restart the group's offsets of each topic whose Kafka id changed; note the ids for new claims.
 
     `recreated(topic)` is called for each (the pipeline counts it). Without an answer from Kafka or
     PostgreSQL the check is skipped (logged): consuming goes on as before it existed.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "logger": logging.getLogger("librdkafka")})
     try:
-        described = admin.describe_topics(TopicCollection(topics), request_timeout=10)
-        ids = {topic: str(future.result(10).topic_id) for topic, future in described.items()}
+        ids = clients.topic_ids(topics)
         stored = checkpoint.stored_topic_ids(topics)
     except (KafkaException, psycopg.Error) as e:
         log.warning("cannot check the topics' ids", topics=topics, error=str(e))

@@ -5,16 +5,22 @@ from __future__ import annotations
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
 from pipelines import metrics
-from pipelines.runtime.checkpoint import Batch
-from pipelines.runtime.consumer import Decoded, Pipeline, per_record
+from pipelines.runtime.consumer import per_record
 from pipelines.runtime.events import InvalidEvent
+from pipelines.runtime.testing import (
+    MemoryBroker,
+    MemoryDatabase,
+    MemoryOffsets,
+    MemorySink,
+    memory_pipeline,
+    run_until_caught_up,
+)
 
 
 def value(name: str, **labels: str) -> float | None:
@@ -86,84 +92,44 @@ def test_lag_gauges_follow_the_partitions_held(pipeline):
     assert value("streamviews_consumer_lag_records", pipeline=pipeline, topic="likes", partition="1") == 2
 
 
-@dataclass
-class Consumer:
-    """What the lag refresh asks the consumer: its cached watermarks."""
-
-    marks: dict[tuple[str, int], tuple[int, int]] = field(default_factory=dict)
-
-    def get_watermark_offsets(self, tp, cached=False):
-        assert cached, "the refresh never asks the broker"
-        return self.marks[(tp.topic, tp.partition)]
-
-
 def test_lag_counts_from_the_stored_offset_to_the_cached_high_watermark(pipeline):
-    consumer = Consumer(
-        {
-            ("t", 0): (-1001, 120),  # low not cached: unknown
-            ("t", 1): (-1001, 40),  # caught up, no traffic since
-            ("t", 2): (-1001, 7),  # never committed: from offset 0
-            ("t", 3): (-1001, -1001),  # no fetch response yet: not exported
-        }
-    )
-    fake = SimpleNamespace(
-        stored={("t", 0): 100, ("t", 1): 40, ("t", 2): None, ("t", 3): 5},
-        consumer=consumer,
-        metrics=metrics.PipelineMetrics(pipeline),
-    )
+    broker, db = MemoryBroker(), MemoryDatabase()
+    broker.produce("t", [b"x"] * 120, partition=0)
+    broker.produce("t", [b"x"] * 7, partition=1)
+    offsets = MemoryOffsets(db, pipeline)
+    with db.connect().transaction() as conn:
+        offsets.advance(conn, {("t", 0): 100}, {})  # committed by an earlier run
+    running = memory_pipeline(broker, db, MemorySink(), topics=["t"], group_id=pipeline, name=pipeline, batch_max=5)
 
-    Pipeline._refresh_lag(fake)
+    running.step()  # one poll of 5 records, all from partition 0: partition 1 not fetched yet
+    running.settle()
+    running.refresh_lag()
 
-    lags = {p: value("streamviews_consumer_lag_records", pipeline=pipeline, topic="t", partition=p) for p in "0123"}
-    assert lags == {"0": 20, "1": 0, "2": 7, "3": None}
+    lags = {p: value("streamviews_consumer_lag_records", pipeline=pipeline, topic="t", partition=p) for p in "01"}
+    assert lags == {"0": 15, "1": None}  # no watermark known for 1 before its first fetch: not exported
 
+    run_until_caught_up(running)
+    running.refresh_lag()
 
-@dataclass
-class Message:
-    """A Kafka message as the pipeline's batching reads it."""
-
-    _topic: str
-    _partition: int
-    _offset: int
-    _ts: int = 1_795_341_600_000
-
-    def topic(self) -> str:
-        return self._topic
-
-    def partition(self) -> int:
-        return self._partition
-
-    def offset(self) -> int:
-        return self._offset
-
-    def timestamp(self) -> tuple[int, int]:
-        return (0, -1) if self._ts < 0 else (1, self._ts)
-
-    def error(self) -> None:
-        return None
-
-    def key(self) -> bytes | None:
-        return None
-
-    def value(self) -> bytes:
-        return b"{}"
+    lags = {p: value("streamviews_consumer_lag_records", pipeline=pipeline, topic="t", partition=p) for p in "01"}
+    assert lags == {"0": 0, "1": 0}
 
 
-def test_a_batch_keeps_each_partitions_last_kafka_timestamp_and_counts_per_topic():
-    fake = SimpleNamespace(
-        positions={("a", 0): 10, ("a", 1): None, ("b", 0): 3},
-        decode=lambda by_topic: Decoded(None, 4, [], {topic: len(ms) for topic, ms in by_topic.items()}),
-        dead_letters=None,
-        name="test",
-    )
-    messages = [Message("a", 0, 10, 1_000), Message("a", 0, 11, 2_000), Message("b", 0, 3, -1)]
-    messages += [Message("a", 1, 0, 5_000), Message("a", 0, 12, 3_000)]
+def test_a_committed_batch_stores_each_partitions_last_kafka_timestamp_and_counts_per_topic(pipeline):
+    broker, db = MemoryBroker(), MemoryDatabase()
+    for topic, partition, ts in [("a", 0, 1_000), ("a", 0, 2_000), ("b", 0, -1), ("a", 1, 5_000), ("a", 0, 3_000)]:
+        broker.produce(topic, [b"{}"], partition=partition, timestamp_ms=ts)  # -1: the record carries none
+    running = memory_pipeline(broker, db, MemorySink(), topics=["a", "b"], group_id=pipeline, name=pipeline)
 
-    batch: Batch = Pipeline._decode(fake, messages)
+    run_until_caught_up(running)
 
-    assert batch.end == {("a", 0): 13, ("a", 1): 1, ("b", 0): 4}
-    assert batch.event_ms == {("a", 0): 3_000, ("a", 1): 5_000}  # b's record carries no timestamp
-    assert batch.counts == {"a": 4, "b": 1}
+    offsets = MemoryOffsets(db, pipeline)
+    assert offsets.stored() == {("a", 0): 3, ("a", 1): 1, ("b", 0): 1}
+    with db.connect().transaction() as conn:
+        times = offsets.event_times(conn, list(offsets.stored()))
+    assert times == {("a", 0): 3.0, ("a", 1): 5.0}  # b's record carries no timestamp
+    assert value("streamviews_events_total", pipeline=pipeline, stream="a") == 4
+    assert value("streamviews_events_total", pipeline=pipeline, stream="b") == 1
 
 
 def test_a_per_record_decoder_counts_the_records_of_each_topic():

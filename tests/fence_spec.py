@@ -1,0 +1,125 @@
+"""The fence, specified once: two runner generations race for a partition; the loser is Fenced and writes nothing.
+
+During a rebalance the partition's old owner may still hold a batch it read before it lost the
+partition, while the new owner reads from the stored offset too. Both batches start where the
+stored offset stood when each was read; whichever commits second finds the offset moved (or, for
+a partition never committed, claimed) and must write nothing at all.
+
+Every function here takes a `World` and states one rule with plain sequential calls (no threads,
+no sleeps: the order of the commits is the race's outcome). The same functions run against the
+in-memory double (tests/unit/test_fence.py) and PostgreSQL (tests/integration/test_fence.py),
+so the double cannot drift from the real fence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import pytest
+
+from pipelines.runtime.checkpoint import Batch, Checkpoint, Fenced
+
+TOPIC = "fenced-topic"
+P0, P1 = (TOPIC, 0), (TOPIC, 1)
+Rows = list[tuple[int, Any]]
+
+
+class World(Protocol):
+    """Where the race runs: an offsets store and a sink recording which generation wrote what."""
+
+    def checkpoint(self, generation: str) -> Checkpoint[Any, Rows]:
+        """A runner generation's checkpoint (its own connection), in the test's consumer group."""
+        ...
+
+    def written(self) -> list[tuple[str, int, Any]]:
+        """What committed: (generation, partition, record), in commit order."""
+        ...
+
+    def stored(self) -> dict[tuple[str, int], int]:
+        """The group's stored offsets."""
+        ...
+
+
+def batch(start: dict[tuple[str, int], int | None], records: dict[tuple[str, int], list[str]]) -> Batch[Rows]:
+    """A batch read from `start` (None: never committed), of these records per partition."""
+    payload = [(tp[1], record) for tp in sorted(records) for record in records[tp]]
+    first = {tp: start[tp] or 0 for tp in start}
+    end = {tp: first[tp] + len(records.get(tp, [])) for tp in start}
+    return Batch(payload=payload, size=len(payload), start=dict(start), first=first, end=end)
+
+
+def the_second_claim_of_a_partition_never_committed_is_fenced(world: World) -> None:
+    old, new = world.checkpoint("old"), world.checkpoint("new")
+    old_batch = batch({P0: None}, {P0: ["a", "b"]})  # read before it lost the partition
+    new_batch = batch({P0: None}, {P0: ["a", "b", "c"]})
+
+    assert new.commit(new_batch) == 3
+    with pytest.raises(Fenced, match="another consumer"):
+        old.commit(old_batch)
+
+    assert world.written() == [("new", 0, "a"), ("new", 0, "b"), ("new", 0, "c")]
+    assert world.stored() == {P0: 3}
+
+
+def a_batch_read_before_the_offset_moved_is_fenced(world: World) -> None:
+    old, new = world.checkpoint("old"), world.checkpoint("new")
+    old.commit(batch({P0: None}, {P0: ["a", "b"]}))
+    stale = batch({P0: 2}, {P0: ["c"]})  # the old owner's next batch, in flight at the rebalance
+    new.commit(batch({P0: 2}, {P0: ["c", "d", "e"]}))  # the new owner read from the stored offset, 2
+
+    with pytest.raises(Fenced, match=r"fenced-topic\[0\] is at 5 .* starts at 2"):
+        old.commit(stale)
+
+    assert world.written() == [("old", 0, "a"), ("old", 0, "b"), ("new", 0, "c"), ("new", 0, "d"), ("new", 0, "e")]
+    assert world.stored() == {P0: 5}
+
+
+def a_fenced_batch_writes_none_of_its_partitions(world: World) -> None:
+    old, new = world.checkpoint("old"), world.checkpoint("new")
+    old.commit(batch({P0: None, P1: None}, {P0: ["a"], P1: ["x"]}))
+    new.commit(batch({P1: 1}, {P1: ["y"]}))  # the rebalance gave partition 1 to the new owner
+    spanning = batch({P0: 1, P1: 1}, {P0: ["b"], P1: ["y"]})  # still right about 0, not about 1
+
+    with pytest.raises(Fenced):
+        old.commit(spanning)
+
+    assert ("old", 0, "b") not in world.written()
+    assert world.stored() == {P0: 1, P1: 2}
+
+
+def the_same_batch_commits_once(world: World) -> None:
+    runner = world.checkpoint("runner")
+    once = batch({P0: None}, {P0: ["a", "b"]})
+    runner.commit(once)
+
+    with pytest.raises(Fenced):
+        runner.commit(batch({P0: None}, {P0: ["a", "b"]}))  # committed, but the runner did not hear so
+    with pytest.raises(Fenced):
+        runner.commit(batch({P0: 0}, {P0: ["a", "b"]}))
+
+    assert world.written() == [("runner", 0, "a"), ("runner", 0, "b")]
+    assert world.stored() == {P0: 2}
+
+
+def the_fenced_generation_resumes_from_the_stored_offsets(world: World) -> None:
+    old, new = world.checkpoint("old"), world.checkpoint("new")
+    new.commit(batch({P0: None}, {P0: ["a", "b"]}))
+    with pytest.raises(Fenced):
+        old.commit(batch({P0: None}, {P0: ["a"]}))
+
+    resumed_at = old.stored_offsets([P0])  # what the pipeline re-seeks to after a fence
+    old.commit(batch({P0: resumed_at[P0]}, {P0: ["c"]}))
+
+    assert resumed_at == {P0: 2}
+    assert world.written() == [("new", 0, "a"), ("new", 0, "b"), ("old", 0, "c")]
+    assert world.stored() == {P0: 3}
+
+
+SPECIFICATION: list[Callable[[World], None]] = [
+    the_second_claim_of_a_partition_never_committed_is_fenced,
+    a_batch_read_before_the_offset_moved_is_fenced,
+    a_fenced_batch_writes_none_of_its_partitions,
+    the_same_batch_commits_once,
+    the_fenced_generation_resumes_from_the_stored_offsets,
+]
