@@ -51,11 +51,11 @@ psql: $(STAMP) ## psql as the read-only role (ROLE=sv_owner for another)
 	set -a && . .state/stack.env && psql -U $${ROLE:-sv_reader}
 
 footprint: $(STAMP) ## measure cold and warm `up` times and each service's memory
-	$(PY) -m loadgen.stack_footprint
+	$(PY) -m loadgen.footprint
 
 bench: $(STAMP) ## every benchmark, then BENCHMARKS.md and docs/bench/*.png (BENCH_ARGS=--quick: a short check)
 	$(PY) -m stack up
-	set -a && . .state/stack.env && set +a && $(PY) -m loadgen.bench_all $(BENCH_ARGS)
+	set -a && . .state/stack.env && set +a && $(PY) -m loadgen.suite $(BENCH_ARGS)
 
 clean: down ## stop the stack and delete its state (data, logs, secrets)
 	rm -rf .state

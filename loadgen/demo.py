@@ -26,7 +26,7 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import Consumer, Producer
 
-from loadgen.workload import encode_follow, encode_like, follow_events, like_events
+from loadgen.workloads.social import encode_follow, encode_like, follow_events, like_events
 from pipelines.audit import elastic, search
 from pipelines.settings import ROLE_READER, AuditSettings, ElasticsearchSettings, KafkaSettings, PostgresSettings
 

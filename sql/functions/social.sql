@@ -68,7 +68,7 @@ $$;
 -- in a hash set of the smaller, O(m + n), where the seed's `unnest ... INTERSECT` sorts rows of both.
 -- The object is read first: most objects have no likers, and then the follow list is not read.
 -- A SQL function whose body is one expression is inlined into the calling query, so a call costs
--- the C function's work alone; `python -m loadgen.bench_friends` measures it (README).
+-- the C function's work alone; `python -m loadgen.friends` measures it (docs/performance.md).
 CREATE OR REPLACE FUNCTION social.friends_who_like(uid bigint, oid bigint) RETURNS bigint[]
 LANGUAGE sql STABLE STRICT PARALLEL RESTRICTED
 AS $$

@@ -1,7 +1,7 @@
 """The blast radius of a bad event or a broken view: the stream or view it hits, and nothing else.
 
 Ten streams in one runner; the first receives poison events all along and has one of its views
-broken halfway (loadgen/bench_blast_radius.py, the same scenario as the benchmark, shorter). The
+broken halfway (loadgen/blast_radius/scenario.py, the same scenario as the benchmark, shorter). The
 other nine stay exact and fresh throughout; the first counts every event but the poison, which
 is dead-lettered once each; the broken view is quarantined. Freshness is printed, and only a stall
 fails the test (the machine is shared: the figure itself is the benchmark's to report).
@@ -9,7 +9,7 @@ fails the test (the machine is shared: the figure itself is the benchmark's to r
 
 from __future__ import annotations
 
-from loadgen.bench_blast_radius import run
+from loadgen.blast_radius.scenario import run
 from pipelines.settings import PostgresSettings
 
 STALL_S = 10.0  # far above any batch: what the old runner did was stall every stream for good

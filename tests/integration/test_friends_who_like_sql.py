@@ -57,14 +57,14 @@ def db(pg):
         "CREATE SCHEMA {s}",
         "CREATE TABLE {s}.object_likes (oid bigint PRIMARY KEY, like_count bigint, likers bigint[])",
         "CREATE TABLE {s}.user_following (uid bigint PRIMARY KEY, following bigint[])",
-        # The seed's function, as loadgen.seed_baselines has it.
+        # The seed's function, as loadgen.common.seed has it.
         "CREATE FUNCTION {s}.array_intersect(anyarray, anyarray) RETURNS anyarray"
         " LANGUAGE sql AS $$ SELECT ARRAY(SELECT UNNEST($1) INTERSECT SELECT UNNEST($2)) $$",
     ]
     with pg("sv_owner", autocommit=True) as conn, conn.transaction(force_rollback=True):
         for statement in statements:
             conn.execute(sql.SQL(statement).format(s=sql.Identifier(schema)))
-        conn.execute(re.sub(r"\bsocial\.", f"{schema}.", FUNCTIONS.read_text()))  # as loadgen.social_copies does
+        conn.execute(re.sub(r"\bsocial\.", f"{schema}.", FUNCTIONS.read_text()))  # as loadgen.common.social_copies does
         yield conn, schema
 
 

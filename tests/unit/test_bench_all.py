@@ -1,4 +1,4 @@
-"""make bench's pure parts: ratios and values as shown, BENCHMARKS.md from a fixture, plots from sample data.
+"""make bench's pure parts: the output protocol, BENCHMARKS.md from a fixture, plots from sample data.
 
 No benchmark runs here and nothing is timed: the figures are made up, the checks are on the page
 and the files written.
@@ -6,6 +6,7 @@ and the files written.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import sys
@@ -14,11 +15,21 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.bench_markdown import Plot, RunInfo, Section, format_ratio, format_value, full_labels, render
-from loadgen.bench_plots import baseline_points, load_likes_at_size, make_plots, rate_over_time
-from loadgen.bench_progress import Display, Outcome, failure_reason, mmss, run_child
-from loadgen.bench_report import Comparison, Results, figures_document
-from loadgen.bench_suite import SUITE, by_name, friends_document
+from loadgen.common.report import (
+    BenchResult,
+    Comparison,
+    Figure,
+    Results,
+    command_line,
+    format_ratio,
+    format_value,
+    full_labels,
+)
+from loadgen.friends.__main__ import result_of
+from loadgen.suite.benchmarks import SUITE, by_name, load_result
+from loadgen.suite.markdown import Plot, RunInfo, Section, render
+from loadgen.suite.plots import baseline_points, load_likes_at_size, make_plots, rate_over_time
+from loadgen.suite.progress import Display, Outcome, failure_reason, mmss, run_child
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -51,9 +62,9 @@ def test_values_use_their_own_format_or_a_sensible_default():
 def test_an_indented_label_names_the_figure_it_continues():
     labels = full_labels(
         [
-            {"key": "per_event", "label": "seed per-event f_obj, pgbench (events/s)"},
-            {"key": "per_event_async", "label": "  same, synchronous_commit=off (events/s)"},
-            {"key": "count", "label": "  user_events_count,  no filter (ms)"},
+            Figure("per_event", "seed per-event f_obj, pgbench (events/s)", 1.0),
+            Figure("per_event_async", "  same, synchronous_commit=off (events/s)", 2.0),
+            Figure("count", "  user_events_count,  no filter (ms)", 3.0),
         ]
     )
     assert labels["count"] == "user_events_count, no filter (ms)"
@@ -61,8 +72,8 @@ def test_an_indented_label_names_the_figure_it_continues():
     assert labels["per_event_async"] == "seed per-event f_obj, pgbench — same, synchronous_commit=off (events/s)"
 
 
-def social_document() -> dict:
-    """A figures document as bench_social writes it, one figure failed."""
+def social_result() -> BenchResult:
+    """A result as the social benchmark returns it, one figure failed."""
     results = Results()
     results.values |= {"pipeline": 40_969.0, "per_event": 10_797.0, "consumer": 733_109.0, "freshness_p99": 369.0}
     results.notes["pk_read"] = "failed: pgbench exited 1"
@@ -75,8 +86,8 @@ def social_document() -> dict:
         ("producer (msgs/s)", "producer"),
     ]
     comparisons = [
-        Comparison("pipeline / seed per-event", "pipeline", "per_event", 10.0),
-        Comparison("pipeline / bare consumer", "pipeline", "consumer", 0.5),
+        Comparison("pipeline / seed per-event", "pipeline", "per_event"),
+        Comparison("pipeline / bare consumer", "pipeline", "consumer"),
         Comparison("freshness p99", "freshness_p99", limit=1000.0, unit="ms"),
         Comparison("pipeline against a published figure", "pipeline", target=1.0, fixed=30_000, fixed_label="someone"),
     ]
@@ -89,8 +100,8 @@ def social_document() -> dict:
         }
     }
     freshness = {"likes": {"label": "likes pipeline", "values": [200.0 + i for i in range(100)]}}
-    return figures_document(
-        "social", results, figures, comparisons, series={"drains": drains, "freshness_ms": freshness}
+    return BenchResult.of(
+        "social", results, figures, comparisons=comparisons, series={"drains": drains, "freshness_ms": freshness}
     )
 
 
@@ -109,7 +120,7 @@ def run_info(quick: bool = True) -> RunInfo:
         "2026-11-23 07:00 UTC",
         quick,
         754.0,
-        "python -m loadgen.bench_all --quick",
+        "python -m loadgen.suite --quick",
     )
 
 
@@ -118,21 +129,21 @@ def test_the_page_puts_each_figure_beside_its_reference_with_ratio_and_target(tm
         Section(
             "social",
             "Likes and follows",
-            "python -m loadgen.bench_social",
+            "python -m loadgen.social",
             Outcome("social", "ok", seconds=250),
-            social_document(),
+            social_result(),
         ),
         Section(
             "audit",
             "Audit log",
-            "python -m loadgen.bench_audit",
+            "python -m loadgen.audit",
             Outcome("audit", "failed", "psycopg.OperationalError: connection refused", seconds=3),
             None,
         ),
         Section(
             "likes_at_size",
             "Likes at size",
-            "python -m loadgen.bench_likes_at_size",
+            "python -m loadgen.likes_at_size",
             Outcome("likes_at_size", "skipped", "not written yet"),
             None,
         ),
@@ -148,22 +159,24 @@ def test_the_page_puts_each_figure_beside_its_reference_with_ratio_and_target(tm
     assert "| commit | abc1234 |" in lines
     assert "| date | 2026-11-23 07:00 UTC |" in lines
     assert any(line.startswith("| sizes | **quick**") for line in lines)
-    assert "| Likes and follows | ok | 4:10 | `python -m loadgen.bench_social` |" in lines
+    assert "| Likes and follows | ok | 4:10 | `python -m loadgen.social` |" in lines
     assert (
-        "| Audit log | failed: psycopg.OperationalError: connection refused | 0:03 | `python -m loadgen.bench_audit` |"
+        "| Audit log | failed: psycopg.OperationalError: connection refused | 0:03 | `python -m loadgen.audit` |"
         in lines
     )
-    assert "| Likes at size | pending: not written yet | — | `python -m loadgen.bench_likes_at_size` |" in lines
+    assert "| Likes at size | pending: not written yet | — | `python -m loadgen.likes_at_size` |" in lines
     assert "![Throughput during a drain](docs/bench/drain_throughput.png)" in lines
     assert "Pending: no data yet." in lines
+    # Side by side: the ratio, and no verdict where there is no target.
     assert (
         "| streamviews likes pipeline x1, end to end (likes/s) | 40,969 |"
-        " seed per-event f_obj, pgbench (events/s): 10,797 | 3.79x | >= 10x: MISS |"
+        " seed per-event f_obj, pgbench (events/s): 10,797 | 3.79x |  |"
     ) in lines
     assert (
         "| streamviews likes pipeline x1, end to end (likes/s) | 40,969 |"
-        " bare consumer, ceiling (msgs/s, median of 3): 733,109 | 0.056x | >= 0.5x: MISS |"
+        " bare consumer, ceiling (msgs/s, median of 3): 733,109 | 0.056x |  |"
     ) in lines
+    assert "PASS" not in page.split("seed per-event f_obj, pgbench (events/s): 10,797")[1].splitlines()[0]
     assert "| freshness p99 (ms) | 369 | — | — | < 1,000 ms: PASS |" in lines
     assert (
         "| streamviews likes pipeline x1, end to end (likes/s) | 40,969 |"
@@ -181,8 +194,8 @@ def test_a_full_run_says_its_sizes_are_the_quoted_ones(tmp_path):
 
 
 def test_plots_are_drawn_from_sample_data_and_the_missing_curve_is_pending(tmp_path):
-    documents = {"social": social_document(), "audit": {"series": {"audit_lag": audit_lag_series()}}}
-    plots = make_plots(documents, tmp_path / "plots", tmp_path / "results")
+    samples = {"social": social_result().series, "audit": {"audit_lag": audit_lag_series()}}
+    plots = make_plots(samples, tmp_path / "plots", tmp_path / "results")
 
     drawn = {p.title: p for p in plots}
     for title, name in (
@@ -205,7 +218,8 @@ def test_the_likes_at_size_curve_is_drawn_once_its_data_exists(tmp_path):
     stale = tmp_path / "plots" / "drain_throughput.png"
     stale.write_bytes(PNG)  # from an earlier run: no drain in this one, so it must go
     points = [{"likes_in_state": n * 1_000_000, "likes_per_second": 40_000 - n * 500} for n in (1, 2, 5, 10, 20)]
-    (results / "likes_at_size.json").write_text(json.dumps({"benchmark": "likes_at_size", "points": points}))
+    result = BenchResult("likes_at_size", [], series={"likes_at_size": {"points": points, "date": "2026-11-23"}})
+    result.write(results / "likes_at_size.json")
 
     plots = {p.title: p for p in make_plots({}, tmp_path / "plots", results)}
 
@@ -223,10 +237,54 @@ def test_the_committed_baseline_curve_is_readable_for_the_plot():
     assert points[-1][0] >= 20_000_000
 
 
-def test_the_likes_at_size_data_may_be_a_csv(tmp_path):
-    (tmp_path / "likes_at_size.csv").write_text("likes_in_state,likes_per_second\n2000000,39000\n1000000,40000.5\n")
+def test_a_likes_at_size_document_from_before_the_protocol_still_gives_its_curve(tmp_path):
+    points = [
+        {"likes_in_state": 2_000_000, "likes_per_second": 39_000},
+        {"likes_in_state": 1_000_000, "likes_per_second": 40_000.5},
+    ]
+    (tmp_path / "likes_at_size.json").write_text(json.dumps({"benchmark": "likes_at_size", "points": points}))
     assert load_likes_at_size(tmp_path) == [(1_000_000.0, 40_000.5), (2_000_000.0, 39_000.0)]
     assert load_likes_at_size(tmp_path / "nothing") is None
+
+
+def test_a_result_is_one_json_line_read_back_as_it_was_written(tmp_path):
+    result = social_result()
+    result.command, result.check = "python -m loadgen.social --events 1000", ["url /a: 3 views, expected 4"]
+    result.write(tmp_path / "social.json")
+    written = (tmp_path / "social.json").read_bytes()
+    assert written.endswith(b"\n")
+    assert written.count(b"\n") == 1
+    assert load_result(tmp_path, "social") == result
+    assert load_result(tmp_path, "audit") is None
+
+
+def test_a_result_fails_on_an_unmeasured_figure_or_a_wrong_check_never_on_a_missed_target():
+    result = social_result()
+    assert result.failures == ["pk_read: failed: pgbench exited 1"]
+    result.check = ["url /a: 3 views, expected 4"]
+    assert result.failures[-1] == "url /a: 3 views, expected 4"
+    missed = BenchResult("x", [Figure("p99", "p99 (ms)", 2000.0)], [Comparison("p99", "p99", limit=1000.0, unit="ms")])
+    assert missed.failures == []
+    assert "< 1,000 ms: MISS" in missed.text()
+
+
+def test_the_printed_report_shows_figures_ratios_check_and_notes():
+    result = social_result()
+    result.header, result.notes, result.check = ["likes/follows benchmark"], ["a note"], "sum(views) = 4 match"
+    text = result.text().splitlines()
+    assert text[0] == "likes/follows benchmark"
+    assert any(
+        line.split() == ["pgbench", "plain", "PK", "read", "(tps)", "failed:", "pgbench", "exited", "1"]
+        for line in text
+    )
+    assert any(line.startswith("  pipeline / seed per-event") and line.rstrip().endswith("3.79x") for line in text)
+    assert "  check: sum(views) = 4 match" in text
+    assert "  - a note" in text
+
+
+def test_the_command_reproducing_a_run_leaves_out_where_its_result_went():
+    argv = ["--events", "10", "--json", "/r/social.json", "--progress", "1", "--seconds=3"]
+    assert command_line("loadgen.social", argv) == "python -m loadgen.social --events 10 --seconds=3"
 
 
 def test_throughput_over_time_comes_from_cumulative_samples():
@@ -240,21 +298,18 @@ def test_throughput_over_time_comes_from_cumulative_samples():
     assert rate_over_time([[0, 0]]) == []
 
 
-def test_bench_friends_own_json_becomes_a_figures_document():
-    raw = {
-        "meta": {"command": "python -m loadgen.bench_friends", "commit": "abc1234"},
-        "summary": {
-            "heavy": {
-                "seed": {"calls_per_second": 100.0, "p50_ms": 30.0, "p99_ms": 60.0, "rounds": [100]},
-                "now": {"calls_per_second": 900.0, "p50_ms": 3.0, "p99_ms": 6.0, "rounds": [900]},
-            }
-        },
+def test_friends_figures_compare_now_with_the_seed_against_the_heavy_tail_target():
+    summary = {
+        "heavy": {
+            "seed": {"calls_per_second": 100.0, "p50_ms": 30.0, "p99_ms": 60.0, "rounds": [100]},
+            "now": {"calls_per_second": 900.0, "p50_ms": 3.0, "p99_ms": 6.0, "rounds": [900]},
+        }
     }
-    document = friends_document(raw)
-    figures = {f["key"]: f["value"] for f in document["figures"]}
-    assert figures["heavy_now"] == 900.0
-    assert figures["heavy_seed_p99"] == 60.0
-    assert [(c["figure"], c["reference"]) for c in document["comparisons"]] == [("heavy_now", "heavy_seed")]
+    results, rows, comparisons = result_of(summary)
+    assert results.values["heavy_now"] == 900.0
+    assert results.values["heavy_seed_p99"] == 60.0
+    assert ("heavy: now p99 (ms)", "heavy_now_p99", ".3f") in rows
+    assert [(c.figure, c.reference, c.target) for c in comparisons] == [("heavy_now", "heavy_seed", 3.0)]
 
 
 def test_a_failure_is_one_line_taken_from_the_traceback_or_the_last_error_logged():
@@ -276,7 +331,7 @@ def test_a_failure_is_one_line_taken_from_the_traceback_or_the_last_error_logged
 def test_progress_without_a_terminal_is_plain_lines_per_step():
     out, now = io.StringIO(), [100.0]
     display = Display(out, tty=False, clock=lambda: now[0])
-    display.begin("[1/2]", "social", "python -m loadgen.bench_social")
+    display.begin("[1/2]", "social", "python -m loadgen.social")
     display.record({"event": "measuring", "step": "pipeline"})
     display.record({"event": "drain progress", "what": "bench-likes", "done": 100, "total": 1000, "rate": 40000})
     now[0] += 12  # plain drain lines come at most every 10 s, the first one 10 s into a step
@@ -286,7 +341,7 @@ def test_progress_without_a_terminal_is_plain_lines_per_step():
     text = out.getvalue()
     assert "\r" not in text
     assert text.splitlines() == [
-        "[1/2] social: python -m loadgen.bench_social",
+        "[1/2] social: python -m loadgen.social",
         "    0:12 draining bench-likes 50% of 1,000, 40,000/s",
         "    pipeline: done in 12.5 s",
         "  social: failed: pgbench exited 1 (1:15)",
@@ -299,9 +354,9 @@ def test_the_suite_knows_its_benchmarks_and_their_quick_sizes():
         by_name("social,nope")
     assert all(b.quick or b.name == "likes_at_size" for b in SUITE)
     social = by_name("social")[0]
-    assert social.command(quick=False) == ["python", "-m", "loadgen.bench_social"]
-    assert social.output_args(Path("/r")) == ["--json", "/r/social.json"]
-    assert by_name("friends")[0].output_args(Path("/r")) == ["--out", "/r/friends"]
+    assert social.command(quick=False) == ["python", "-m", "loadgen.social"]
+    assert social.output_args(Path("/r")) == ["--json", "/r/social.json", "--progress", "1"]
+    assert all(importlib.util.find_spec(b.module) for b in SUITE)
     assert mmss(3725) == "1:02:05"
 
 

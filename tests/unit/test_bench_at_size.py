@@ -6,11 +6,11 @@ from collections import Counter
 
 import pytest
 
-from loadgen.at_size_backlog import LikesBacklog, partition_of
-from loadgen.at_size_report import figures, load_summary
-from loadgen.at_size_sampling import Sample, crossing, curve, curve_step, tail_rate
-from loadgen.drain import CpuSample
-from loadgen.workload import WorkloadSettings
+from loadgen.common.drain import CpuSample
+from loadgen.likes_at_size.backlog import LikesBacklog, partition_of
+from loadgen.likes_at_size.report import figures_of, load_summary, result
+from loadgen.likes_at_size.sampling import Sample, crossing, curve, curve_step, tail_rate
+from loadgen.workloads.social import WorkloadSettings
 
 
 def sample(t: float, events: int, likes: int) -> Sample:
@@ -83,9 +83,28 @@ def test_figures_say_why_one_is_missing() -> None:
         "fill": {"sustained_likes_per_s": 21_000.0},
         "errors": {"freshness": "markers never seen"},
     }
-    results = figures(doc)
+    results = figures_of(doc)
     assert results.values["likes_per_s_first"] == 30_000.0
     assert results.values["likes_per_s_at_size"] == 21_000.0
     assert results.notes["freshness_p99"].startswith("failed: markers")
     assert results.notes["seed_per_event"] == "(not run)"
     assert load_summary([[1.0, 2.0, 1.0, 1.0], [2.0, 4.0, 1.0, 1.0]])["median1"] == 3.0
+
+
+def test_the_result_carries_the_curve_for_the_plot_and_the_whole_document() -> None:
+    doc = {
+        "date": "2026-11-23T09:36:33+00:00",
+        "curve": [
+            {"likes_in_state": 1_000_000, "likes_per_s": 30_000.0, "state_growth_per_s": 26_000.0, "pss_mib": 90.0}
+            | {"cores": {"pipeline": 0.9, "postgres": 0.8}, "load1": 1.9}
+        ],
+        "seed_per_event": 3_500.0,
+        "errors": {},
+    }
+    run = result(doc)
+    assert run.series["likes_at_size"]["points"] == [{"likes_in_state": 1_000_000, "likes_per_second": 30_000.0}]
+    assert run.value("likes_per_s_first") == 30_000.0
+    assert run.value("likes_per_s_at_size") is None
+    assert run.extra["seed_per_event"] == 3_500.0
+    at_size = run.comparisons[0]
+    assert (at_size.figure, at_size.reference, at_size.target) == ("likes_per_s_at_size", "seed_per_event", 6.0)

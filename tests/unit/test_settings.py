@@ -105,8 +105,6 @@ def test_log_format_defaults_to_the_terminal_and_can_be_forced(monkeypatch):
 def test_env_sample_lists_every_setting_of_every_component():
     from pathlib import Path
 
-    from loadgen.bench_social import BenchSettings
-    from loadgen.workload import WorkloadSettings
     from pipelines.settings import AuditSettings, ConnectSettings, KibanaSettings, PipelineSettings
     from stack.settings import StackSettings
 
@@ -122,8 +120,6 @@ def test_env_sample_lists_every_setting_of_every_component():
         AuditSettings,
         KibanaSettings,
         StackSettings,
-        WorkloadSettings,
-        BenchSettings,
     ):
         prefix = settings.model_config.get("env_prefix", "")
         for name, field in settings.model_fields.items():

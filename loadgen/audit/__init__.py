@@ -1,0 +1,1 @@
+"""Audit log: writer, ctid puller, lag and queries beside the seed's approach (`python -m loadgen.audit`)."""

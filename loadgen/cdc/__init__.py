@@ -1,0 +1,1 @@
+"""Change data capture: rows of app.likes until counted in the views (`python -m loadgen.cdc`)."""

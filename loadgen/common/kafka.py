@@ -1,0 +1,245 @@
+"""Kafka for the benchmarks: a source that produces events, and the bare consumer every pipeline is compared with.
+
+- `EventSource`: produces events to one topic until stopped, a count or a duration, optionally at a
+  fixed rate; delivery errors are counted and reported (`SourceReport`), never raised;
+- `bare_consumer_rate`: reading a topic and doing nothing else, the ceiling of any Kafka pipeline;
+- `ensure_topic`: a topic created unless it exists (the stack never auto-creates topics).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from loadgen.common.errors import BenchmarkError
+from loadgen.common.throwaway import unique_name
+from pipelines.settings import KafkaSettings
+
+# Producer tuned for throughput while keeping the pipelines' delivery guarantees (acks from all
+# replicas, idempotent retries): small linger and large batches let lz4 compress many events at once.
+PRODUCER_CONFIG: dict[str, Any] = {
+    "linger.ms": 5,
+    "batch.size": 1_048_576,
+    "compression.type": "lz4",
+    "acks": "all",
+    "enable.idempotence": True,
+    # Success reports cost a Python callback per message; only failures need one.
+    "delivery.report.only.error": True,
+}
+
+
+# A paced source sleeps at least this long at a time and then catches up in a burst.
+PACING_TICK_S = 0.01
+
+
+@dataclass(frozen=True)
+class SourceReport:
+    """What one run of a source did."""
+
+    produced: int
+    errors: int  # delivery failures, including messages still queued when the final flush gave up
+    first_error: str | None
+    seconds: float
+
+    @property
+    def delivered(self) -> int:
+        """Messages acknowledged by the broker."""
+        return self.produced - self.errors
+
+    @property
+    def rate(self) -> float:
+        """Acknowledged messages per second, flush included."""
+        return self.delivered / self.seconds if self.seconds > 0 else 0.0
+
+
+class EventSource:
+    """Produces events to one topic until stopped, a count or a duration; optionally at a fixed rate.
+
+    Modelled on Quix Streams' `Source`: `run()` loops while `running`, `stop()` (e.g. from a signal
+    handler) ends the loop at the next event, and the producer is flushed on the way out. Delivery
+    failures are counted, never raised, so a long run reports how many were lost.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        events: Iterable[Any],
+        encode: Callable[[Any], tuple[bytes, bytes]],
+        *,
+        kafka: KafkaSettings | None = None,
+        rate: float = 0.0,
+        count: int = 0,
+        duration: float = 0.0,
+        flush_timeout: float = 60.0,
+        producer_config: dict[str, Any] | None = None,
+    ):
+        self.topic = topic
+        self._events = iter(events)
+        self._encode = encode
+        self._kafka = kafka or KafkaSettings()
+        self._rate = rate
+        self._count = count
+        self._duration = duration
+        self._flush_timeout = flush_timeout
+        self._producer_config = {**PRODUCER_CONFIG, **(producer_config or {})}
+        self._running = False
+        self._errors = 0
+        self._first_error: str | None = None
+
+    @property
+    def running(self) -> bool:
+        """True until `stop()` is called or the run ends."""
+        return self._running
+
+    def stop(self) -> None:
+        """Ask the loop to end after the current event; safe from a signal handler."""
+        self._running = False
+
+    def _on_delivery(self, error: KafkaError | None, _message: Message) -> None:
+        if error is not None:
+            self._errors += 1
+            if self._first_error is None:
+                self._first_error = str(error)
+
+    def run(self) -> SourceReport:
+        """Produce until a bound is reached or `stop()`; then flush and report.
+
+        Returns:
+            The counts and elapsed seconds, the final flush included.
+        """
+        producer = Producer(
+            {
+                "bootstrap.servers": self._kafka.bootstrap_servers,
+                "client.id": f"{self._kafka.client_id}-loadgen",
+                "on_delivery": self._on_delivery,
+                **self._producer_config,
+            }
+        )
+        # Connect before the clock starts (a rate is a steady state), and fail fast on a missing topic:
+        # the broker never auto-creates one, so every message would otherwise fail one by one.
+        topic = producer.list_topics(self.topic, timeout=10).topics[self.topic]
+        if topic.error is not None:
+            raise BenchmarkError(f"source: topic {self.topic!r}: {topic.error.str()}")
+        interval = 1.0 / self._rate if self._rate > 0 else 0.0
+        started = time.monotonic()
+        deadline = started + self._duration if self._duration > 0 else math.inf
+        produced = 0
+        self._running = True
+        try:
+            while self._running and (self._count == 0 or produced < self._count):
+                if interval:
+                    # Pace against the start, not the previous event, so pauses do not accumulate; sleep
+                    # in ticks of PACING_TICK_S, not per event (thousands of wake-ups a second would cost
+                    # this process, and Kafka's small batches, more than the events themselves).
+                    delay = started + produced * interval - time.monotonic()
+                    if delay > 0:
+                        producer.poll(0)
+                        time.sleep(max(delay, PACING_TICK_S))
+                if (interval or (produced & 1023) == 0) and time.monotonic() >= deadline:
+                    break
+                # Drawn only now, so `ts` is the production time (what freshness is measured from).
+                event = next(self._events, None)
+                if event is None:
+                    break
+                key, value = self._encode(event)
+                while True:
+                    try:
+                        producer.produce(self.topic, value, key)
+                        break
+                    except BufferError:  # local queue full: let librdkafka send, then retry
+                        producer.poll(0.05)
+                produced += 1
+                if produced & 1023 == 0:
+                    producer.poll(0)
+        finally:
+            self._running = False
+            unsent = producer.flush(self._flush_timeout)
+        errors = self._errors + unsent
+        if unsent and self._first_error is None:
+            self._first_error = f"{unsent} messages still queued after {self._flush_timeout}s flush"
+        return SourceReport(produced, errors, self._first_error, time.monotonic() - started)
+
+
+def ensure_topic(name: str, partitions: int, kafka: KafkaSettings | None = None) -> bool:
+    """Create `name` with `partitions` partitions unless it exists (topics are never auto-created).
+
+    Returns:
+        True when the topic was created by this call.
+    """
+    kafka = kafka or KafkaSettings()
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    if name in admin.list_topics(timeout=10).topics:
+        return False
+    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name].result(30)
+    return True
+
+
+def bare_consumer_rate(
+    topic: str,
+    count: int,
+    *,
+    kafka: KafkaSettings | None = None,
+    timeout: float = 120.0,
+    decode: bool | Callable[[bytes], object] = False,
+) -> float:
+    """Messages/s of a consumer reading `count` messages of `topic` from the beginning, doing nothing else.
+
+    Partitions are assigned, not subscribed, so no group rebalance is timed, and the connection and
+    metadata are set up before the clock starts at `assign()`. Every message is counted from there:
+    starting at the first batch instead would miss what librdkafka prefetches meanwhile (most of a
+    small topic). Each message's `.value()` is read; with `decode`, each value also goes through
+    `orjson.loads` (what any pipeline does first), or through `decode` itself when it is a function
+    (e.g. a msgspec decoder).
+
+    Args:
+        topic: topic to read, from offset 0 of every partition.
+        count: messages to read.
+        kafka: where Kafka is.
+        timeout: give up after this many seconds.
+        decode: parse each value as JSON (True: `orjson.loads`; or the function to call on each value).
+
+    Raises:
+        BenchmarkError: fewer than `count` messages arrived within `timeout`, or a message carried an error.
+    """
+    kafka = kafka or KafkaSettings()
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "client.id": f"{kafka.client_id}-bench",
+            "group.id": unique_name("bench-consumer", "-"),
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            # As the pipelines: without it librdkafka idles up to 1 s each time its queue fills,
+            # which measured a 400,000-message read at a third of the rate of a 200,000 one.
+            "fetch.queue.backoff.ms": 10,
+        }
+    )
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        deadline = time.monotonic() + timeout
+        received = 0
+        parse = orjson.loads if decode is True else decode or None
+        started = time.perf_counter()
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        while received < count and time.monotonic() < deadline:
+            batch = consumer.consume(num_messages=10000, timeout=1.0)
+            for message in batch:
+                if message.error() is not None:
+                    raise BenchmarkError(f"bare consumer: {topic}: {message.error()}")
+                value = message.value()
+                if parse is not None:
+                    parse(value)
+            received += len(batch)
+        elapsed = time.perf_counter() - started
+    finally:
+        consumer.close()
+    if received < count:
+        raise BenchmarkError(f"bare consumer: {topic}: {received} of {count} messages in {timeout}s")
+    return received / elapsed
