@@ -5,14 +5,16 @@ partition, while the new owner reads from the stored offset too. Both batches st
 stored offset stood when each was read; whichever commits second finds the offset moved (or, for
 a partition never committed, claimed) and must write nothing at all.
 
-Every function here takes a `World` and states one rule with plain sequential calls (no threads,
-no sleeps: the order of the commits is the race's outcome). The same functions run against the
-in-memory double (tests/unit/test_fence.py) and PostgreSQL (tests/integration/test_fence.py),
+Every function here takes a `World` and states one rule with plain sequential calls (no sleeps:
+the order of the commits is the race's outcome); the last runs the race itself, two transactions
+at once, and waits for what the database says, never for time. The same functions run against the
+in-memory double (tests/unit/test_fence.py) and PostgreSQL (tests/integration/test_fence_postgresql.py),
 so the double cannot drift from the real fence.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -28,8 +30,15 @@ Rows = list[tuple[int, Any]]
 class World(Protocol):
     """Where the race runs: an offsets store and a sink recording which generation wrote what."""
 
-    def checkpoint(self, generation: str) -> Checkpoint[Any, Rows]:
-        """A runner generation's checkpoint (its own connection), in the test's consumer group."""
+    def checkpoint(self, generation: str, during: Callable[[], None] | None = None) -> Checkpoint[Any, Rows]:
+        """A runner generation's checkpoint (its own connection), in the test's consumer group.
+
+        `during` is called in its sink's apply: inside the transaction, the batch's rows locked.
+        """
+        ...
+
+    def waiting(self, checkpoint: Checkpoint[Any, Rows]) -> Callable[[], bool]:
+        """Asks the database whether the checkpoint's transaction waits for another's lock."""
         ...
 
     def written(self) -> list[tuple[str, int, Any]]:
@@ -116,10 +125,45 @@ def the_fenced_generation_resumes_from_the_stored_offsets(world: World) -> None:
     assert world.stored() == {P0: 3}
 
 
+def a_claimant_waiting_for_the_lock_is_fenced_once_the_first_commits(world: World) -> None:
+    """The race itself: `second` claims the partition while `first` holds its row, waits, then finds it taken.
+
+    No sleep: the database says when the second transaction waits for the first one's lock.
+    """
+    second = world.checkpoint("second")
+    second_waits = world.waiting(second)
+    outcome: list[BaseException | int] = []
+    racer = threading.Thread(target=lambda: outcome.append(attempt(second, batch({P0: None}, {P0: ["x"]}))))
+
+    def let_second_claim_and_wait() -> None:
+        racer.start()
+        while racer.is_alive() and not second_waits():
+            pass
+        assert racer.is_alive(), f"the second claimant did not wait for the first: {outcome}"
+
+    first = world.checkpoint("first", during=let_second_claim_and_wait)
+    assert first.commit(batch({P0: None}, {P0: ["a", "b"]})) == 2
+    racer.join()
+
+    [result] = outcome
+    assert isinstance(result, Fenced), result
+    assert world.written() == [("first", 0, "a"), ("first", 0, "b")]
+    assert world.stored() == {P0: 2}
+
+
+def attempt(checkpoint: Checkpoint[Any, Rows], attempted: Batch[Rows]) -> BaseException | int:
+    """What committing the batch returned or raised."""
+    try:
+        return checkpoint.commit(attempted)
+    except BaseException as e:
+        return e
+
+
 SPECIFICATION: list[Callable[[World], None]] = [
     the_second_claim_of_a_partition_never_committed_is_fenced,
     a_batch_read_before_the_offset_moved_is_fenced,
     a_fenced_batch_writes_none_of_its_partitions,
     the_same_batch_commits_once,
     the_fenced_generation_resumes_from_the_stored_offsets,
+    a_claimant_waiting_for_the_lock_is_fenced_once_the_first_commits,
 ]

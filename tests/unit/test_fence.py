@@ -1,19 +1,32 @@
 """The fence's specification (tests/fence_spec.py) against the in-memory offsets store.
 
-tests/integration/test_fence.py runs the same specification against PostgreSQL: the double used by
+tests/integration/test_fence_postgresql.py runs the same specification against PostgreSQL: the double used by
 the pipeline's unit tests fences as the real `ops.kafka_offsets` does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from pipelines.runtime.checkpoint import Checkpoint
-from pipelines.runtime.testing import MemoryDatabase, MemoryOffsets, MemorySink
+from pipelines.runtime.checkpoint import ApplyOutcome, Checkpoint
+from pipelines.runtime.testing import MemoryConnection, MemoryDatabase, MemoryOffsets, MemorySink
 from tests.fence_spec import SPECIFICATION, Rows, World
+
+
+@dataclass
+class HookedSink(MemorySink):
+    """A MemorySink calling `during` first in its apply (inside the transaction, the rows claimed)."""
+
+    during: Callable[[], None] | None = None
+
+    def apply(self, conn: MemoryConnection, payload: Rows, outcome: ApplyOutcome) -> int:
+        if self.during is not None:
+            self.during()
+        return super().apply(conn, payload, outcome)
 
 
 class MemoryWorld:
@@ -23,8 +36,14 @@ class MemoryWorld:
         self.db = MemoryDatabase()
         self.offsets = MemoryOffsets(self.db, "fence-group")
 
-    def checkpoint(self, generation: str) -> Checkpoint[Any, Rows]:
-        return Checkpoint(MemoryOffsets(self.db, "fence-group"), MemorySink(table="written", label=generation))
+    def checkpoint(self, generation: str, during: Callable[[], None] | None = None) -> Checkpoint[Any, Rows]:
+        return Checkpoint(
+            MemoryOffsets(self.db, "fence-group"), HookedSink(table="written", label=generation, during=during)
+        )
+
+    def waiting(self, checkpoint: Checkpoint[Any, Rows]) -> Callable[[], bool]:
+        conn = checkpoint.conn  # connected here, before another thread uses it
+        return lambda: conn.waiting
 
     def written(self) -> list[tuple[str, int, Any]]:
         return MemorySink(table="written").rows(self.db)

@@ -6,7 +6,7 @@ produces records partition by partition, runs it with `run_until_caught_up`, and
 `MemorySink` committed. Nothing here doubles Kafka's or PostgreSQL's wire protocol: the doubles
 implement the runtime's own interfaces, and what they promise is checked against the real ones by
 the specifications run on both (tests/fence_spec.py against PostgreSQL in
-tests/integration/test_fence.py).
+tests/integration/test_fence_postgresql.py).
 
 Failures are injected where they happen in production:
 - `MemorySink.fail_at(n)` loses the connection in the middle of a batch's apply (n records

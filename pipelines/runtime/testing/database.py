@@ -29,6 +29,7 @@ class MemoryDatabase:
     def __init__(self) -> None:
         self.tables: dict[str, Any] = {"kafka_offsets": {}, "dead_letters": Counter()}
         self.lock = threading.RLock()
+        self.waiting: set[MemoryConnection] = set()  # connections whose transaction waits for the lock
         self._kill_at_commit = False
 
     def connect(self) -> MemoryConnection:
@@ -51,7 +52,11 @@ class MemoryConnection:
     @contextmanager
     def transaction(self) -> Iterator[MemoryConnection]:
         """A transaction (a savepoint when nested): rolled back when its block raises."""
-        with self.db.lock:
+        if not self.db.lock.acquire(blocking=False):
+            self.db.waiting.add(self)
+            self.db.lock.acquire()
+            self.db.waiting.discard(self)
+        try:
             snapshot = copy.deepcopy(self.db.tables)
             self._depth += 1
             try:
@@ -64,6 +69,13 @@ class MemoryConnection:
                 raise
             finally:
                 self._depth -= 1
+        finally:
+            self.db.lock.release()
+
+    @property
+    def waiting(self) -> bool:
+        """True while its transaction waits for another's to end (PostgreSQL's pg_blocking_pids)."""
+        return self in self.db.waiting
 
     @property
     def tables(self) -> dict[str, Any]:

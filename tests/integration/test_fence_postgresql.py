@@ -1,13 +1,12 @@
 """The fence's specification (tests/fence_spec.py) against PostgreSQL: `PostgresOffsets` on `ops.kafka_offsets`.
 
-The same rules as the in-memory double's (tests/unit/test_fence.py), here with real row locks; and one
-race only a real database can run: a second claimant blocked on the first one's lock, fenced once
-it commits. Each test has its own consumer group and table; they are deleted afterwards.
+The same rules as the in-memory double's (tests/unit/test_fence.py), here with real row locks (the
+race of two transactions at once included). Each test has its own consumer group and table; they
+are deleted afterwards.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -15,10 +14,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pipelines.runtime.checkpoint import ApplyOutcome, Checkpoint, Fenced
+from pipelines.runtime.checkpoint import ApplyOutcome, Checkpoint
 from pipelines.runtime.offsets import PostgresOffsets
 from pipelines.settings import PostgresSettings
-from tests.fence_spec import P0, SPECIFICATION, Rows, World, batch
+from tests.fence_spec import SPECIFICATION, Rows, World
 from tests.integration.conftest import unique
 
 
@@ -57,6 +56,11 @@ class PostgresWorld:
         self.checkpoints.append(checkpoint)
         return checkpoint
 
+    def waiting(self, checkpoint: Checkpoint[Any, Rows]) -> Callable[[], bool]:
+        pid = checkpoint.conn.info.backend_pid  # connected here, before another thread uses it
+        blocked = "SELECT cardinality(pg_blocking_pids(%s)) > 0"
+        return lambda: self.owner.execute(blocked, (pid,)).fetchone()[0]
+
     def written(self) -> list[tuple[str, int, Any]]:
         query = sql.SQL("SELECT generation, partition, record FROM {} ORDER BY id").format(sql.Identifier(self.table))
         return [tuple(row) for row in self.owner.execute(query).fetchall()]
@@ -94,36 +98,3 @@ def world(stack, secrets_dir, pg) -> Iterator[PostgresWorld]:
 @pytest.mark.parametrize("rule", SPECIFICATION, ids=lambda rule: rule.__name__)
 def test_the_postgresql_fence_follows_the_specification(world: World, rule: Callable[[World], None]) -> None:
     rule(world)
-
-
-def test_a_claimant_blocked_on_the_lock_is_fenced_when_the_first_commits(world: PostgresWorld) -> None:
-    """The race itself: `second` claims while `first` holds the row; it waits, then finds it taken."""
-    second = world.checkpoint("second")
-    second_pid = second.conn.info.backend_pid  # connected here, before its thread uses it
-    outcome: list[BaseException | int] = []
-    racer = threading.Thread(target=lambda: outcome.append(attempt(second)))
-
-    def claim_while_first_holds_the_row() -> None:
-        racer.start()
-        # No sleep: PostgreSQL says when the second transaction waits for the first one's lock.
-        blocked = "SELECT cardinality(pg_blocking_pids(%s)) > 0"
-        while racer.is_alive() and not world.owner.execute(blocked, (second_pid,)).fetchone()[0]:
-            pass
-        assert racer.is_alive(), f"the second claimant did not wait for the first: {outcome}"
-
-    first = world.checkpoint("first", during=claim_while_first_holds_the_row)
-    assert first.commit(batch({P0: None}, {P0: ["a", "b"]})) == 2
-    racer.join()
-
-    [result] = outcome
-    assert isinstance(result, Fenced), result
-    assert world.written() == [("first", 0, "a"), ("first", 0, "b")]
-    assert world.stored() == {P0: 2}
-
-
-def attempt(checkpoint: Checkpoint[Any, Rows]) -> BaseException | int:
-    """Commit a batch claiming partition 0 from its start; what it returned or raised."""
-    try:
-        return checkpoint.commit(batch({P0: None}, {P0: ["x"]}))
-    except BaseException as e:
-        return e
