@@ -15,6 +15,11 @@ Decoding and committing overlap: a committer thread commits batch N (the databas
 process waits on its socket) while the main thread consumes and decodes batch N+1, whose start is
 N's end. N+1 is handed over only once N has committed; if N fails, N+1 is dropped with it and both
 are consumed again after the re-seek. At most one batch is in flight, so commits stay in order.
+
+A pipeline builds no client itself: it is given its Kafka clients (`KafkaClients`,
+pipelines/runtime/clients.py) and its group's offsets store (`OffsetStore`,
+pipelines/runtime/offsets.py). Services give it confluent-kafka's and PostgreSQL's; unit tests the
+in-memory doubles of pipelines/runtime/testing/, and drive it `step()` by step.
 """
 
 from __future__ import annotations
