@@ -35,7 +35,7 @@ from psycopg import sql
 from pipelines.cdc.captured_tables import move_captured_tables
 from pipelines.cdc.connectors import CONNECTORS_DIR
 from pipelines.cv import catalog
-from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.model import DefinitionError
 from pipelines.errors import DatabaseSetupError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import (

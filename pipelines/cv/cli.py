@@ -57,10 +57,10 @@ from pipelines.cv.cli_common import (
     pg_status,
     table,
 )
-from pipelines.cv.definitions import DefinitionError, StreamDef, parse
-from pipelines.cv.statement_text import Statement, numbered_statements
+from pipelines.cv.frontend.statements import numbered_statements, parse
+from pipelines.cv.model import DefinitionError, StreamDef
+from pipelines.cv.sqltext.scan import Statement
 from pipelines.cv.status import runner_status, status_table
-from pipelines.cv.views import view_catalog
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.runtime.deadletter import dead_letter_topic
@@ -273,7 +273,7 @@ def cmd_drop(args: argparse.Namespace) -> int:
             outcomes = []
             for name in args.names:
                 kind, qualified = resolve_drop(conn, name, args.kind)
-                drop = view_catalog.drop_view if kind == "view" else catalog.drop_stream
+                drop = catalog.drop_view if kind == "view" else catalog.drop_stream
                 outcomes.append(drop(conn, qualified))
             return outcomes
 

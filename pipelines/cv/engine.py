@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 import psycopg
 from psycopg import sql
 
-from pipelines.cv import arrays, catalog, stream_sql
-from pipelines.cv.definitions import StreamDef, ViewDef
-from pipelines.cv.views import compiler
+from pipelines.cv import catalog
+from pipelines.cv.model import StreamDef, ViewDef
+from pipelines.cv.sqltext import arrays
+from pipelines.cv.views import compiler, stream_sql
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 
@@ -32,7 +33,7 @@ log = get_logger("cv.engine")
 # large transition states (hll, arrays) the hash table spills to disk in every batch. Sorting the
 # batch instead costs little at PIPELINE_BATCH_MAX rows and feeds each upsert in key order, so the
 # view's index is walked in order too. Measured on one 50,000-like batch against 20M likes held
-# (`loadgen.batch_probe`): object_likes 11.4 -> 9.0 us a like, object_likes_hourly 19.5 -> 12.5.
+# (EXPLAIN ANALYZE of one rolled-back batch): object_likes 11.4 -> 9.0 us a like, hourly 19.5 -> 12.5.
 # The statement that turns the batch into deltas runs with it too: its batch keys then look up the
 # state's primary key in key order (a sort and a unique) rather than in hash order, so consecutive
 # lookups descend into neighbouring pages: 17-20 -> 15-16 us a like on the same kept state.

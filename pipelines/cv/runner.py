@@ -34,8 +34,8 @@ from confluent_kafka import KafkaException, Message
 from pipelines import metrics
 from pipelines.cv import catalog
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
-from pipelines.cv.definitions import DefinitionError, StreamDef
 from pipelines.cv.engine import declared_streams
+from pipelines.cv.model import DefinitionError, StreamDef
 from pipelines.cv.sink import Origin, StreamChanges, ViewChanges, ViewSink
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger

@@ -18,7 +18,7 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from pipelines.cv.cli_common import KAFKA_TIMEOUT_S, CommandError, kafka_message, kafka_topics, table
-from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.model import DefinitionError
 from pipelines.runtime.checkpoint import partition_lag
 from pipelines.settings import KafkaSettings
 

@@ -26,7 +26,6 @@ from elasticsearch import Elasticsearch
 
 from pipelines.cv import catalog
 from pipelines.cv.engine import StreamMaintainer
-from pipelines.cv.views import view_catalog
 from pipelines.settings import (
     AuditSettings,
     ConnectSettings,
@@ -181,7 +180,7 @@ def throwaway_views(
     finally:
         with pg("sv_owner", autocommit=True) as conn:
             for (view,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{schema}.%",)).fetchall():
-                view_catalog.drop_view(conn, view)
+                catalog.drop_view(conn, view)
             declared = catalog.load_streams(conn, skip_broken=True)
             topics = {declared[stream].topic for stream in streams if stream in declared}
             for stream in streams:

@@ -19,9 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.cv import catalog
-from pipelines.cv.definitions import DefinitionError
-from pipelines.cv.views import view_catalog
-from pipelines.cv.views.aggregate_calls import topk_capacity
+from pipelines.cv.frontend.aggregate_calls import topk_capacity
+from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 TS = datetime(2030, 1, 1, tzinfo=UTC)
@@ -248,16 +247,25 @@ def test_a_user_aggregate_view_can_be_altered_replaced_and_dropped_and_then_so_c
         with pg("sv_writer", autocommit=True) as writer:
             apply_rows(writer, stream, [1, 1, 1], [(1, 5, TS), (1, 7, TS), (2, 1, TS)])
         with pg("sv_owner", autocommit=True) as owner:
+            assert owner.execute(f"SELECT g, t FROM {schema}.totals ORDER BY g").fetchall() == [(1, 12), (2, 1)]
             assert catalog.define(owner, f"ALTER CONTINUOUS VIEW {schema}.totals SET (ttl = '30 days')") == (
                 f"view {schema}.totals altered: ttl '30 days'"
             )
+            stored = owner.execute("SELECT definition FROM cv.views WHERE name = %s", (f"{schema}.totals",)).fetchone()
+            assert "ttl = '30 days'" in stored[0]
+            assert owner.execute(f"SELECT g, t FROM {schema}.totals ORDER BY g").fetchall() == [(1, 12), (2, 1)]
             replaced = catalog.define(
                 owner,
                 f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.totals WITH (ttl = '30 days') AS {select.format(out='s')}",
             )
             assert replaced.startswith(f"view {schema}.totals replaced; its storage is unchanged")
             assert owner.execute(f"SELECT g, s FROM {schema}.totals ORDER BY g").fetchall() == [(1, 12), (2, 1)]
+        with pg("sv_writer", autocommit=True) as writer:  # the replaced view is still maintained
+            apply_rows(writer, stream, [1, 1], [(2, 4, TS), (3, 2, TS)])
+        with pg("sv_owner", autocommit=True) as owner:
+            totals = owner.execute(f"SELECT g, s FROM {schema}.totals ORDER BY g").fetchall()
+            assert totals == [(1, 12), (2, 5), (3, 2)]
 
-            assert view_catalog.drop_view(owner, f"{schema}.totals") == f"view {schema}.totals dropped"
+            assert catalog.drop_view(owner, f"{schema}.totals") == f"view {schema}.totals dropped"
             owner.execute(f"DROP AGGREGATE {schema}.total(bigint)")  # no CASCADE: nothing of the view is left
             owner.execute(f"DROP FUNCTION {schema}.add(bigint, bigint)")

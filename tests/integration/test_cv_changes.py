@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 
 from pipelines.cv import catalog
-from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import apply_rows, throwaway_views, unique
 
 NOW = datetime.now(UTC)

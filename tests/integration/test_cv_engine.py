@@ -18,9 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.cv import catalog
-from pipelines.cv.definitions import DefinitionError
 from pipelines.cv.engine import StreamMaintainer
-from pipelines.cv.views import view_catalog
+from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import throwaway_views, unique
 
 DAY0 = datetime(2030, 1, 1, tzinfo=UTC)
@@ -301,7 +300,7 @@ def test_a_view_added_later_is_backfilled_from_the_current_state(pg, writer, str
         )
         assert "backfilled" in outcome
         rows = owner.execute(f"SELECT uid, objects FROM {view} ORDER BY uid").fetchall()
-        view_catalog.drop_view(owner, view)
+        catalog.drop_view(owner, view)
     assert [(uid, sorted(objects)) for uid, objects in rows] == [(1, [900_004, 900_005])]
 
 

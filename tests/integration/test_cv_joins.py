@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.cv import catalog
-from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 INNER = """SELECT p.section, count(*) AS n, count(DISTINCT c.uid) AS users, avg(c.ms) AS avg_ms

@@ -24,13 +24,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.cv import catalog
-from pipelines.cv.arrays import array_literal, column_literals
 from pipelines.cv.decoding.checks import compile_check, compile_default
 from pipelines.cv.decoding.expressions import EvalError
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.decoding.values import json_converter
-from pipelines.cv.definitions import Check, DefinitionError
 from pipelines.cv.engine import StreamMaintainer
+from pipelines.cv.model import Check, DefinitionError
+from pipelines.cv.sqltext.arrays import array_literal, column_literals
 from pipelines.runtime.events import InvalidEvent
 from tests.integration.conftest import throwaway_views, unique
 from tests.unit.decoding_helpers import Record, change, stream

@@ -22,7 +22,6 @@ from pipelines.cv import catalog
 from pipelines.cv.cli_common import kafka_admin
 from pipelines.cv.runner import DEFAULT_GROUP
 from pipelines.cv.status import runner_status
-from pipelines.cv.views import view_catalog
 from tests.integration.conftest import unique, wait_for
 
 Samples = dict[tuple[str, frozenset], float]
@@ -65,7 +64,7 @@ def stream(stack, pg, admin):
         )
     yield name
     with pg("sv_owner", autocommit=True) as conn:
-        view_catalog.drop_view(conn, f"public.{name}_by_url")
+        catalog.drop_view(conn, f"public.{name}_by_url")
         catalog.drop_stream(conn, name)
         conn.execute("DELETE FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s", (DEFAULT_GROUP, name))
         conn.execute("DELETE FROM ops.dead_letters WHERE group_id = %s AND topic = %s", (DEFAULT_GROUP, name))

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from pipelines.cv.runner import DEFAULT_GROUP
-from pipelines.cv.stream_sql import state_table_of
+from pipelines.cv.views.stream_sql import state_table_of
 from pipelines.settings import ROLE_WRITER
 from tests.integration.conftest import unique, wait_for
 from tests.integration.test_declared_streams import define, produce, streamviews

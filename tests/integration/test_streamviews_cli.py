@@ -16,7 +16,6 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from pipelines.cv import catalog
-from pipelines.cv.views import view_catalog
 from tests.integration.conftest import pipeline_env, unique, wait_for
 
 SCRIPT = Path(sys.executable).parent / "streamviews"
@@ -50,7 +49,7 @@ def name(pg, admin):
     with pg("sv_owner", autocommit=True) as conn:
         views = conn.execute("SELECT name FROM cv.views WHERE stream LIKE %s", (f"{prefix}%",)).fetchall()
         for (view,) in views:
-            view_catalog.drop_view(conn, view)
+            catalog.drop_view(conn, view)
         for (stream,) in conn.execute("SELECT name FROM cv.streams WHERE name LIKE %s", (f"{prefix}%",)).fetchall():
             catalog.drop_stream(conn, stream)
         conn.execute("DELETE FROM ops.kafka_offsets WHERE topic LIKE %s", (f"{prefix}%",))

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg.types.json import Jsonb
 
-from pipelines.cv.views.aggregate_calls import topk_capacity
+from pipelines.cv.frontend.aggregate_calls import topk_capacity
 from pipelines.dbsetup import SQL_DIR
 from tests.integration.conftest import unique
 

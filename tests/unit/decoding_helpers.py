@@ -10,7 +10,8 @@ import orjson
 import pytest
 
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
-from pipelines.cv.definitions import StreamDef, parse
+from pipelines.cv.frontend.statements import NO_SCOPE, parse
+from pipelines.cv.model import StreamDef
 from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent
 
 KAFKA_TS_MS = 1_795_341_600_123  # 2026-11-22T10:00:00.123Z
@@ -18,7 +19,7 @@ KAFKA_TS = datetime(2026, 11, 22, 10, 0, 0, 123000, tzinfo=UTC)
 
 
 def stream(columns: str, options: str = "", name: str = "s") -> StreamDef:
-    return parse(f"CREATE STREAM {name} ({columns})" + (f" WITH ({options})" if options else ""), {})
+    return parse(f"CREATE STREAM {name} ({columns})" + (f" WITH ({options})" if options else ""), NO_SCOPE)
 
 
 def decoder(columns: str, options: str = "", output: list[str] | None = None) -> StreamDecoder:

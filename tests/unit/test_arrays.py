@@ -8,7 +8,7 @@ from uuid import UUID
 
 import pytest
 
-from pipelines.cv.arrays import array_literal, ops_literal
+from pipelines.cv.sqltext.arrays import array_literal, ops_literal
 
 
 @pytest.mark.parametrize(

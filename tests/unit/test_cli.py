@@ -13,8 +13,8 @@ from confluent_kafka import KafkaError, KafkaException
 
 from pipelines.cv import cli, cli_common, status
 from pipelines.cv.cli_common import CommandError
-from pipelines.cv.definitions import DefinitionError
-from pipelines.cv.statement_text import numbered_statements
+from pipelines.cv.frontend.statements import numbered_statements
+from pipelines.cv.model import DefinitionError
 
 STREAM = "CREATE STREAM clicks (oid bigint, ts timestamptz) WITH (topic = 'clicks')"
 VIEW = "CREATE CONTINUOUS VIEW per_object AS SELECT oid, count(*) AS n FROM clicks GROUP BY oid"

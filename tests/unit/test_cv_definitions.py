@@ -6,16 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.cv.definitions import (
-    Aggregate,
-    Check,
-    DefinitionError,
-    GroupColumn,
-    StreamDef,
-    ViewDef,
-    parse,
-)
-from pipelines.cv.statement_text import numbered_statements, split_statements
+from pipelines.cv.frontend.statements import NO_SCOPE, numbered_statements, parse, split_statements
+from pipelines.cv.model import Aggregate, Check, DefinitionError, GroupColumn, Scope, StreamDef, ViewDef
 from pipelines.cv.views import compiler
 
 SOCIAL_SQL = Path(__file__).resolve().parents[2] / "sql" / "views" / "social.sql"
@@ -28,14 +20,14 @@ VIEW_ON_LIKES = "CREATE CONTINUOUS VIEW t.per_object AS SELECT oid, count(*) AS 
 
 @pytest.fixture(scope="module")
 def streams() -> dict[str, StreamDef]:
-    clicks, likes = parse(CLICKS, {}), parse(LIKES, {})
+    clicks, likes = parse(CLICKS, NO_SCOPE), parse(LIKES, NO_SCOPE)
     return {"clicks": clicks, "likes": likes}
 
 
 @pytest.fixture
 def view(streams):
     def parse_view(query: str, options: str = "") -> ViewDef:
-        return parse(f"CREATE CONTINUOUS VIEW t.v {options} AS {query}", streams)
+        return parse(f"CREATE CONTINUOUS VIEW t.v {options} AS {query}", Scope(streams, frozenset()))
 
     return parse_view
 
@@ -44,7 +36,7 @@ def view(streams):
 def social() -> dict[str, StreamDef | ViewDef]:
     streams, parsed = {}, {}
     for statement in split_statements(SOCIAL_SQL.read_text()):
-        definition = parse(statement, streams)
+        definition = parse(statement, Scope(streams, frozenset()))
         if isinstance(definition, StreamDef):
             streams[definition.name] = definition
             parsed[definition.name] = definition
@@ -198,14 +190,14 @@ def test_text_that_is_no_complete_statement_is_an_error_naming_it_never_dropped(
     ],
 )
 def test_an_unterminated_quote_or_comment_is_a_definition_error(text, message):
-    for read in (split_statements, lambda t: parse(t, {})):
+    for read in (split_statements, lambda t: parse(t, NO_SCOPE)):
         with pytest.raises(DefinitionError, match=f"^syntax error: {message}"):
             read(text)
 
 
 @pytest.mark.parametrize("comment", ["/* c */ ", "/* c */\n-- d\n", "-- c\n", "-- c\n/* d; e */\n"])
 def test_comments_before_a_statement_are_skipped(comment):
-    stream = parse(comment + LIKES, {})
+    stream = parse(comment + LIKES, NO_SCOPE)
     assert (stream.name, stream.definition) == ("likes", LIKES)
     assert split_statements(comment + LIKES + ";") == [LIKES]
 
@@ -298,7 +290,9 @@ def test_a_sketch_may_be_kept_over_a_keyed_stream_because_retractions_leave_it_u
 
 
 def test_an_unqualified_view_lives_in_public(streams):
-    parsed = parse("CREATE CONTINUOUS VIEW v AS SELECT oid, count(*) AS n FROM clicks GROUP BY oid", streams)
+    parsed = parse(
+        "CREATE CONTINUOUS VIEW v AS SELECT oid, count(*) AS n FROM clicks GROUP BY oid", Scope(streams, frozenset())
+    )
     assert parsed.qualified_name == "public.v"
 
 
@@ -468,4 +462,4 @@ def test_parameters_within_their_limits_are_accepted(view, call):
 )
 def test_a_name_or_option_with_a_control_character_is_refused(streams, statement, match):
     with pytest.raises(DefinitionError, match=match):
-        parse(statement, streams)
+        parse(statement, Scope(streams, frozenset()))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.cv.definitions import DefinitionError, ViewDef, parse
-from pipelines.cv.statement_text import numbered_statements
-from pipelines.cv.statements import AlterView, Drop, parse_change, with_options
+from pipelines.cv.frontend.changes import AlterView, Drop, parse_change, with_options
+from pipelines.cv.frontend.statements import NO_SCOPE, numbered_statements, parse
+from pipelines.cv.model import DefinitionError, Scope, ViewDef
 
 STREAM = "CREATE STREAM clicks (url text, ts timestamptz) WITH (topic = 'clicks')"
 HOURLY = (
@@ -45,16 +45,16 @@ def test_an_unsupported_change_is_refused_naming_it(statement, match):
 
 
 def test_options_are_rewritten_into_the_definition_and_it_still_parses():
-    streams = {"clicks": parse(STREAM, {})}
+    streams = {"clicks": parse(STREAM, NO_SCOPE)}
     rewritten = with_options(HOURLY, {"ttl": "7 days"})
-    view = parse(rewritten, streams)
+    view = parse(rewritten, Scope(streams, frozenset()))
     assert isinstance(view, ViewDef)
-    assert (view.ttl, view.outputs) == ("7 days", parse(HOURLY, streams).outputs)
+    assert (view.ttl, view.outputs) == ("7 days", parse(HOURLY, Scope(streams, frozenset())).outputs)
 
 
 def test_or_replace_marks_the_view_and_is_kept_out_of_its_stored_definition():
-    streams = {"clicks": parse(STREAM, {})}
-    view = parse(HOURLY.replace("CREATE CONTINUOUS", "CREATE OR REPLACE CONTINUOUS"), streams)
+    streams = {"clicks": parse(STREAM, NO_SCOPE)}
+    view = parse(HOURLY.replace("CREATE CONTINUOUS", "CREATE OR REPLACE CONTINUOUS"), Scope(streams, frozenset()))
     assert view.replace
     assert view.definition == HOURLY
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.cv.definitions import DefinitionError, Join, Window, parse
-from pipelines.cv.views.windows import STEP_COLUMN
+from pipelines.cv.frontend.statements import parse
+from pipelines.cv.frontend.windows import STEP_COLUMN
+from pipelines.cv.model import DefinitionError, Join, Scope, Window
 
 CLICKS = (
     "CREATE STREAM clicks (url text, uid bigint, ms int, ts timestamptz) WITH (topic = 'c', timestamp_column = 'ts')"
@@ -17,11 +18,11 @@ LIKES = "CREATE STREAM likes (oid bigint, uid bigint, ts timestamptz) WITH (topi
 def view():
     streams = {}
     for statement in (CLICKS, LIKES):
-        stream = parse(statement, streams)
+        stream = parse(statement, Scope(streams, frozenset()))
         streams[stream.name] = stream
 
     def define(select: str):
-        return parse(f"CREATE CONTINUOUS VIEW web.v AS {select}", streams)
+        return parse(f"CREATE CONTINUOUS VIEW web.v AS {select}", Scope(streams, frozenset()))
 
     return define
 

@@ -14,9 +14,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipelines.cv.arrays import column_literals
 from pipelines.cv.decoding.json_text import MAX_DEPTH
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
+from pipelines.cv.sqltext.arrays import column_literals
 from tests.unit.decoding_helpers import Record, stream
 
 COLUMNS = {

@@ -13,8 +13,8 @@ import orjson
 import pytest
 
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
-from pipelines.cv.definitions import StreamDef, parse
-from pipelines.cv.statement_text import split_statements
+from pipelines.cv.frontend.statements import parse, split_statements
+from pipelines.cv.model import Scope, StreamDef
 from pipelines.errors import StreamviewsError
 from pipelines.runtime.events import DELETE, DETAIL_LIMIT, INSERT, REASONS, InvalidEvent
 
@@ -28,7 +28,7 @@ def social_streams() -> dict[str, StreamDef]:
     """The streams sql/views/social.sql declares, by name."""
     streams: dict[str, StreamDef] = {}
     for statement in split_statements(SOCIAL_SQL.read_text()):
-        definition = parse(statement, streams)
+        definition = parse(statement, Scope(streams, frozenset()))
         if isinstance(definition, StreamDef):
             streams[definition.name] = definition
     return streams

@@ -25,7 +25,7 @@ MODULE = re.compile(r"(?<![\w./{(-])((?:pipelines|loadgen|stack)(?:\.[A-Za-z_]\w
 NOT_MODULES = {"stack.env"}  # the local stack's client settings file, .state/stack.env
 # Applied migrations keep their text: what their comments name that has moved since.
 MOVED_IN_MIGRATIONS = {
-    "pipelines/cv/aggregate_calls.py": "pipelines/cv/views/aggregate_calls.py",
+    "pipelines/cv/aggregate_calls.py": "pipelines/cv/frontend/aggregate_calls.py",
     "pipelines.cv.windows": "pipelines.cv.views.windows",
     "pipelines/cdc/app_database.py": "pipelines/cdc/captured_tables.py",
 }

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
-from pipelines.cv.definitions import StreamDef, parse
+from pipelines.cv.frontend.statements import NO_SCOPE, parse
+from pipelines.cv.model import StreamDef
 from pipelines.cv.runner import Source, StreamRunner
 from pipelines.runtime.testing import MemoryBroker, MemoryDatabase, MemoryMessage, MemoryOffsets
 from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
@@ -16,12 +17,12 @@ from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
 LIKES = parse(
     "CREATE STREAM likes (oid bigint NOT NULL, uid bigint NOT NULL, ts timestamptz NOT NULL)"
     " WITH (topic = 'likes', key = 'oid, uid', timestamp_column = 'ts')",
-    {},
+    NO_SCOPE,
 )
 APP_LIKES = parse(
     "CREATE STREAM app_likes (oid bigint NOT NULL, uid bigint NOT NULL, created_at timestamptz NOT NULL)"
     " WITH (topic = 'cdc.app.likes', format = 'debezium', into = 'likes', timestamp_column = 'created_at')",
-    {},
+    NO_SCOPE,
 )
 
 

@@ -13,7 +13,7 @@ from uuid import UUID
 import orjson
 import pytest
 
-from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.model import DefinitionError
 from pipelines.runtime.events import DELETE, INSERT
 from tests.unit.decoding_helpers import (
     ACTIONS,

@@ -4,28 +4,23 @@ from __future__ import annotations
 
 import pytest
 
-from pipelines.cv.definitions import (
-    Check,
-    Column,
-    DefinitionError,
-    StreamDef,
-    parse,
-)
+from pipelines.cv.frontend.statements import NO_SCOPE, parse
+from pipelines.cv.model import Check, Column, DefinitionError, StreamDef
 
 CLICKS = "CREATE STREAM clicks (oid bigint, uid bigint, amount numeric, ts timestamptz) WITH (topic = 'clicks')"
 
 
 def stream(columns: str, options: str = "") -> StreamDef:
-    return parse(f"CREATE STREAM s ({columns})" + (f" WITH ({options})" if options else ""), {})
+    return parse(f"CREATE STREAM s ({columns})" + (f" WITH ({options})" if options else ""), NO_SCOPE)
 
 
 def test_a_stream_without_a_key_is_append_only_and_keeps_its_definition_as_written():
-    clicks = parse(CLICKS, {})
+    clicks = parse(CLICKS, NO_SCOPE)
     assert (clicks.name, clicks.topic, clicks.key, clicks.definition) == ("clicks", "clicks", None, CLICKS)
 
 
 def test_a_stream_reads_the_topic_of_its_name_unless_told_otherwise():
-    assert parse("CREATE STREAM page_views (url text)", {}).topic == "page_views"
+    assert parse("CREATE STREAM page_views (url text)", NO_SCOPE).topic == "page_views"
     assert stream("url text", "topic = 'web.page-views.v2'").topic == "web.page-views.v2"
     # Kafka's longest name is 249 characters; the dead-letter topic adds `.dlq`.
     assert stream("url text", f"topic = '{'t' * 245}'").topic == "t" * 245
@@ -43,7 +38,7 @@ def test_a_stream_reads_the_topic_of_its_name_unless_told_otherwise():
 def test_a_name_with_a_control_character_is_refused_even_at_its_end(statement):
     # Python's `$` matches before a final newline: names are matched whole.
     with pytest.raises(DefinitionError, match=r"not a plain lower-case identifier|control character"):
-        parse(statement, {})
+        parse(statement, NO_SCOPE)
 
 
 def test_without_options_a_stream_reads_json_rejecting_unknown_fields_up_to_64_kib():
@@ -344,7 +339,7 @@ def test_an_invalid_or_contradictory_option_is_rejected_in_one_line_naming_the_s
 )
 def test_a_name_over_63_bytes_is_rejected_rather_than_truncated(statement):
     with pytest.raises(DefinitionError, match="bytes; PostgreSQL allows 63 and would truncate it"):
-        parse(statement, {})
+        parse(statement, NO_SCOPE)
 
 
 def test_a_name_of_63_bytes_is_kept_whole():
@@ -366,7 +361,7 @@ def test_a_name_of_63_bytes_is_kept_whole():
 )
 def test_an_invalid_stream_is_rejected_naming_the_problem(statement, match):
     with pytest.raises(DefinitionError, match=match):
-        parse(statement, {})
+        parse(statement, NO_SCOPE)
 
 
 @pytest.mark.parametrize(
@@ -379,4 +374,4 @@ def test_an_invalid_stream_is_rejected_naming_the_problem(statement, match):
 )
 def test_only_one_create_stream_or_continuous_view_statement_is_understood(statement, match):
     with pytest.raises(DefinitionError, match=match):
-        parse(statement, {})
+        parse(statement, NO_SCOPE)

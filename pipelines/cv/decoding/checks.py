@@ -16,7 +16,7 @@ from pglast import ast
 from pglast.enums import SQLValueFunctionOp
 
 from pipelines.cv.decoding.expressions import EvalError, ExpressionCompiler
-from pipelines.cv.definitions import Check, Column, DefinitionError
+from pipelines.cv.model import Check, Column, DefinitionError
 from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent
 
 

@@ -26,9 +26,9 @@ from pglast import ast
 from pglast.enums import A_Expr_Kind, BoolExprType, NullTestType
 from pglast.stream import RawStream
 
-from pipelines.cv.column_definitions import resolve_type
 from pipelines.cv.decoding.values import EXACT, INT_RANGES, INTEGER, json_converter, text_converter
-from pipelines.cv.definitions import Column, DefinitionError
+from pipelines.cv.model import Column, DefinitionError
+from pipelines.cv.sqltext.types import resolve_type
 from pipelines.runtime.events import InvalidEvent
 
 

@@ -28,7 +28,7 @@ from pipelines.cv.decoding.checks import CompiledCheck
 from pipelines.cv.decoding.fields import Field
 from pipelines.cv.decoding.json_text import MAX_DEPTH, SUSPECT_NUMBER, read_decimal, too_deep
 from pipelines.cv.decoding.values import INT_RANGES, NUMBER, as_real
-from pipelines.cv.definitions import StreamDef
+from pipelines.cv.model import StreamDef
 from pipelines.runtime.events import INSERT, InvalidEvent, from_epoch_ms, quoted_names, repeat_suspects
 
 if TYPE_CHECKING:

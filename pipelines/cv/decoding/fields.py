@@ -11,7 +11,7 @@ from typing import Any
 
 from pipelines.cv.decoding.checks import compile_check, compile_default, enforce
 from pipelines.cv.decoding.values import json_converter, text_converter, wrong_type
-from pipelines.cv.definitions import Column, StreamDef
+from pipelines.cv.model import Column, StreamDef
 from pipelines.runtime.events import InvalidEvent, from_epoch_ms
 
 

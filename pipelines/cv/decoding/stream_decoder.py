@@ -52,7 +52,7 @@ from pipelines.cv.decoding.fast_json import FastJson
 from pipelines.cv.decoding.fields import Field
 from pipelines.cv.decoding.json_text import RAW_OBJECT, check_depth, load_json, surrogate_rejection
 from pipelines.cv.decoding.values import as_written
-from pipelines.cv.definitions import DefinitionError, StreamDef
+from pipelines.cv.model import DefinitionError, StreamDef
 from pipelines.runtime.events import DELETE, INSERT, InvalidEvent, may_repeat, quoted_names
 
 # A Debezium update: its key's row is replaced. `decode` says so; a batch holds it as two changes,

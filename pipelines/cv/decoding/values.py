@@ -39,7 +39,7 @@ from pipelines.cv.decoding.json_text import (
     read_integer,
     surrogate_rejection,
 )
-from pipelines.cv.definitions import Column
+from pipelines.cv.model import Column
 from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent, check_text, from_epoch_ms, json_text, parse_rfc3339
 
 INT_RANGES = {"smallint": (-(2**15), 2**15 - 1), "integer": (-(2**31), 2**31 - 1), "bigint": (-(2**63), 2**63 - 1)}

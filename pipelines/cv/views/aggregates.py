@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from psycopg import sql
 
-from pipelines.cv.definitions import Aggregate, ViewDef
-from pipelines.cv.sql_text import ident, raw
+from pipelines.cv.model import Aggregate, ViewDef
 from pipelines.cv.views.general import StateFunctions
+from pipelines.cv.views.sql_text import ident, raw
 
 ROWS = "_cv_rows"  # stream rows behind a group: the group is deleted when it reaches 0
 REMOVED = "_cv_removed"  # scratch column carrying a batch's removals into ON CONFLICT; always NULL at rest

@@ -1,7 +1,7 @@
 """Compiling view definitions into maintenance SQL: set-based, batched, with retractions.
 
 A batch of stream changes becomes *deltas* (sign +1 for a row entering the stream's state, -1 for a
-row leaving it; see pipelines.cv.stream_sql). Each view then applies the deltas in one
+row leaving it; see pipelines.cv.views.stream_sql). Each view then applies the deltas in one
 `INSERT ... ON CONFLICT DO UPDATE` whose rows are sorted by the view's group key, so every writer
 takes row locks in the same order (views in name order, groups in key order): several pipeline
 processes can never deadlock.
@@ -21,12 +21,12 @@ from dataclasses import replace
 
 from psycopg import sql
 
-from pipelines.cv import stream_sql
-from pipelines.cv.definitions import Aggregate, StreamDef, ViewDef, split_arguments, storage_name
-from pipelines.cv.sql_text import CV_SCHEMA, comma_list, ident, raw
-from pipelines.cv.views import extremes, windows
+from pipelines.cv.model import Aggregate, StreamDef, ViewDef, storage_name
+from pipelines.cv.sqltext.parsing import split_arguments
+from pipelines.cv.views import extremes, stream_sql, windows
 from pipelines.cv.views.aggregates import REMOVED, ROWS, stored_columns
 from pipelines.cv.views.general import StateFunctions
+from pipelines.cv.views.sql_text import CV_SCHEMA, comma_list, ident, raw
 from pipelines.cv.views.view_types import ViewTypes
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from pipelines.cv.definitions import Aggregate, StreamDef, ViewDef
-from pipelines.cv.sql_text import CV_SCHEMA, comma_list, ident, raw
+from pipelines.cv.model import Aggregate, StreamDef, ViewDef
+from pipelines.cv.views.sql_text import CV_SCHEMA, comma_list, ident, raw
 
 
 def kept_extremes(view: ViewDef, stream: StreamDef) -> list[tuple[int, Aggregate]]:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from pipelines.cv.definitions import DefinitionError
+from pipelines.cv.model import DefinitionError
 from pipelines.logs import get_logger
 
 log = get_logger("cv.catalog")

@@ -11,13 +11,14 @@ from __future__ import annotations
 import pglast
 from psycopg import sql
 
-from pipelines.cv.definitions import AggregateCall, ViewDef, call_placeholder
-from pipelines.cv.sql_text import comma_list, ident
-from pipelines.cv.views.aggregate_calls import Reader, translate
+from pipelines.cv.frontend.aggregate_calls import Reader, translate
+from pipelines.cv.frontend.windows import STEP_COLUMN
+from pipelines.cv.model import AggregateCall, ViewDef, call_placeholder
 from pipelines.cv.views.aggregates import stored_value, window_merge
 from pipelines.cv.views.compiler import storage_table
+from pipelines.cv.views.sql_text import comma_list, ident
 from pipelines.cv.views.view_types import ViewTypes
-from pipelines.cv.views.windows import STEP_COLUMN, horizon
+from pipelines.cv.views.windows import horizon
 
 
 def read_view(view: ViewDef) -> sql.Identifier:

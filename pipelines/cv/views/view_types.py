@@ -15,9 +15,10 @@ import psycopg
 from pglast import ast
 from psycopg import sql
 
-from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, split_arguments, walk
+from pipelines.cv.frontend.aggregate_calls import OWN_RESULT_TYPES
+from pipelines.cv.model import DefinitionError, StreamDef, ViewDef
+from pipelines.cv.sqltext.parsing import split_arguments, walk
 from pipelines.cv.views import general
-from pipelines.cv.views.aggregate_calls import OWN_RESULT_TYPES
 from pipelines.cv.views.general import StateFunctions
 
 

@@ -12,21 +12,18 @@ batch), so a change on a running system misses no batch and counts none twice:
 - ALTER CONTINUOUS VIEW ... SET (ttl = ...) changes the retention, DROP removes everything the view
   made: its read view, its tables, and the aggregates kept for a user aggregate no other view keeps.
 
-Locks are taken in pipelines.cv.catalog's order: a view's read view first (only readers wait for it,
+Locks are taken in pipelines.cv.catalog.locks' order: a view's read view first (only readers wait for it,
 and it waits for them), then the stream's lock, then its tables, each wait bounded; a reader that
 holds the view open delays the change, which then fails naming it, never the stream's ingestion.
 """
 
 from __future__ import annotations
 
-import pglast
 import psycopg
-from pglast import ast
-from pglast.stream import RawStream
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv.catalog import (
+from pipelines.cv.catalog.locks import (
     begin_change,
     bump,
     changing,
@@ -34,10 +31,12 @@ from pipelines.cv.catalog import (
     lock_stream_for_change,
     lock_tables,
 )
-from pipelines.cv.definitions import DefinitionError, StreamDef, ViewDef, parse, storage_name, walk
-from pipelines.cv.sql_text import CV_SCHEMA
-from pipelines.cv.statements import AlterView, Drop, with_options
+from pipelines.cv.catalog.view_checks import check_ttl, check_units, check_window
+from pipelines.cv.frontend.changes import AlterView, with_options
+from pipelines.cv.frontend.statements import parse
+from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef, storage_name
 from pipelines.cv.views import compiler, extremes, general, read_views, view_types
+from pipelines.cv.views.sql_text import CV_SCHEMA
 from pipelines.cv.views.view_types import ViewTypes
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_READER, ROLE_WRITER
@@ -45,16 +44,12 @@ from pipelines.settings import ROLE_READER, ROLE_WRITER
 log = get_logger("cv.catalog")
 
 
-# The longest ttl and sliding window: far beyond any use, and far from the timestamps PostgreSQL
-# cannot compute (now() - an interval of about 6,700 years is out of range, and would fail each batch).
-MAX_INTERVAL = "1000 years"
-# A sliding window's shortest width: its steps (1/60 of it) are then at least 1/60 s.
-MIN_WINDOW_S = 1
+def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> str:
+    """CREATE [OR REPLACE] CONTINUOUS VIEW, in the caller's transaction; the outcome as a line.
 
-
-def define_view(conn: psycopg.Connection, view: ViewDef, streams: dict[str, StreamDef]) -> str:
-    """CREATE [OR REPLACE] CONTINUOUS VIEW, in the caller's transaction; the outcome as a line."""
-    stream = streams[view.stream]
+    `scope` is what `view` was read against: the stored definition it replaces is read against it too.
+    """
+    stream = scope.streams[view.stream]
     what = f"continuous view {view.qualified_name}"
     if stream.into is not None:
         raise DefinitionError(
@@ -81,7 +76,7 @@ def define_view(conn: psycopg.Connection, view: ViewDef, streams: dict[str, Stre
             (view.qualified_name, stream.name, view.definition, Jsonb(types.to_json())),
         )
     else:
-        old = parse(row[0], streams, general.user_aggregates(conn))
+        old = parse(row[0], scope)
         assert isinstance(old, ViewDef)
         outcome = _replace(conn, old, ViewTypes.from_json(row[1]), view, stream, types)
         conn.execute(
@@ -192,7 +187,7 @@ def _replace(
 
 
 def _take_view(conn: psycopg.Connection, what: str, schema: str, view: str, stream: str) -> None:
-    """Steps 2 to 4 (pipelines.cv.catalog) before an existing view changes.
+    """Steps 2 to 4 (pipelines.cv.catalog.locks) before an existing view changes.
 
     Its read view is dropped (waiting only for readers), then its stream's lock and its tables are taken.
     """
@@ -201,114 +196,15 @@ def _take_view(conn: psycopg.Connection, what: str, schema: str, view: str, stre
     lock_tables(conn, what, view_tables(conn, schema, view))
 
 
-def check_ttl(conn: psycopg.Connection, view: ViewDef) -> None:
-    """A ttl must be a positive interval PostgreSQL reads, at most MAX_INTERVAL."""
-    if view.ttl is None:
-        return
-    what = f"continuous view {view.qualified_name}"
-    seconds, too_long = _interval(conn, view.ttl, f"{what}: ttl")
-    if seconds <= 0:
-        raise DefinitionError(f"{what}: ttl must be a positive interval, not {view.ttl!r}")
-    if too_long:
-        raise DefinitionError(f"{what}: ttl {view.ttl!r} is longer than {MAX_INTERVAL}")
-
-
-def check_window(conn: psycopg.Connection, view: ViewDef) -> None:
-    """A sliding window's width must be an interval PostgreSQL reads, from MIN_WINDOW_S to MAX_INTERVAL.
-
-    cv.window_step divides it into 60 steps: a zero or negative width would fail every batch.
-    """
-    if view.window is None:
-        return
-    what = f"continuous view {view.qualified_name}"
-    width = view.window.width
-    seconds, too_long = _interval(conn, width, f"{what}: sliding window")
-    if seconds < MIN_WINDOW_S:
-        raise DefinitionError(
-            f"{what}: a sliding window must be at least {MIN_WINDOW_S} second wide (it steps by 1/60 of its width), "
-            f"not {width!r}"
-        )
-    if too_long:
-        raise DefinitionError(f"{what}: sliding window {width!r} is longer than {MAX_INTERVAL}")
-
-
-# Functions whose first argument names a unit that PostgreSQL checks only against a value: over the
-# NULL columns view types are resolved with, `date_trunc('fortnight', ts)` passes, and then fails on
-# every event. A non-NULL value of the column's type is what each call is tried with.
-_UNIT_FUNCTIONS = frozenset({"date_trunc", "date_part", "extract"})
-_SAMPLE_VALUES = {"timestamptz": "now()", "date": "current_date"}
-
-
-def check_units(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> None:
-    """Each date_trunc / date_part / extract of a stream column must name a unit its type has."""
-    kinds = {c.name: c.kind for c in stream.columns}
-    expressions = [g.sql for g in view.groups] + [e for a in view.aggregates for e in (a.arg_sql, a.filter_sql) if e]
-    expressions += [e for e in (view.where_sql,) if e]
-    for expression in expressions:
-        for node in walk(pglast.parse_sql(f"SELECT {expression}")[0].stmt):
-            unit_call = isinstance(node, ast.FuncCall) and node.funcname[-1].sval in _UNIT_FUNCTIONS
-            if not unit_call or len(node.args or ()) != 2:
-                continue
-            unit, value = node.args
-            if not (isinstance(unit, ast.A_Const) and isinstance(unit.val, ast.String)):
-                continue
-            kind = kinds.get(value.fields[-1].sval, "") if isinstance(value, ast.ColumnRef) else ""
-            if kind not in _SAMPLE_VALUES:
-                continue
-            call = sql.SQL("SELECT {}({}, {})").format(
-                sql.Identifier("pg_catalog", node.funcname[-1].sval),
-                sql.Literal(unit.val.sval),
-                sql.SQL(_SAMPLE_VALUES[kind]),
-            )
-            try:
-                with conn.transaction():
-                    conn.execute(call)
-            except psycopg.Error as e:
-                message = " ".join((e.diag.message_primary or str(e)).split())
-                raise DefinitionError(f"continuous view {view.qualified_name}: {RawStream()(node)}: {message}") from e
-
-
-def _interval(conn: psycopg.Connection, text: str, what: str) -> tuple[float, bool]:
-    """An interval's length in seconds, and whether it is longer than MAX_INTERVAL, as PostgreSQL reads it."""
-    try:
-        with conn.transaction():
-            seconds, too_long = conn.execute(
-                "SELECT extract(epoch FROM %s::interval)::float8, %s::interval > %s::interval",
-                (text, text, MAX_INTERVAL),
-            ).fetchone()
-    except psycopg.DataError as e:
-        raise DefinitionError(f"{what} {text!r} is not an interval") from e
-    return seconds, too_long
-
-
-def apply_change(conn: psycopg.Connection, change: AlterView | Drop, streams: dict[str, StreamDef]) -> str:
-    """ALTER CONTINUOUS VIEW or DROP, in the caller's transaction; the outcome as a line."""
-    if isinstance(change, AlterView):
-        return alter_view(conn, change, streams)
-    # Imported here: the catalog imports this module lazily for views, and drops streams itself.
-    from pipelines.cv.catalog import drop_stream
-
-    outcomes = []
-    for name in change.names:
-        table = "cv.views" if change.kind == "view" else "cv.streams"
-        exists = conn.execute(f"SELECT 1 FROM {table} WHERE name = %s", (name,)).fetchone()  # noqa: S608
-        if exists is None and change.if_exists:
-            outcomes.append(f"{'view' if change.kind == 'view' else 'stream'} {name} does not exist; skipped")
-            continue
-        outcomes.append(drop_view(conn, name) if change.kind == "view" else drop_stream(conn, name))
-    return "; ".join(outcomes)
-
-
-def alter_view(conn: psycopg.Connection, change: AlterView, streams: dict[str, StreamDef]) -> str:
+def alter_view(conn: psycopg.Connection, change: AlterView, scope: Scope) -> str:
     """Change a view's options (ttl): its definition is rewritten with them, its storage kept."""
     row = conn.execute("SELECT definition FROM cv.views WHERE name = %s", (change.name,)).fetchone()
     if row is None:
         raise DefinitionError(f"ALTER CONTINUOUS VIEW: no continuous view named {change.name}")
-    aggregates = general.user_aggregates(conn)
-    old = parse(row[0], streams, aggregates)
+    old = parse(row[0], scope)
     assert isinstance(old, ViewDef)
     options = {k: v for k, v in old.options.items() if k not in change.reset_options} | change.set_options
-    view = parse(with_options(row[0], options), streams, aggregates)
+    view = parse(with_options(row[0], options), scope)
     assert isinstance(view, ViewDef)
     check_ttl(conn, view)
     lock_stream_for_change(conn, old.stream, f"ALTER CONTINUOUS VIEW {change.name}")

@@ -1,7 +1,8 @@
-"""A definitions text split into statements: each with its number and line, for error messages.
+"""A definitions text scanned into statements: each with its number and line, for error messages.
 
 pglast's scanner (not its parser, which does not know CREATE STREAM) finds the semicolons that end
-statements, so a semicolon inside a string or comment does not split.
+statements, so a semicolon inside a string or comment does not split. How a text that is not made
+of whole statements is reported is the front end's (pipelines.cv.frontend.statements).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import pglast
 
-from pipelines.cv.definitions import DefinitionError, parse
+from pipelines.cv.model import DefinitionError
 
 # Scanner tokens that are not part of a statement's text: comments and the semicolons between statements.
 _NOT_STATEMENT = frozenset({"SQL_COMMENT", "C_COMMENT", "ASCII_59"})
@@ -43,42 +44,6 @@ class Statement:
         return where + (f"{self.label}: " if self.label else "")
 
 
-def split_statements(text: str) -> list[str]:
-    """The statements of a definitions text, each from its first keyword to its end (no semicolon).
-
-    Raises:
-        DefinitionError: As `numbered_statements`.
-    """
-    return [statement.text for statement in numbered_statements(text)]
-
-
-def numbered_statements(text: str) -> list[Statement]:
-    """Split a definitions text into statements, failing on any text that belongs to no statement.
-
-    pglast's scanner (not its parser, which does not know CREATE STREAM) finds the semicolons that end
-    statements, so a semicolon inside a string or comment does not split. It passes over what it
-    cannot split (a statement whose parentheses do not balance and all after it, a statement that
-    does not start with a keyword), so every token of the text must fall in a statement: the first
-    that does not is reported, with PostgreSQL's own syntax error when there is one. Comments
-    between and before statements are dropped.
-
-    Raises:
-        DefinitionError: An unterminated quote, comment or dollar-quoted string, or text that is not
-            a complete statement.
-    """
-    statements, stray = split_with_stray(text)
-    if stray is not None:
-        start, end, before = stray
-        rest = Statement(before + 1, _line(text, start), text[start:end].strip())
-        prefix = rest.prefix(len(statements) + 1)
-        try:
-            parse(rest.text, {})  # PostgreSQL's own syntax error, when there is one
-        except DefinitionError as e:
-            raise DefinitionError(f"{prefix}{e}") from e
-        raise DefinitionError(f"{prefix}incomplete statement")
-    return statements
-
-
 def split_with_stray(text: str) -> tuple[list[Statement], tuple[int, int, int] | None]:
     """The statements pglast's scanner finds, and the first token in none: (start, end, statements before)."""
     try:
@@ -99,7 +64,7 @@ def split_with_stray(text: str) -> tuple[list[Statement], tuple[int, int, int] |
             i += 1
         if i > first:  # not only comments
             start = tokens[first].start
-            statements.append(Statement(len(statements) + 1, _line(text, start), text[start : piece.stop]))
+            statements.append(Statement(len(statements) + 1, line_of(text, start), text[start : piece.stop]))
     return statements, stray
 
 
@@ -111,5 +76,6 @@ def significant_tokens(text: str) -> list[pglast.parser.Token]:
         raise DefinitionError(f"syntax error: {e}") from e
 
 
-def _line(text: str, position: int) -> int:
+def line_of(text: str, position: int) -> int:
+    """The line (from 1) of a position in the text."""
     return text.count("\n", 0, position) + 1

@@ -1,6 +1,9 @@
-"""Stream and continuous-view definitions: the model, parsed from SQL with PostgreSQL's own parser (pglast).
+"""The model: streams and continuous views as data, and the naming rules of what they store.
 
-Two statements are understood, in the spirit of PipelineDB:
+Every layer of the engine reads these dataclasses; this module imports nothing else of the package.
+How a statement becomes one of them is the front end's (pipelines.cv.frontend); what PostgreSQL keeps
+for them is the catalog's (pipelines.cv.catalog). Two statements are understood, in the spirit of
+PipelineDB:
 
     CREATE STREAM likes (
         oid bigint NOT NULL CONSTRAINT id_out_of_range CHECK (oid > 0),
@@ -14,26 +17,15 @@ Two statements are understood, in the spirit of PipelineDB:
 
 A stream with a `key` is a *set* of rows: an insert of a present key and a delete of an absent key
 change nothing, and a delete retracts the row from every view. A stream without a key is
-append-only. The parser checks everything it can without a database and raises `DefinitionError`
-naming what is unsupported; the types of view expressions are resolved later, by PostgreSQL, when
-the view is compiled.
-
-`parse` reads one statement, `split_statements` a text of many. The statements themselves are read by
-pipelines.cv.stream_definitions (CREATE STREAM and its WITH options; a column's type and constraints
-in pipelines.cv.column_definitions) and pipelines.cv.view_definitions (CREATE CONTINUOUS VIEW).
+append-only.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
-
-import pglast
-from pglast import ast
-from pglast.stream import RawStream
 
 from pipelines.errors import StreamviewsError
 
@@ -46,15 +38,13 @@ IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")  # whole names only (fullmatch: `$`
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-EXPECTED = "expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ..."
-
-
 class DefinitionError(StreamviewsError):
     """A stream or view definition is invalid or uses something the engine does not support."""
 
 
 StreamFormat = Literal["json", "csv", "debezium"]
-# The column types a stream can declare, by the name decoding knows them under (see column_definitions.TYPE_NAMES).
+# The column types a stream can declare, by the name decoding knows them under
+# (see pipelines.cv.sqltext.types.TYPE_NAMES).
 TypeKind = Literal[
     "smallint",
     "integer",
@@ -297,126 +287,27 @@ class ViewDef:
         return any(a.kind in MONOTONIC for a in self.aggregates)
 
 
-def parse(
-    statement: str, streams: dict[str, StreamDef], user_aggregates: frozenset[str] = frozenset()
-) -> StreamDef | ViewDef:
-    """Parse one CREATE STREAM or CREATE CONTINUOUS VIEW statement (comments before it are skipped).
+@dataclass(frozen=True)
+class Scope:
+    """What a statement is read against: the streams defined so far and the database's own aggregates.
 
-    Args:
-        statement: The statement, optionally ending with a semicolon.
-        streams: The streams defined so far, by name (what a view may read).
-        user_aggregates: Aggregates the database defines beyond the built-in ones (by name).
+    Both are facts of the database, so both are required: a view read without the user aggregates
+    would refuse one of them. The catalog builds it (pipelines.cv.catalog.store.scope); a test or a
+    tool that has no database names both itself.
 
-    Raises:
-        DefinitionError: The statement is not one of the two, not valid, or not supported; the
-            message names what.
+    Attributes:
+        streams: The streams a view may read, by name.
+        user_aggregates: Aggregates the database defines beyond the built-in ones, bare and
+            schema-qualified (`mode_of`, `public.mode_of`).
     """
-    from pipelines.cv.statement_text import split_with_stray
 
-    statements, _ = split_with_stray(statement)  # text in no statement: PostgreSQL's parser names the error below
-    if len(statements) > 1:
-        raise DefinitionError("give one statement at a time")
-    return _parse_one(statement, streams, user_aggregates)
+    streams: Mapping[str, StreamDef]
+    user_aggregates: frozenset[str]
 
+    def with_stream(self, stream: StreamDef) -> Scope:
+        """This scope once `stream` is defined (or redefined)."""
+        return Scope({**self.streams, stream.name: stream}, self.user_aggregates)
 
-def _parse_one(
-    statement: str, streams: dict[str, StreamDef], user_aggregates: frozenset[str] = frozenset()
-) -> StreamDef | ViewDef:
-    # Imported here: the two parsers import this module's model and helpers.
-    from pipelines.cv.statement_text import significant_tokens
-    from pipelines.cv.stream_definitions import parse_stream
-    from pipelines.cv.view_definitions import parse_view
-
-    tokens = significant_tokens(statement)
-    original = statement[tokens[0].start :].strip().rstrip(";") if tokens else ""
-    head = re.match(r"\s*CREATE\s+(OR\s+REPLACE\s+)?(STREAM|CONTINUOUS\s+VIEW)\b", original, re.IGNORECASE)
-    if head is None:
-        raise DefinitionError(EXPECTED)
-    is_stream = head.group(2).upper() == "STREAM"
-    replace = head.group(1) is not None
-    if replace and is_stream:
-        raise DefinitionError("CREATE OR REPLACE STREAM: define the stream again; how its events are read may change")
-    if replace:  # kept without OR REPLACE: the catalog holds what the view is, not how it came to be
-        original = "CREATE CONTINUOUS VIEW" + original[head.end() :]
-        head = re.match(r"\s*CREATE\s+()(CONTINUOUS\s+VIEW)\b", original, re.IGNORECASE)
-        assert head is not None
-    # The two PipelineDB statements map onto PostgreSQL ones that pglast parses: a stream is declared
-    # like a table, a continuous view like a view. Only the leading keywords are rewritten.
-    node = parse_rewritten(("CREATE TABLE" if is_stream else "CREATE VIEW") + original[head.end() :])
-    if isinstance(node, ast.CreateStmt):
-        return parse_stream(node, original)
-    if isinstance(node, ast.ViewStmt):
-        view = parse_view(node, original, streams, user_aggregates)
-        return dataclasses.replace(view, replace=True) if replace else view
-    raise DefinitionError(EXPECTED)
-
-
-# --- what both parsers use ---------------------------------------------------------------------------
-
-
-def parse_rewritten(rewritten: str, what: str = "") -> ast.Node:
-    """The one statement of a PipelineDB statement rewritten into PostgreSQL's grammar, parsed by pglast."""
-    try:
-        nodes = pglast.parse_sql(rewritten)
-    except pglast.parser.ParseError as e:
-        raise DefinitionError(f"{what}{': ' if what else ''}syntax error: {e}") from e
-    if len(nodes) != 1:
-        raise DefinitionError("give one statement at a time")
-    return nodes[0].stmt
-
-
-def options_of(
-    defs: tuple | None, allowed: set[str] | frozenset[str], what: str, integers: bool = False
-) -> dict[str, str]:
-    """The options of WITH (...) by name, each a quoted string (or, with `integers`, an integer)."""
-    options = {}
-    for item in defs or ():
-        if item.defname not in allowed:
-            raise DefinitionError(f"{what}: unknown option {item.defname!r}; known: {', '.join(sorted(allowed))}")
-        arg = item.arg
-        if isinstance(arg, ast.String):
-            value = arg.sval
-        elif integers and isinstance(arg, ast.Integer):
-            value = str(arg.ival)
-        elif integers and isinstance(arg, ast.Float) and re.fullmatch(r"-?[0-9]+", arg.fval):
-            value = arg.fval  # an integer beyond 32 bits
-        else:
-            takes = "a quoted string or an integer" if integers else "a quoted string"
-            raise DefinitionError(f"{what}: option {item.defname} takes {takes}")
-        if item.defname in options:
-            raise DefinitionError(f"{what}: option {item.defname} is given twice")
-        if CONTROL_CHARACTER.search(value):
-            raise DefinitionError(f"{what}: option {item.defname} {value!r} has a control character")
-        options[item.defname] = value
-    return options
-
-
-def plain_identifier(name: str, what: str) -> str:
-    """The name, when it is a plain lower-case identifier (what needs no quoting in SQL)."""
-    if not IDENTIFIER.fullmatch(name):
-        raise DefinitionError(f"{what}: {name!r} is not a plain lower-case identifier")
-    return name
-
-
-def reject_unsupported(clauses: tuple[tuple[object, str], ...], what: str, where: str = "") -> None:
-    """Fail on the first clause given (truthy): `<what>: <label> is not supported<where>`."""
-    for clause, label in clauses:
-        if clause:
-            raise DefinitionError(f"{what}: {label} is not supported{where}")
-
-
-def split_arguments(text: str) -> list[str]:
-    """The argument expressions of an argument list's text, `a, f(b, c)` -> [`a`, `f(b, c)`]."""
-    call = pglast.parse_sql(f"SELECT f({text})")[0].stmt.targetList[0].val
-    return [RawStream()(a) for a in call.args or ()]
-
-
-def walk(node: object) -> Iterator[ast.Node]:
-    """The node and every node below it."""
-    if isinstance(node, ast.Node):
-        yield node
-        for name in node:
-            yield from walk(getattr(node, name))
-    elif isinstance(node, tuple):
-        for item in node:
-            yield from walk(item)
+    def without_stream(self, name: str) -> Scope:
+        """This scope once stream `name` is dropped."""
+        return Scope({k: v for k, v in self.streams.items() if k != name}, self.user_aggregates)

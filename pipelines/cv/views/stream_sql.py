@@ -12,8 +12,9 @@ import pglast
 from pglast import ast
 from psycopg import sql
 
-from pipelines.cv.definitions import StreamDef, ViewDef, state_table_name, walk
-from pipelines.cv.sql_text import CV_SCHEMA, comma_list, ident, raw
+from pipelines.cv.model import StreamDef, ViewDef, state_table_name
+from pipelines.cv.sqltext.parsing import walk
+from pipelines.cv.views.sql_text import CV_SCHEMA, comma_list, ident, raw
 
 
 def state_table(stream: StreamDef) -> sql.Identifier:

@@ -1,15 +1,13 @@
-"""Pieces of the maintenance SQL, composed with psycopg.sql: names, definition expressions, lists."""
+"""Pieces of the maintenance SQL, composed with psycopg.sql: names, definition expressions, lists.
+
+A string literal kept as SQL text (in a definition) is pipelines.cv.sqltext.parsing.string_literal.
+"""
 
 from __future__ import annotations
 
 from psycopg import sql
 
 CV_SCHEMA = "cv"  # the engine's schema: catalog, streams' state, views' storage, helper functions
-
-
-def string_literal(text: str) -> str:
-    """`text` as an SQL string constant, for SQL kept as text (a definition, a group expression)."""
-    return "'" + text.replace("'", "''") + "'"
 
 
 def ident(*parts: str) -> sql.Identifier:

@@ -20,8 +20,8 @@ from pglast import ast
 from pglast.enums import AlterTableType
 from pglast.stream import RawStream
 
-from pipelines.cv.definitions import DefinitionError, parse_rewritten, plain_identifier
-from pipelines.cv.sql_text import string_literal
+from pipelines.cv.model import DefinitionError
+from pipelines.cv.sqltext.parsing import parse_rewritten, plain_identifier, string_literal
 
 _CHANGE = re.compile(r"\s*(ALTER|DROP)\s+(STREAM|CONTINUOUS\s+VIEW)\b", re.IGNORECASE)
 ALTERABLE = frozenset({"ttl"})

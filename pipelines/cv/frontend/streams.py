@@ -1,6 +1,6 @@
 """CREATE STREAM parsed: the stream's name, columns, table-level CHECKs and WITH (...) options, checked.
 
-How a column's type and constraints are read is in pipelines.cv.column_definitions.
+How a column's type and constraints are read is in pipelines.cv.frontend.columns.
 
 The options of WITH (...) (quoted strings, or plain integers for the numbers):
 
@@ -38,17 +38,10 @@ import pglast
 from pglast import ast
 from pglast.enums import ConstrType, OnCommitAction
 
-from pipelines.cv.column_definitions import constraint_label, parse_check, parse_column
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
-from pipelines.cv.definitions import (
-    Column,
-    DefinitionError,
-    StreamDef,
-    StreamFormat,
-    options_of,
-    plain_identifier,
-    reject_unsupported,
-)
+from pipelines.cv.frontend.columns import constraint_label, parse_check, parse_column
+from pipelines.cv.model import Column, DefinitionError, StreamDef, StreamFormat
+from pipelines.cv.sqltext.parsing import options_of, plain_identifier, reject_unsupported
 from pipelines.runtime.deadletter import dead_letter_topic
 
 STREAM_OPTIONS = frozenset(

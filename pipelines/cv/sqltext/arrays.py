@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from datetime import date, datetime
 from typing import Any
 
-from pipelines.cv.definitions import Column
+from pipelines.cv.model import Column
 
 _SEPARATOR = "\x1f"  # joins text values before escaping; a value holding it is escaped on its own
 

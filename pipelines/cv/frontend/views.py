@@ -6,19 +6,22 @@
 
 Everything is checked that can be without a database: the expressions may use only the stream's
 columns, and every output column is a GROUP BY column or an expression over aggregate calls the
-engine can keep (pipelines.cv.views.aggregate_calls turns each call into stored aggregates and a reader).
+engine can keep (pipelines.cv.frontend.aggregate_calls turns each call into stored aggregates and a reader).
 Types are resolved later, by PostgreSQL, when the view is compiled.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pglast import ast
 from pglast.enums import JoinType, SetOperation
 from pglast.stream import RawStream
 
-from pipelines.cv.definitions import (
+from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
+from pipelines.cv.frontend.windows import split_window, step_group
+from pipelines.cv.model import (
     DISTINCT_KINDS,
     MAX_VIEW_NAME,
     Aggregate,
@@ -27,28 +30,23 @@ from pipelines.cv.definitions import (
     GroupColumn,
     Join,
     Output,
+    Scope,
     StreamDef,
     ViewDef,
     call_placeholder,
-    options_of,
-    plain_identifier,
-    reject_unsupported,
-    walk,
 )
-from pipelines.cv.views.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
-from pipelines.cv.views.windows import split_window, step_group
+from pipelines.cv.sqltext.parsing import options_of, plain_identifier, reject_unsupported, walk
 
 BUCKET_UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
 
 
-def parse_view(
-    node: ast.ViewStmt, text: str, streams: dict[str, StreamDef], user_aggregates: frozenset[str] = frozenset()
-) -> ViewDef:
-    """The view a CREATE CONTINUOUS VIEW declares (parsed as CREATE VIEW) over one of `streams`.
+def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
+    """The view a CREATE CONTINUOUS VIEW declares (parsed as CREATE VIEW) over one of the scope's streams.
 
-    `user_aggregates`: names of aggregates defined in the database beyond the built-in ones (kept as
-    their transition state; see pipelines.cv.views.aggregate_calls).
+    The scope's user aggregates are the aggregates defined in the database beyond the built-in ones
+    (kept as their transition state; see pipelines.cv.frontend.aggregate_calls).
     """
+    user_aggregates = scope.user_aggregates
     schema = plain_identifier(node.view.schemaname or "public", "CREATE CONTINUOUS VIEW")
     name = plain_identifier(node.view.relname, "CREATE CONTINUOUS VIEW")
     what = f"continuous view {schema}.{name}"
@@ -73,11 +71,11 @@ def parse_view(
         what,
         " in a continuous view",
     )
-    stream, join = _from_stream(select, streams, what)
+    stream, join = _from_stream(select, scope.streams, what)
     columns = set(stream.column_names)
-    scope = _Scope(columns, join)
+    names = _Names(columns, join)
     if join is not None:
-        _check_expression((select.fromClause[0].quals,), scope, what, user_aggregates)
+        _check_expression((select.fromClause[0].quals,), names, what, user_aggregates)
     outputs: list[tuple[str, ast.ResTarget, bool]] = []  # (name, target, is an aggregate expression)
     plain = []
     for target in select.targetList:
@@ -85,7 +83,7 @@ def parse_view(
             raise DefinitionError(f"{what}: SELECT * is not supported; name the columns")
         calls = _aggregate_calls(target.val, user_aggregates)
         if not calls:
-            _check_expression((target.val,), scope, what, user_aggregates)
+            _check_expression((target.val,), names, what, user_aggregates)
             plain.append(target)
         out = _output_name(target, what, bool(calls))
         if any(out == o for o, _, _ in outputs):
@@ -94,7 +92,7 @@ def parse_view(
     if not any(is_aggregate for _, _, is_aggregate in outputs):
         raise DefinitionError(f"{what}: no aggregate; a continuous view aggregates its stream")
     window, where = split_window(select.whereClause, stream, what)
-    kept = _KeptCalls(what, scope, user_aggregates, stream, windowed=window is not None)
+    kept = _KeptCalls(what, names, user_aggregates, stream, windowed=window is not None)
     expressions = {out: kept.replace(target.val, out) for out, target, is_aggregate in outputs if is_aggregate}
     groups = _groups(select, plain, columns, set(expressions), what, window is not None)
     if window is not None:
@@ -102,7 +100,7 @@ def parse_view(
             raise DefinitionError(f"{what}: a sliding window keeps only its width; ttl does not apply")
         groups = (*groups, step_group(window))
     if where is not None:
-        _check_expression((where,), scope, what, user_aggregates)
+        _check_expression((where,), names, what, user_aggregates)
     read: list[Output] = []
     group_names = {g.name for g in groups}
     for out, _, is_aggregate in outputs:
@@ -138,9 +136,9 @@ class _KeptCalls:
     """The aggregate calls of a view's outputs, translated: what each stores (once) and reads."""
 
     def __init__(
-        self, what: str, scope: _Scope, user_aggregates: frozenset[str], stream: StreamDef, *, windowed: bool
+        self, what: str, names: _Names, user_aggregates: frozenset[str], stream: StreamDef, *, windowed: bool
     ) -> None:
-        self.what, self.scope, self.user_aggregates, self.stream = what, scope, user_aggregates, stream
+        self.what, self.names, self.user_aggregates, self.stream = what, names, user_aggregates, stream
         self.windowed = windowed
         self.stored: dict[Stored, str] = {}  # each stored aggregate once, however many calls read it
         self.calls: list[AggregateCall] = []
@@ -155,7 +153,7 @@ class _KeptCalls:
         what = self.what
         for child in (*(call.args or ()), call.agg_filter, *(s.node for s in call.agg_order or ())):
             if child is not None:
-                _check_expression((child,), self.scope, what, self.user_aggregates)
+                _check_expression((child,), self.names, what, self.user_aggregates)
         translation = translate(call, what, windowed=self.windowed)
         if self.stream.key is not None and not translation.retractable and translation.function != "hll_add_agg":
             raise DefinitionError(_not_retractable(RawStream()(call), self.stream.name, what))
@@ -169,7 +167,7 @@ class _KeptCalls:
         return ast.ColumnRef(fields=(ast.String(sval=call_placeholder(len(self.calls) - 1)),))
 
 
-def _from_stream(select: ast.SelectStmt, streams: dict[str, StreamDef], what: str) -> tuple[StreamDef, Join | None]:
+def _from_stream(select: ast.SelectStmt, streams: Mapping[str, StreamDef], what: str) -> tuple[StreamDef, Join | None]:
     """The stream a view reads, and the table it joins each event with, if any."""
     items = select.fromClause or ()
     if len(items) != 1 or not isinstance(items[0], (ast.RangeVar, ast.JoinExpr)):
@@ -327,7 +325,7 @@ def _bucket_unit(node: ast.Node, columns: set[str]) -> str | None:
 
 
 @dataclass(frozen=True)
-class _Scope:
+class _Names:
     """The names a view's expressions may use: the stream's columns, and with a join the table's."""
 
     columns: set[str]
@@ -350,12 +348,12 @@ class _Scope:
             raise DefinitionError(f"{what}: {text}: {names[0]} is neither the stream nor the joined table")
 
 
-def _check_expression(nodes: tuple, scope: _Scope, what: str, user_aggregates: frozenset[str]) -> None:
+def _check_expression(nodes: tuple, names: _Names, what: str, user_aggregates: frozenset[str]) -> None:
     """Only the stream's (or joined table's) columns, constants, operators and non-aggregate calls may appear."""
     for node in nodes:
         for child in walk(node):
             if isinstance(child, ast.ColumnRef):
-                scope.check(child, what)
+                names.check(child, what)
             elif isinstance(child, (ast.SubLink, ast.RangeSubselect)):
                 raise DefinitionError(f"{what}: subqueries are not supported in a continuous view")
             elif isinstance(child, ast.FuncCall) and child.over is not None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pglast import ast
 from pglast.stream import RawStream
 
-from pipelines.cv.definitions import AggregateKind, DefinitionError
+from pipelines.cv.model import AggregateKind, DefinitionError
 
 # A reader turns the stored values (SQL, in the call's order) and the call's result type into SQL.
 Reader = Callable[[list[str], str], str]

@@ -1,0 +1,77 @@
+"""The catalog's stored definitions read back: streams, views, and the scope a statement is read against.
+
+Definitions are stored as the statements that made them (cv.streams, cv.views) and read back through
+the front end, with the same scope a new statement gets (`scope`): the streams and the database's
+user aggregates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import psycopg
+
+from pipelines.cv.frontend.statements import parse
+from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
+from pipelines.cv.views import general
+from pipelines.cv.views.view_types import ViewTypes
+from pipelines.logs import get_logger
+
+log = get_logger("cv.catalog")
+
+
+@dataclass(frozen=True)
+class CompiledView:
+    """A view with its types, ready to be maintained."""
+
+    view: ViewDef
+    types: ViewTypes
+
+
+def catalog_version(conn: psycopg.Connection) -> int:
+    """Changes whenever a stream or view is defined or dropped."""
+    return conn.execute("SELECT version FROM cv.catalog").fetchone()[0]
+
+
+def load_streams(conn: psycopg.Connection, *, skip_broken: bool = False) -> dict[str, StreamDef]:
+    """Every stream, re-parsed from its stored definition.
+
+    With `skip_broken`, a stored definition this release cannot parse any more (say, it predates a
+    stricter rule) is logged and left out, so that the other streams keep running.
+    """
+    streams: dict[str, StreamDef] = {}
+    for name, definition in conn.execute("SELECT name, definition FROM cv.streams ORDER BY name"):
+        try:
+            stream = parse(definition, Scope(streams, frozenset()))  # a stream reads no other definition
+        except DefinitionError as e:
+            if not skip_broken:
+                raise
+            log.error("stored stream definition no longer parses; it is not consumed", stream=name, error=str(e))
+            continue
+        assert isinstance(stream, StreamDef)
+        streams[stream.name] = stream
+    return streams
+
+
+def load_views(conn: psycopg.Connection, streams: Mapping[str, StreamDef], stream: str) -> list[CompiledView]:
+    """The views of one stream in name order (the order their rows are locked in)."""
+    views = []
+    rows = conn.execute("SELECT definition, types FROM cv.views WHERE stream = %s ORDER BY name", (stream,))
+    in_scope = Scope(streams, general.user_aggregates(conn))
+    for definition, types in rows.fetchall():
+        view = parse(definition, in_scope)
+        assert isinstance(view, ViewDef)
+        views.append(CompiledView(view, ViewTypes.from_json(types)))
+    return views
+
+
+def scope(conn: psycopg.Connection, streams: Mapping[str, StreamDef] | None = None) -> Scope:
+    """What a statement is read against now: the stored streams (or `streams`) and the user aggregates.
+
+    A stored stream this release refuses (say, its topic ends in a newline) is left out, as the
+    runner leaves it out: it must not block every other definition, nor its own DROP.
+    """
+    if streams is None:
+        streams = load_streams(conn, skip_broken=True)
+    return Scope(streams, general.user_aggregates(conn))

@@ -1,0 +1,109 @@
+"""Streams in the catalog: created, redefined (how their events are read) and dropped, each in one transaction.
+
+A stream's row in cv.streams holds its statement; a keyed stream also gets its state table
+(`cv.state_<stream>`), which its views are backfilled from. Locks are taken in
+pipelines.cv.catalog.locks' order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import psycopg
+from psycopg import sql
+
+from pipelines.cv.catalog.locks import begin_change, bump, changing, lock_stream_for_change, lock_tables
+from pipelines.cv.catalog.store import load_streams
+from pipelines.cv.model import DefinitionError, StreamDef
+from pipelines.cv.views import stream_sql
+from pipelines.logs import get_logger
+from pipelines.settings import ROLE_WRITER
+
+log = get_logger("cv.catalog")
+
+
+def _shape(stream: StreamDef) -> tuple[object, ...]:
+    """What a stream's state and views depend on: its columns, key and target. Decoding options may change."""
+    return (tuple((c.name, c.type) for c in stream.columns), stream.key, stream.into)
+
+
+def _check_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[str, StreamDef]) -> None:
+    """What a stream needs from the others: its topic to itself, and a target that can take its rows."""
+    other = conn.execute("SELECT name FROM cv.streams WHERE topic = %s AND name <> %s", (stream.topic, stream.name))
+    row = other.fetchone()
+    if row is not None:
+        raise DefinitionError(f"CREATE STREAM {stream.name}: topic {stream.topic!r} is already read by stream {row[0]}")
+    if stream.into is None:
+        return
+    target = streams.get(stream.into)
+    if target is None:
+        raise DefinitionError(f"CREATE STREAM {stream.name}: into names no stream: {stream.into!r}")
+    if target.into is not None:
+        raise DefinitionError(
+            f"CREATE STREAM {stream.name}: {target.name} itself feeds {target.into}; name that stream instead"
+        )
+    theirs = [(c.name, c.kind) for c in target.columns]
+    ours = [(c.name, c.kind) for c in stream.columns]
+    if [kind for _, kind in ours] != [kind for _, kind in theirs]:
+        raise DefinitionError(
+            f"CREATE STREAM {stream.name}: its columns go into {target.name}'s by position, so their types must "
+            f"match: ({', '.join(f'{n} {k}' for n, k in ours)}) vs ({', '.join(f'{n} {k}' for n, k in theirs)})"
+        )
+
+
+def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[str, StreamDef]) -> str:
+    """CREATE STREAM, in the caller's transaction, against the `streams` defined; the outcome as a line."""
+    _check_stream(conn, stream, streams)
+    stored = streams.get(stream.name)
+    if stored is not None:
+        if " ".join(stored.definition.split()) == " ".join(stream.definition.split()):
+            return f"stream {stream.name} unchanged"
+        if _shape(stored) != _shape(stream):
+            raise DefinitionError(
+                f"stream {stream.name} already exists with other columns, key or target; drop it (and its views) first"
+            )
+        # Only how events are read changed (topic, format, checks, ...): the state and views stay.
+        conn.execute(
+            "UPDATE cv.streams SET topic = %s, definition = %s WHERE name = %s",
+            (stream.topic, stream.definition, stream.name),
+        )
+        bump(conn)
+        log.info("stream redefined", stream=stream.name, topic=stream.topic)
+        return f"stream {stream.name} updated (how its events are read)"
+    conn.execute(
+        "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)",
+        (stream.name, stream.topic, stream.definition),
+    )
+    if stream.key is not None:
+        conn.execute(stream_sql.create_state_table(stream))
+        conn.execute(
+            sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(
+                stream_sql.state_table(stream), sql.Identifier(ROLE_WRITER)
+            )
+        )
+    bump(conn)
+    log.info("stream defined", stream=stream.name, topic=stream.topic, key=stream.key, into=stream.into)
+    return f"stream {stream.name} created" + (f" (into {stream.into})" if stream.into else "")
+
+
+def drop_stream(conn: psycopg.Connection, name: str) -> str:
+    """Drop a stream that has no views left, and its state."""
+    what = f"DROP STREAM {name}"
+
+    def drop() -> str:
+        begin_change(conn, what)
+        if conn.execute("SELECT 1 FROM cv.views WHERE stream = %s", (name,)).fetchone():
+            raise DefinitionError(f"stream {name} still has views; drop them first")
+        feeders = [s.name for s in load_streams(conn, skip_broken=True).values() if s.into == name]
+        if feeders:
+            raise DefinitionError(f"stream {name} is fed by {', '.join(feeders)}; drop those streams first")
+        if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (name,)).fetchone() is None:
+            raise DefinitionError(f"no stream named {name}")
+        lock_stream_for_change(conn, name, what)
+        lock_tables(conn, what, [stream_sql.state_table_of(name)], holder="a session")
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stream_sql.state_table_of(name)))
+        conn.execute("DELETE FROM cv.streams WHERE name = %s", (name,))
+        bump(conn)
+        return f"stream {name} dropped"
+
+    return changing(conn, what, drop)

@@ -1,0 +1,102 @@
+"""The front end's entry: a statement, or a text of many, read into the model against an explicit scope.
+
+`parse` reads one CREATE STREAM or CREATE CONTINUOUS VIEW statement, `numbered_statements` splits a
+definitions text. The statements themselves are read by pipelines.cv.frontend.streams (CREATE
+STREAM and its WITH options; a column's type and constraints in pipelines.cv.frontend.columns),
+pipelines.cv.frontend.views (CREATE CONTINUOUS VIEW) and pipelines.cv.frontend.changes (ALTER and
+DROP). The front end checks everything it can without a database and raises `DefinitionError`
+naming what is unsupported; what it needs to know of the database comes in a `Scope` (the streams
+defined, the user aggregates). The types of view expressions are resolved later, by PostgreSQL, when
+the catalog compiles the view.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from pglast import ast
+
+from pipelines.cv.frontend.streams import parse_stream
+from pipelines.cv.frontend.views import parse_view
+from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
+from pipelines.cv.sqltext.parsing import parse_rewritten
+from pipelines.cv.sqltext.scan import Statement, line_of, significant_tokens, split_with_stray
+
+EXPECTED = "expected CREATE STREAM ... or CREATE CONTINUOUS VIEW ... AS SELECT ..."
+# What a statement with no scope is read against: no streams, no user aggregates (a CREATE STREAM).
+NO_SCOPE = Scope({}, frozenset())
+
+
+def parse(statement: str, scope: Scope) -> StreamDef | ViewDef:
+    """Parse one CREATE STREAM or CREATE CONTINUOUS VIEW statement (comments before it are skipped).
+
+    Args:
+        statement: The statement, optionally ending with a semicolon.
+        scope: The streams a view may read and the database's user aggregates.
+
+    Raises:
+        DefinitionError: The statement is not one of the two, not valid, or not supported; the
+            message names what.
+    """
+    statements, _ = split_with_stray(statement)  # text in no statement: PostgreSQL's parser names the error below
+    if len(statements) > 1:
+        raise DefinitionError("give one statement at a time")
+    tokens = significant_tokens(statement)
+    original = statement[tokens[0].start :].strip().rstrip(";") if tokens else ""
+    head = re.match(r"\s*CREATE\s+(OR\s+REPLACE\s+)?(STREAM|CONTINUOUS\s+VIEW)\b", original, re.IGNORECASE)
+    if head is None:
+        raise DefinitionError(EXPECTED)
+    is_stream = head.group(2).upper() == "STREAM"
+    replace = head.group(1) is not None
+    if replace and is_stream:
+        raise DefinitionError("CREATE OR REPLACE STREAM: define the stream again; how its events are read may change")
+    if replace:  # kept without OR REPLACE: the catalog holds what the view is, not how it came to be
+        original = "CREATE CONTINUOUS VIEW" + original[head.end() :]
+        head = re.match(r"\s*CREATE\s+()(CONTINUOUS\s+VIEW)\b", original, re.IGNORECASE)
+        assert head is not None
+    # The two PipelineDB statements map onto PostgreSQL ones that pglast parses: a stream is declared
+    # like a table, a continuous view like a view. Only the leading keywords are rewritten.
+    node = parse_rewritten(("CREATE TABLE" if is_stream else "CREATE VIEW") + original[head.end() :])
+    if isinstance(node, ast.CreateStmt):
+        return parse_stream(node, original)
+    if isinstance(node, ast.ViewStmt):
+        view = parse_view(node, original, scope)
+        return dataclasses.replace(view, replace=True) if replace else view
+    raise DefinitionError(EXPECTED)
+
+
+def split_statements(text: str) -> list[str]:
+    """The statements of a definitions text, each from its first keyword to its end (no semicolon).
+
+    Raises:
+        DefinitionError: As `numbered_statements`.
+    """
+    return [statement.text for statement in numbered_statements(text)]
+
+
+def numbered_statements(text: str) -> list[Statement]:
+    """Split a definitions text into statements, failing on any text that belongs to no statement.
+
+    pglast's scanner (not its parser, which does not know CREATE STREAM) finds the semicolons that end
+    statements, so a semicolon inside a string or comment does not split. It passes over what it
+    cannot split (a statement whose parentheses do not balance and all after it, a statement that
+    does not start with a keyword), so every token of the text must fall in a statement: the first
+    that does not is reported, with PostgreSQL's own syntax error when there is one. Comments
+    between and before statements are dropped.
+
+    Raises:
+        DefinitionError: An unterminated quote, comment or dollar-quoted string, or text that is not
+            a complete statement.
+    """
+    statements, stray = split_with_stray(text)
+    if stray is not None:
+        start, end, before = stray
+        rest = Statement(before + 1, line_of(text, start), text[start:end].strip())
+        prefix = rest.prefix(len(statements) + 1)
+        try:
+            parse(rest.text, NO_SCOPE)  # PostgreSQL's own syntax error, when there is one
+        except DefinitionError as e:
+            raise DefinitionError(f"{prefix}{e}") from e
+        raise DefinitionError(f"{prefix}incomplete statement")
+    return statements

@@ -1,0 +1,95 @@
+"""Sliding windows read from a view's WHERE clause: `WHERE ts > now() - interval '5 minutes'`.
+
+PipelineDB's clock_timestamp() works too, and `arrival_timestamp`, PipelineDB's arrival time, names
+the stream's `timestamp_column` (the event's time, or the Kafka record's when the event has none).
+A window view keeps its groups per *step* of the window: one more group column, `STEP_COLUMN`. How
+the steps are stored, merged and expired is pipelines.cv.views.windows.
+"""
+
+from __future__ import annotations
+
+from pglast import ast
+from pglast.enums import BoolExprType, SQLValueFunctionOp
+
+from pipelines.cv.model import DefinitionError, GroupColumn, StreamDef, Window
+from pipelines.cv.sqltext.parsing import string_literal
+
+STEP_COLUMN = "_cv_step"
+_NOW = frozenset({"now", "clock_timestamp", "statement_timestamp", "transaction_timestamp"})
+
+
+def split_window(where: ast.Node | None, stream: StreamDef, what: str) -> tuple[Window | None, ast.Node | None]:
+    """The sliding window a WHERE clause declares (one conjunct), and what remains of the clause."""
+    if where is None:
+        return None, None
+    conjuncts = list(where.args) if _is_and(where) else [where]
+    windows = [(i, w) for i, c in enumerate(conjuncts) if (w := _window_of(c, stream, what)) is not None]
+    if not windows:
+        return None, where
+    if len(windows) > 1:
+        raise DefinitionError(f"{what}: only one sliding-window condition (ts > now() - interval '...') per view")
+    index, window = windows[0]
+    rest = conjuncts[:index] + conjuncts[index + 1 :]
+    if not rest:
+        return window, None
+    if len(rest) == 1:
+        return window, rest[0]
+    return window, ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=tuple(rest))
+
+
+def _is_and(node: ast.Node) -> bool:
+    return isinstance(node, ast.BoolExpr) and node.boolop == BoolExprType.AND_EXPR
+
+
+def _window_of(node: ast.Node, stream: StreamDef, what: str) -> Window | None:
+    """`column > now() - <interval constant>` (or >=) as a Window; None for any other condition."""
+    if not (isinstance(node, ast.A_Expr) and len(node.name) == 1 and node.name[0].sval in {">", ">="}):
+        return None
+    left, right = node.lexpr, node.rexpr
+    if not (isinstance(right, ast.A_Expr) and len(right.name) == 1 and right.name[0].sval == "-"):
+        return None
+    if not _is_now(right.lexpr):
+        return None
+    if not isinstance(left, ast.ColumnRef) or len(left.fields) != 1:
+        raise DefinitionError(f"{what}: a sliding window compares a stream column: ts > now() - interval '...'")
+    width = _interval(right.rexpr)
+    if width is None:
+        raise DefinitionError(
+            f"{what}: a sliding window's width must be a constant interval, e.g. interval '5 minutes'"
+        )
+    column = left.fields[0].sval
+    if column == "arrival_timestamp" and "arrival_timestamp" not in stream.column_names:
+        if stream.timestamp_column is None:
+            raise DefinitionError(
+                f"{what}: arrival_timestamp is the stream's timestamp_column, and {stream.name} declares none"
+            )
+        column = stream.timestamp_column
+    kinds = {c.name: c.kind for c in stream.columns}
+    if kinds.get(column) != "timestamptz":
+        raise DefinitionError(f"{what}: a sliding window slides over a timestamptz column of {stream.name}")
+    return Window(column, width)
+
+
+def _is_now(node: ast.Node) -> bool:
+    if isinstance(node, ast.FuncCall):
+        return node.funcname[-1].sval.lower() in _NOW and not node.args
+    return isinstance(node, ast.SQLValueFunction) and node.op in (
+        SQLValueFunctionOp.SVFOP_CURRENT_TIMESTAMP,
+        SQLValueFunctionOp.SVFOP_LOCALTIMESTAMP,
+    )
+
+
+def _interval(node: ast.Node) -> str | None:
+    if (
+        isinstance(node, ast.TypeCast)
+        and node.typeName.names[-1].sval == "interval"
+        and isinstance(node.arg, ast.A_Const)
+        and isinstance(node.arg.val, ast.String)
+    ):
+        return node.arg.val.sval
+    return None
+
+
+def step_group(window: Window) -> GroupColumn:
+    """The extra group column of a window's storage: the start of each row's step."""
+    return GroupColumn(STEP_COLUMN, f"cv.window_step({window.column}, {string_literal(window.width)}::interval)")
