@@ -27,9 +27,10 @@ test: $(STAMP) ## start the stack if needed, then run every test (unit and integ
 test-unit: $(STAMP) ## only the tests that need no services
 	$(PY) -m pytest tests/unit
 
-lint: $(STAMP) ## ruff lint and format check
+lint: $(STAMP) ## ruff lint and format check, then the import layers (pyproject.toml [tool.importlinter])
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 format: $(STAMP) ## apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff check --fix .
