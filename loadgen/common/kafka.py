@@ -2,8 +2,7 @@
 
 - `EventSource`: produces events to one topic until stopped, a count or a duration, optionally at a
   fixed rate; delivery errors are counted and reported (`SourceReport`), never raised;
-- `bare_consumer_rate`: reading a topic and doing nothing else, the ceiling of any Kafka pipeline;
-- `ensure_topic`: a topic created unless it exists (the stack never auto-creates topics).
+- `bare_consumer_rate`: reading a topic and doing nothing else, the ceiling of any Kafka pipeline.
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ from typing import Any
 
 import orjson
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
 
 from loadgen.common.errors import BenchmarkError
 from loadgen.common.throwaway import unique_name
@@ -165,20 +163,6 @@ class EventSource:
         if unsent and self._first_error is None:
             self._first_error = f"{unsent} messages still queued after {self._flush_timeout}s flush"
         return SourceReport(produced, errors, self._first_error, time.monotonic() - started)
-
-
-def ensure_topic(name: str, partitions: int, kafka: KafkaSettings | None = None) -> bool:
-    """Create `name` with `partitions` partitions unless it exists (topics are never auto-created).
-
-    Returns:
-        True when the topic was created by this call.
-    """
-    kafka = kafka or KafkaSettings()
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
-    if name in admin.list_topics(timeout=10).topics:
-        return False
-    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[name].result(30)
-    return True
 
 
 def bare_consumer_rate(

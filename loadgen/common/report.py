@@ -169,10 +169,9 @@ class BenchResult:
         if self.comparisons:
             lines += ["", "  comparisons"]
             for c in self.comparisons:
-                ratio, _ = self.reference(c, labels, shown)
-                lines.append(
-                    f"  {c.label:<60}{ratio:>16}    {verdict(c, self.value(c.figure), self.reference_value(c))}"
-                )
+                ratio = shown.get(c.figure, "—") if c.limit is not None else self.reference(c, labels, shown)[0]
+                judged = verdict(c, self.value(c.figure), self.reference_value(c))
+                lines.append(f"  {c.label:<60}{ratio:>16}    {judged}".rstrip())
         if isinstance(self.check, list):
             lines += ["", "  check FAILED: " + "; ".join(self.check)]
         elif self.check:

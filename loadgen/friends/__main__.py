@@ -249,7 +249,7 @@ def mix_notes(summary: dict[str, dict[str, dict]], state: FriendsState) -> list[
             rounds = ", ".join(f"{r:,}" for r in f["rounds"])
             cpu = f"{f['server_us_per_call']:,.1f}" if f.get("server_us_per_call") is not None else "-"
             lines.append(
-                f"  {mix} {query}: {f['calls_per_second']:,.0f} calls/s, p50 {f['p50_ms']:.3f} ms, within-round"
+                f"{mix} {query}: {f['calls_per_second']:,.0f} calls/s, p50 {f['p50_ms']:.3f} ms, within-round"
                 f" ratio to the seed {_ratio(f['vs_seed'])}, to the PK read {_ratio(f['vs_pk_read'])}; server"
                 f" {cpu} µs a call; calls/s by round {rounds}"
             )
