@@ -6,6 +6,7 @@ and the files written.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import io
 import json
@@ -358,6 +359,17 @@ def test_the_suite_knows_its_benchmarks_and_their_quick_sizes():
     assert social.output_args(Path("/r")) == ["--json", "/r/social.json", "--progress", "1"]
     assert all(importlib.util.find_spec(b.module) for b in SUITE)
     assert mmss(3725) == "1:02:05"
+
+
+@pytest.mark.parametrize("module", sorted({b.module for b in SUITE} | {"loadgen.blast_radius"}))
+def test_every_benchmark_shows_its_flags_and_the_shared_ones_in_help(module, capsys):
+    main = importlib.import_module(f"{module}.__main__").main
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--json PATH" in shown
+    assert "--progress SECONDS" in shown
 
 
 def test_a_child_is_watched_its_output_kept_and_its_failure_reduced_to_one_line(tmp_path):
