@@ -19,13 +19,13 @@ class Benchmark:
     name: str  # file names under the results folder: <name>.json, <name>.log, <name>.txt
     title: str  # its section in BENCHMARKS.md
     module: str
-    args: tuple[str, ...] = ()  # default sizes: the figures README quotes
-    quick: tuple[str, ...] = ()  # small sizes: the machinery end to end in a few minutes
+    args: str = ""  # default sizes: the figures BENCHMARKS.md quotes
+    quick: str = ""  # small sizes: the machinery end to end in a few minutes
     minutes: float = 2.0  # expected duration at default sizes on the reference machine (2 cores)
 
     def command(self, quick: bool) -> list[str]:
         """`python -m <module> <args>` as a user would type it, without where the result is written."""
-        return ["python", "-m", self.module, *self.args, *(self.quick if quick else ())]
+        return ["python", "-m", self.module, *self.args.split(), *(self.quick.split() if quick else ())]
 
     def output_args(self, results: Path) -> list[str]:
         """The arguments telling the command where to write its result, and to show its drains' progress."""
@@ -37,97 +37,74 @@ SUITE = (
         "social",
         "Likes and follows: the pipeline beside the seed's approach and the ceilings",
         "loadgen.social",
-        quick=("--events", "150000", "--seconds", "3", "--followers", "1000"),  # > the runner's batches of 50,000
+        quick="--events 150000 --seconds 3 --followers 1000",  # more events than the runner's batches of 50,000
         minutes=5,
     ),
     Benchmark(
         "pageviews_basic",
         "Page views through one runner: count, sum, max per url",
         "loadgen.pageviews",
-        args=("--view", "basic"),
-        quick=("--events", "100000", "--passes", "1"),
+        args="--view basic",
+        quick="--events 100000 --passes 1",
         minutes=2,
     ),
     Benchmark(
         "pageviews_issue13",
         "Page views: the PipelineDB users' view (exact distinct count, avg, p99)",
         "loadgen.pageviews",
-        args=("--view", "issue13"),
-        quick=("--events", "60000", "--passes", "1"),
+        args="--view issue13",
+        quick="--events 60000 --passes 1",
         minutes=3,
     ),
     Benchmark(
         "pageviews_issue13_hll",
         "Page views: the same view with a HyperLogLog distinct count",
         "loadgen.pageviews",
-        args=("--view", "issue13_hll"),
-        quick=("--events", "60000", "--passes", "1"),
+        args="--view issue13_hll",
+        quick="--events 60000 --passes 1",
         minutes=2.5,
     ),
     Benchmark(
         "aggregates",
         "Each aggregate's own cost in the engine",
         "loadgen.aggregates",
-        quick=("--rows", "5000", "--batches", "1"),
+        quick="--rows 5000 --batches 1",
         minutes=2,
     ),
     Benchmark(
         "audit",
         "Audit log: writer, ctid puller, lag and queries",
         "loadgen.audit",
-        quick=(
-            "--rows",
-            "100000",  # more than the writer's first batches, or its rate cannot be timed
-            "--seconds",
-            "5",
-            "--query-rows",
-            "20000",
-            "--query-runs",
-            "5",
-            "--baseline-seconds",
-            "2",
-        ),
+        # --rows: more than the writer's first batches, or its rate cannot be timed
+        quick="--rows 100000 --seconds 5 --query-rows 20000 --query-runs 5 --baseline-seconds 2",
         minutes=5,
     ),
     Benchmark(
         "cdc",
         "Change data capture: rows of app.likes until counted",
         "loadgen.cdc",
-        quick=("--rows", "5000", "--seconds", "3"),
+        quick="--rows 5000 --seconds 3",
         minutes=1.5,
     ),
     Benchmark(
         "friends",
         "friends_who_like on the typical mix and the heavy tail",
         "loadgen.friends",
-        quick=(
-            "--seconds",
-            "1",
-            "--rounds",
-            "1",
-            "--likes",
-            "20000",
-            "--followers",
-            "200",
-            "--heavy-objects",
-            "20",
-            "--heavy-users",
-            "20",
-        ),
+        quick="--seconds 1 --rounds 1 --likes 20000 --followers 200 --heavy-objects 20 --heavy-users 20",
         minutes=4,
     ),
     Benchmark(
         "likes_at_size",
         "Likes per second as the state grows",
         "loadgen.likes_at_size",
-        quick=("--quick",),
+        quick="--quick",
         minutes=30,  # 20 M likes through one runner, then freshness and the seed's function at that size
     ),
     Benchmark(
         "footprint",
         "The local stack: start-up times and memory",
         "loadgen.footprint",
-        quick=("--keep-maven-cache",),
+        quick="--keep-maven-cache",
         minutes=2.5,
     ),
 )
