@@ -28,7 +28,7 @@ from elasticsearch import Elasticsearch
 from psycopg import sql
 
 from loadgen.audit import baselines as base
-from loadgen.common.drain import CpuSample, Drain, DrainProgress
+from loadgen.common.drain import CpuSample, Drain, time_drain
 from loadgen.common.errors import BenchmarkError
 from loadgen.common.freshness import Probe
 from loadgen.common.kafka import PRODUCER_CONFIG, EventSource
@@ -42,7 +42,6 @@ from pipelines.settings import ROLE_INDEXER, ROLE_WRITER, KafkaSettings, Postgre
 log = get_logger("loadgen.audit.pipelines")
 
 PARTITIONS = 6  # the pipelines' default (PIPELINE_TOPIC_PARTITIONS)
-POLL_S = 0.05
 DRAIN_TIMEOUT_S = 900.0
 MARKER_INTERVAL_S = 0.2
 SEARCH_POLL_S = 0.1
@@ -127,29 +126,19 @@ ROWS_INDEXED = (
 
 
 def wait_for_count(count: Callable[[], int], target: int, proc: ServiceProcess, services: Services) -> Drain:
-    """Poll `count` every 50 ms until it reaches `target`; the first non-zero poll starts the clock."""
-    first: tuple[float, int, CpuSample] | None = None
-    seen: set[int] = set()
-    samples: list[tuple[float, int]] = []  # (seconds since the process started, rows), for the throughput plot
-    progress = DrainProgress(proc.name, target)
-    tick = time.monotonic()
-    while True:
-        n, now = count(), time.monotonic()
-        seen.add(n)
-        samples.append((now - proc.started, n))
-        progress(n, now)
-        if n and first is None:
-            first = (now, n, CpuSample.take(services.pids()))
-        if n >= target and first is not None:
-            if first[1] >= target:
-                raise BenchmarkError(f"{proc.name}: the first poll found all {target} rows; use more --rows")
-            cpu_done = CpuSample.take(services.pids())
-            return Drain(proc.started, first[0], first[1], now, len(seen), first[2], cpu_done, tuple(samples))
-        proc.check_alive()
-        if now - proc.started > DRAIN_TIMEOUT_S:
-            raise BenchmarkError(f"{proc.name}: {n} of {target} rows after {DRAIN_TIMEOUT_S}s")
-        tick += POLL_S
-        time.sleep(max(0.0, tick - time.monotonic()))
+    """Poll `count` every 50 ms until it reaches `target` (`time_drain`); the first non-zero poll starts the clock."""
+    drain = time_drain(
+        count,
+        target,
+        what=proc.name,
+        started=proc.started,
+        check_alive=proc.check_alive,
+        pids=services.pids,
+        timeout=DRAIN_TIMEOUT_S,
+    )
+    if drain.first_committed >= target:
+        raise BenchmarkError(f"{proc.name}: the first poll found all {target} rows; use more --rows")
+    return drain
 
 
 class SearchProbe(Probe):

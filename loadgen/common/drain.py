@@ -1,8 +1,9 @@
 """Timing a pipeline's drain of a backlog: topic ends, committed offsets, CPU used along the way.
 
 - `high_watermarks`: where a bench topic ends, i.e. the offsets a drain must reach;
-- `wait_drained`: polls the group's offsets in `ops.kafka_offsets` (the pipeline's own truth) until
-  they reach those ends, and returns a `Drain`: start-up, drain time and rate;
+- `time_drain`: polls a count of records done until it reaches the backlog, and returns a `Drain`:
+  start-up, drain time and rate, the samples; `wait_drained` counts the group's offsets in
+  `ops.kafka_offsets` (the pipeline's own truth), the audit benchmark its ledgers;
 - `CpuSample`: CPU seconds of the pipeline, its PostgreSQL backends, this process and the machine,
   read from /proc, so that a phase's cores busy per role can be reported;
 - `DrainProgress`: a "drain progress" log line every `PROGRESS_EVERY_S` seconds (a benchmark's
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,44 +181,66 @@ def committed_offsets(conn: psycopg.Connection, group: str, topic: str) -> dict[
     )
 
 
+def time_drain(
+    count: Callable[[], int],
+    total: int,
+    *,
+    what: str,
+    started: float,
+    check_alive: Callable[[], None],
+    pids: Callable[[], dict[str, int | Sequence[int] | None]],
+    ready: Callable[[], bool] = lambda: True,
+    on_first: Callable[[], None] = lambda: None,
+    timeout: float = DRAIN_TIMEOUT_S,
+) -> Drain:
+    """Poll `count` (records done) every 50 ms until it reaches `total`: the one drain loop of the benchmarks.
+
+    The clock starts at the first poll that finds records done once `ready()` (after `on_first()`,
+    e.g. finding the processes' PostgreSQL backends, whose CPU `pids()` then names); `started` is
+    when the process was spawned, so start-up is measured apart. Every poll is a sample of the
+    throughput plot, and a progress line when `--progress` asks for them.
+
+    Raises:
+        BenchmarkError: `check_alive` found a process gone, or `timeout` passed since `started`.
+    """
+    first: tuple[float, int, CpuSample] | None = None
+    seen: set[int] = set()
+    samples: list[tuple[float, int]] = []
+    progress = DrainProgress(what, total)
+    tick = time.monotonic()
+    while True:
+        n, now = count(), time.monotonic()
+        samples.append((now - started, n))
+        progress(n, now)
+        if n:
+            seen.add(n)
+        if first is None and n and ready():
+            on_first()
+            first = (now, n, CpuSample.take(pids()))
+        if n >= total and first is not None:
+            return Drain(started, first[0], first[1], now, len(seen), first[2], CpuSample.take(pids()), tuple(samples))
+        check_alive()
+        if now - started > timeout:
+            raise BenchmarkError(f"{what}: {n:,} of {total:,} records done after {timeout:.0f}s")
+        tick += OFFSETS_POLL_S
+        time.sleep(max(0.0, tick - time.monotonic()))
+
+
 def wait_drained(conn: psycopg.Connection, pipeline: PipelineWorkers, ends: dict[int, int]) -> Drain:
-    """Poll `ops.kafka_offsets` every 50 ms until the group's offsets equal `ends`.
+    """Poll the group's offsets in `ops.kafka_offsets` every 50 ms until they reach `ends`.
 
     The clock starts at the first poll that finds a committed batch once every worker holds its
     share of the partitions, so that start-up and the rebalances of workers joining one after the
     other are not timed. (Not "once every partition has a batch": one consumer reads a backlog a
     partition at a time, so that would leave only the last few batches on the clock.)
     """
-    first_commit: float | None = None
-    first_committed = 0
-    cpu_start: CpuSample | None = None
-    seen: set[int] = set()
-    samples: list[tuple[float, int]] = []
-    progress = DrainProgress(pipeline.topic, sum(ends.values()))
-    deadline = pipeline.started + DRAIN_TIMEOUT_S
-    tick = time.monotonic()
-    while True:
-        offsets = committed_offsets(conn, pipeline.group, pipeline.topic)
-        now = time.monotonic()
-        samples.append((now - pipeline.started, sum(offsets.values())))
-        progress(samples[-1][1], now)
-        if offsets:
-            seen.add(sum(offsets.values()))
-        if first_commit is None and offsets and pipeline.settled(ends):
-            first_commit, first_committed = now, sum(offsets.values())
-            pipeline.find_backends(conn)
-            cpu_start = CpuSample.take(pipeline.pids)
-        if offsets == ends:
-            assert first_commit is not None
-            assert cpu_start is not None
-            cpu_done = CpuSample.take(pipeline.pids)
-            return Drain(
-                pipeline.started, first_commit, first_committed, now, len(seen), cpu_start, cpu_done, tuple(samples)
-            )
-        pipeline.check_alive()
-        if now > deadline:
-            raise BenchmarkError(
-                f"pipeline: {sum(offsets.values())} of {sum(ends.values())} records committed after {DRAIN_TIMEOUT_S}s"
-            )
-        tick += OFFSETS_POLL_S
-        time.sleep(max(0.0, tick - time.monotonic()))
+    return time_drain(
+        lambda: sum(committed_offsets(conn, pipeline.group, pipeline.topic).values()),
+        sum(ends.values()),
+        what=pipeline.topic,
+        started=pipeline.started,
+        check_alive=pipeline.check_alive,
+        pids=lambda: pipeline.pids,
+        ready=lambda: pipeline.settled(ends),
+        on_first=lambda: pipeline.find_backends(conn),
+    )
