@@ -44,7 +44,7 @@ from pipelines.settings import ROLE_READER, PostgresSettings
 
 log = get_logger("loadgen.friends")
 
-# What each mix draws: objects and users of the typical mix (as bench_social's query runs), or of
+# What each mix draws: objects and users of the typical mix (as the social benchmark's queries run), or of
 # the heavy tail (ids after the typical ones, see loadgen.friends.data).
 MIXES = {
     "typical": "\\set id random_gaussian(1, :objects, {gaussian})\n\\set uid random(1, :followers)\n",

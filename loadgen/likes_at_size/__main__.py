@@ -34,7 +34,7 @@ million likes: likes/s, state growth, PSS, cores, load), `samples`, `fill`, `fol
 `backend_states` (what the runner's PostgreSQL session was doing) and `errors`.
 
 `likes_per_s` counts every like event applied (likes, unlikes, repeated likes: the pipeline's
-throughput, as bench_social's headline); `state_growth_per_s` counts likes added to the state.
+throughput, as the social benchmark's headline); `state_growth_per_s` counts likes added to the state.
 """
 
 from __future__ import annotations

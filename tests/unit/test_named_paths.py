@@ -1,7 +1,7 @@
 """Every file and module a doc, a comment or a docstring names exists: a newcomer follows them.
 
 Paths (`pipelines/cv/engine.py`, `sql/functions/audit.sql`) are looked for in every tracked text
-file; dotted modules (`pipelines.cv.engine`, `python -m loadgen.bench_social`) in prose only: Markdown,
+file; dotted modules (`pipelines.cv.engine`, `python -m loadgen.social`) in prose only: Markdown,
 Python comments and strings, SQL comments. An applied migration cannot change (its checksum is
 kept), so the names its comments got wrong since are listed here with what they are now.
 """
