@@ -35,8 +35,7 @@ from psycopg import sql
 from pipelines.cdc.captured_tables import move_captured_tables
 from pipelines.cdc.connectors import CONNECTORS_DIR
 from pipelines.cv import catalog
-from pipelines.cv.model import DefinitionError
-from pipelines.errors import DatabaseSetupError
+from pipelines.errors import DatabaseSetupError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import (
     APP_ROLES,
@@ -104,7 +103,7 @@ def setup_database(admin: PostgresSettings) -> None:
         )
     with psycopg.connect(admin.conninfo(user=ROLE_OWNER), autocommit=True) as conn:
         for path in sorted((SQL_DIR / "views").glob("*.sql")):
-            catalog.define_file(conn, path.read_text())
+            catalog.define(conn, path.read_text())  # each file all or nothing
         for path in sorted((SQL_DIR / "functions").glob("*.sql")):
             with conn.transaction():
                 conn.execute(path.read_text())
@@ -233,7 +232,7 @@ def main() -> int:
     log.info("database setup", **admin.describe())
     try:
         setup_database(admin)
-    except (DatabaseSetupError, DefinitionError, psycopg.Error) as e:
+    except (StreamviewsError, psycopg.Error) as e:
         log.error("database setup failed", error=str(e))
         return 1
     log.info("database ready", database=admin.database)

@@ -24,7 +24,6 @@ from psycopg import sql
 
 from loadgen.common.postgres import owner_conninfo
 from pipelines.cv import catalog
-from pipelines.cv.catalog import views as view_catalog
 from pipelines.logs import get_logger
 from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.settings import ROLE_READER, ROLE_WRITER, KafkaSettings, PostgresSettings
@@ -44,7 +43,7 @@ def throwaway_definitions(
     """Create `schema`, define `statements` (streams and views) in it; yield the views' names; drop it all after.
 
     The schema is owned by `sv_owner` and usable by `sv_writer` and `sv_reader`. Definitions go
-    through `catalog.define_file` on an autocommit owner connection, as `python -m pipelines.cv
+    through `catalog.define` (all or nothing) on an autocommit owner connection, as `python -m pipelines.cv
     define` does. Cleanup is `drop_definitions`.
     """
     conninfo = owner_conninfo(settings)
@@ -58,7 +57,7 @@ def throwaway_definitions(
                     ident, sql.Identifier(ROLE_WRITER), sql.Identifier(ROLE_READER)
                 )
             )
-            for outcome in catalog.define_file(conn, ";\n".join(statements)):
+            for outcome in catalog.define(conn, ";\n".join(statements)):
                 log.info("bench definition", outcome=outcome)
             views = [
                 name
@@ -84,13 +83,13 @@ def drop_definitions(schema: str, streams: Sequence[str], settings: PostgresSett
             (f"{schema}.%", list(streams)),
         ).fetchall():
             try:
-                view_catalog.drop_view(conn, name)
+                catalog.drop(conn, [name], "view")
             except Exception:
                 log.exception("could not drop bench view", view=name)
         for stream in streams:
             if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (stream,)).fetchone():
                 try:
-                    catalog.drop_stream(conn, stream)
+                    catalog.drop(conn, [stream], "stream")
                 except Exception:
                     log.exception("could not drop bench stream", stream=stream)
         conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(ident))

@@ -17,6 +17,8 @@ Settings come from the environment (PG*, KAFKA_*, PIPELINE_*, LOG_*; see .env.sa
 dead-letter topic are created when missing: a topic Kafka refuses leaves nothing defined (and the
 topics created for it are deleted again). A definition blocked by locks held elsewhere (a reader
 holding a view open) is tried again a few times, then fails naming what held it (exit status 1).
+`drop-view` and `drop-stream` are aliases of `drop --view` and `drop --stream`; `drop` and a DROP
+statement given to `define` go the same way (pipelines.cv.catalog.script: one name resolution).
 
 Every error is one line on stderr: exit status 2 when the input is wrong (arguments, a file, a
 definition PostgreSQL rejects), 1 when something failed at run time (a service unreachable, a topic
@@ -57,9 +59,8 @@ from pipelines.cv.cli_common import (
     pg_status,
     table,
 )
-from pipelines.cv.frontend.statements import numbered_statements, parse
-from pipelines.cv.model import DefinitionError, StreamDef
-from pipelines.cv.sqltext.scan import Statement
+from pipelines.cv.frontend.statements import Script, read_script
+from pipelines.cv.model import DefinitionError
 from pipelines.cv.status import runner_status, status_table
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
@@ -92,49 +93,10 @@ def read_input(statement: str | None, file: str | None, stdin: TextIO) -> tuple[
         raise CommandError(f"cannot read {file}: {reason}", USAGE) from e
 
 
-def apply_definitions(conn: psycopg.Connection, statements: list[Statement]) -> list[str]:
-    """Define every statement in one transaction: all of them or none; the catalog's outcome lines.
-
-    A transaction blocked by a lock is tried again from its first statement (catalog.changing).
-
-    Raises:
-        CommandError: A statement failed (naming it); nothing was committed.
-        DefinitionBlocked: Locks held elsewhere kept the definitions from being applied; nothing was committed.
-    """
-
-    def apply_all() -> list[str]:
-        outcomes = []
-        for statement in statements:
-            try:
-                outcomes.append(catalog.define(conn, statement.text))
-            except DefinitionError as e:
-                raise CommandError(f"{_position(statement, statements)}{one_line(e)}", USAGE) from e
-            except psycopg.Error as e:
-                raise CommandError(f"{statement.prefix(len(statements))}{pg_message(e)}", pg_status(e)) from e
-        return outcomes
-
-    return catalog.changing(conn, "definitions", apply_all)
-
-
-def _position(statement: Statement, statements: list[Statement]) -> str:
-    return f"statement {statement.number} (line {statement.line}): " if len(statements) > 1 else ""
-
-
-def stream_topics(statements: list[Statement], default_partitions: int) -> dict[str, int]:
-    """The topics (and dead-letter topics) of the streams the statements declare, with their partition counts.
-
-    Raises:
-        CommandError: A CREATE STREAM statement is invalid (naming it).
-    """
+def stream_topics(script: Script, default_partitions: int) -> dict[str, int]:
+    """The topics (and dead-letter topics) of the streams the script declares, with their partition counts."""
     wanted: dict[str, int] = {}
-    for statement in statements:
-        if not statement.label.startswith("CREATE STREAM"):  # views, ALTER and DROP have no topic
-            continue
-        try:
-            stream = parse(statement.text, {})
-        except DefinitionError as e:
-            raise CommandError(f"{_position(statement, statements)}{one_line(e)}", USAGE) from e
-        assert isinstance(stream, StreamDef)
+    for stream in script.streams:
         partitions = stream.partitions or default_partitions
         wanted.setdefault(stream.topic, partitions)
         wanted.setdefault(dead_letter_topic(stream.topic), partitions)
@@ -187,17 +149,17 @@ def delete_topics(admin: AdminClient, topics: dict[str, int]) -> None:
 
 
 def cmd_define(args: argparse.Namespace) -> int:
-    """Create the streams' missing topics, then apply the statements all or nothing."""
+    """Create the streams' missing topics, then apply the statements all or nothing (catalog.apply)."""
     source, text = read_input(args.statement, args.file, sys.stdin)
-    statements = numbered_statements(text)
-    if not statements:
+    script = read_script(text)  # read once: the topics below and the catalog use the same statements
+    if not script.statements:
         raise DefinitionError(f"no statements in {source}")
-    wanted = stream_topics(statements, PipelineSettings().topic_partitions)
+    wanted = stream_topics(script, PipelineSettings().topic_partitions)
     settings, kafka = PostgresSettings(), KafkaSettings()
     with database(settings, definer(settings)) as conn:  # PostgreSQL reachable before Kafka is asked
         created = create_topics(wanted, kafka)  # before the transaction: no lock is held while Kafka answers
         try:
-            outcomes = apply_definitions(conn, statements)
+            outcomes = catalog.apply(conn, script)
         except BaseException:
             delete_topics(kafka_admin(kafka), created)
             raise
@@ -236,51 +198,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def view_name(name: str) -> str:
-    """A view's catalog name: `x` means `public.x`, as in CREATE CONTINUOUS VIEW x."""
-    return name if "." in name else f"public.{name}"
-
-
-def resolve_drop(conn: psycopg.Connection, name: str, kind: str | None) -> tuple[str, str]:
-    """What `drop NAME` drops: ("view", "schema.name") or ("stream", "name").
-
-    Raises:
-        DefinitionError: No such stream or view, or the name is both (then --stream/--view decides).
-    """
-    view = view_name(name)
-    is_view = kind != "stream" and conn.execute("SELECT 1 FROM cv.views WHERE name = %s", (view,)).fetchone()
-    is_stream = (
-        kind != "view"
-        and "." not in name
-        and conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (name,)).fetchone()
-    )
-    if is_view and is_stream:
-        raise DefinitionError(f"{name} is both a stream and the continuous view {view}; add --stream or --view")
-    if is_view:
-        return "view", view
-    if is_stream:
-        return "stream", name
-    what = {"view": "continuous view", "stream": "stream"}.get(kind or "", "stream or continuous view")
-    raise DefinitionError(f"no {what} named {view if kind == 'view' else name}")
-
-
 def cmd_drop(args: argparse.Namespace) -> int:
-    """Drop the named views and streams, in the order given, all or nothing."""
+    """Drop the named views and streams, in the order given, all or nothing (catalog.drop)."""
     settings = PostgresSettings()
     with database(settings, definer(settings)) as conn:
-
-        def drop_all() -> list[str]:
-            outcomes = []
-            for name in args.names:
-                kind, qualified = resolve_drop(conn, name, args.kind)
-                drop = catalog.drop_view if kind == "view" else catalog.drop_stream
-                outcomes.append(drop(conn, qualified))
-            return outcomes
-
-        try:
-            outcomes = catalog.changing(conn, "drop", drop_all)
-        except psycopg.Error as e:
-            raise CommandError(pg_message(e), pg_status(e)) from e
+        outcomes = catalog.drop(conn, args.names, args.kind)
     for outcome in outcomes:
         print(outcome)
     return 0
@@ -350,8 +272,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         drop.set_defaults(handler=cmd_drop, kind=kind)
 
     add_drop("drop", None, "drop views (and their tables) or streams without views (and their state)")
-    add_drop("drop-view", "view", "the same as drop --view")
-    add_drop("drop-stream", "stream", "the same as drop --stream")
+    add_drop("drop-view", "view", "an alias of drop --view (DROP CONTINUOUS VIEW in define does the same)")
+    add_drop("drop-stream", "stream", "an alias of drop --stream (DROP STREAM in define does the same)")
 
     status = commands.add_parser(
         "status", help="per stream: partitions, consumer lag, freshness, last commit, dead letters"
@@ -401,6 +323,8 @@ def describe_error(error: Exception) -> tuple[int, str]:
     """The exit status and one-line message of a failed command; unexpected errors name their type."""
     if isinstance(error, CommandError):
         status, message = error.status, str(error)
+    elif isinstance(error, catalog.StatementFailed):
+        status, message = pg_status(error.error), str(error)
     elif isinstance(error, DefinitionError):
         status, message = USAGE, str(error)
     elif isinstance(error, psycopg.Error):

@@ -174,17 +174,17 @@ def throwaway_views(
         if not schema_exists:
             conn.execute(f"CREATE SCHEMA {schema}")
         conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO sv_writer, sv_reader")
-        catalog.define_file(conn, definitions)
+        catalog.define(conn, definitions)
     try:
         yield
     finally:
         with pg("sv_owner", autocommit=True) as conn:
             for (view,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{schema}.%",)).fetchall():
-                catalog.drop_view(conn, view)
+                catalog.drop(conn, [view], "view")
             declared = catalog.load_streams(conn, skip_broken=True)
             topics = {declared[stream].topic for stream in streams if stream in declared}
             for stream in streams:
-                catalog.drop_stream(conn, stream)
+                catalog.drop(conn, [stream], "stream")
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
             still_read = {s.topic for s in catalog.load_streams(conn, skip_broken=True).values()}
         delete_topics({name for topic in topics - still_read for name in (topic, f"{topic}.dlq")})

@@ -212,7 +212,7 @@ def test_a_snapshot_of_rows_already_streamed_counts_each_once(connector, connect
             assert read(reader, "SELECT social.like_count(%s)", post) == 20
     finally:
         with pg("sv_owner", autocommit=True) as owner:
-            catalog.drop_stream(owner, prefix)
+            catalog.drop(owner, [prefix], "stream")
         httpx.delete(f"{connect.url}/connectors/{name}", auth=connect.basic_auth(), timeout=30)
         with pg("postgres", autocommit=True) as conn:
             wait_for(

@@ -248,13 +248,13 @@ def test_a_user_aggregate_view_can_be_altered_replaced_and_dropped_and_then_so_c
             apply_rows(writer, stream, [1, 1, 1], [(1, 5, TS), (1, 7, TS), (2, 1, TS)])
         with pg("sv_owner", autocommit=True) as owner:
             assert owner.execute(f"SELECT g, t FROM {schema}.totals ORDER BY g").fetchall() == [(1, 12), (2, 1)]
-            assert catalog.define(owner, f"ALTER CONTINUOUS VIEW {schema}.totals SET (ttl = '30 days')") == (
+            assert catalog.define(owner, f"ALTER CONTINUOUS VIEW {schema}.totals SET (ttl = '30 days')") == [
                 f"view {schema}.totals altered: ttl '30 days'"
-            )
+            ]
             stored = owner.execute("SELECT definition FROM cv.views WHERE name = %s", (f"{schema}.totals",)).fetchone()
             assert "ttl = '30 days'" in stored[0]
             assert owner.execute(f"SELECT g, t FROM {schema}.totals ORDER BY g").fetchall() == [(1, 12), (2, 1)]
-            replaced = catalog.define(
+            [replaced] = catalog.define(
                 owner,
                 f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.totals WITH (ttl = '30 days') AS {select.format(out='s')}",
             )
@@ -266,6 +266,6 @@ def test_a_user_aggregate_view_can_be_altered_replaced_and_dropped_and_then_so_c
             totals = owner.execute(f"SELECT g, s FROM {schema}.totals ORDER BY g").fetchall()
             assert totals == [(1, 12), (2, 5), (3, 2)]
 
-            assert catalog.drop_view(owner, f"{schema}.totals") == f"view {schema}.totals dropped"
+            assert catalog.define(owner, f"DROP CONTINUOUS VIEW {schema}.totals") == [f"view {schema}.totals dropped"]
             owner.execute(f"DROP AGGREGATE {schema}.total(bigint)")  # no CASCADE: nothing of the view is left
             owner.execute(f"DROP FUNCTION {schema}.add(bigint, bigint)")

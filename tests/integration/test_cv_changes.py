@@ -39,7 +39,7 @@ def test_or_replace_rebuilds_a_keyed_streams_view_from_its_state(owner, writer, 
     schema, keyed = streams["schema"], streams["keyed"]
     apply_rows(writer, keyed, [1, 1, 1], [(1, 10, NOW), (1, 11, NOW), (2, 10, NOW)])
 
-    outcome = catalog.define(
+    [outcome] = catalog.define(
         owner,
         f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.likes AS"
         f" SELECT oid, count(*) AS n, array_agg(DISTINCT uid) AS users FROM {keyed} GROUP BY oid",
@@ -56,7 +56,7 @@ def test_or_replace_changes_only_the_read_view_when_the_storage_is_the_same(owne
     schema, append = streams["schema"], streams["append"]
     apply_rows(writer, append, [1, 1], [("/a", 10, NOW), ("/a", 30, NOW)])
 
-    outcome = catalog.define(
+    [outcome] = catalog.define(
         owner,
         f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.clicks AS"
         f" SELECT url, sum(ms) / count(*) AS mean, count(*) AS n FROM {append} GROUP BY url",
@@ -86,10 +86,9 @@ def test_a_changed_definition_without_or_replace_is_refused(owner, streams):
 
 def test_alter_changes_the_ttl_that_expiry_applies(owner, streams):
     view = f"{streams['schema']}.hourly"
-    assert (
-        catalog.define(owner, f"ALTER CONTINUOUS VIEW {view} SET (ttl = '7 days')")
-        == f"view {view} altered: ttl '7 days'"
-    )
+    assert catalog.define(owner, f"ALTER CONTINUOUS VIEW {view} SET (ttl = '7 days')") == [
+        f"view {view} altered: ttl '7 days'"
+    ]
     definition = owner.execute("SELECT definition FROM cv.views WHERE name = %s", (view,)).fetchone()[0]
     assert "ttl = '7 days'" in definition
 
@@ -110,6 +109,41 @@ def test_drop_statements_drop_views_and_streams_and_if_exists_skips_missing_ones
     assert owner.execute("SELECT to_regclass(%s)", (f"{schema}.{name}",)).fetchone() != (None,)  # nothing dropped
 
     outcome = catalog.define(owner, f"DROP CONTINUOUS VIEW IF EXISTS {schema}.{name}, {schema}.nope_x")
-    assert outcome == f"view {schema}.{name} dropped; view {schema}.nope_x does not exist; skipped"
-    assert catalog.define(owner, f"DROP STREAM {name}") == f"stream {name} dropped"
+    assert outcome == [f"view {schema}.{name} dropped; view {schema}.nope_x does not exist; skipped"]
+    assert catalog.define(owner, f"DROP STREAM {name}") == [f"stream {name} dropped"]
     assert owner.execute("SELECT to_regclass(%s)", (f"{schema}.{name}",)).fetchone() == (None,)
+
+
+def test_a_script_is_applied_all_or_nothing_and_a_failed_statement_is_named(owner, streams):
+    schema, name = streams["schema"], unique("script")
+    view = f"CREATE CONTINUOUS VIEW {schema}.{name} AS SELECT a, count(*) AS n FROM {name} GROUP BY a"
+    stream = f"CREATE STREAM {name} (a bigint) WITH (topic = '{name}')"
+    with pytest.raises(DefinitionError, match=r"^statement 3 \(line 3\): no stream named nope_"):
+        catalog.define(owner, f"{stream};\n{view};\nDROP STREAM nope_{name}")
+    assert owner.execute("SELECT count(*) FROM cv.streams WHERE name = %s", (name,)).fetchone() == (0,)
+    assert owner.execute("SELECT to_regclass(%s)", (f"{schema}.{name}",)).fetchone() == (None,)
+
+    # The view is read against the stream the statement before it declared.
+    assert catalog.define(owner, f"{stream};\n{view}")[0] == f"stream {name} created"
+    assert catalog.define(owner, f"{stream}; {view}") == [f"stream {name} unchanged", f"view {schema}.{name} unchanged"]
+    catalog.define(owner, f"DROP CONTINUOUS VIEW {schema}.{name}; DROP STREAM {name}")
+
+
+def test_every_drop_resolves_names_the_same_way(owner, streams):
+    schema, name = streams["schema"], unique("dropped")
+    catalog.define(
+        owner,
+        f"CREATE STREAM {name} (a bigint) WITH (topic = '{name}');"
+        f" CREATE CONTINUOUS VIEW public.{name} AS SELECT a, count(*) AS n FROM {name} GROUP BY a",
+    )
+    with pytest.raises(DefinitionError, match=f"{name} is both a stream and the continuous view public.{name}"):
+        catalog.drop(owner, [name])
+    with pytest.raises(DefinitionError, match=f"no continuous view named public.nope_{name}"):
+        catalog.drop(owner, [f"nope_{name}"], "view")
+    with pytest.raises(DefinitionError, match=f"no continuous view named public.nope_{name}"):
+        catalog.define(owner, f"DROP CONTINUOUS VIEW nope_{name}")
+    with pytest.raises(DefinitionError, match=f"no stream or continuous view named {schema}.{name}"):
+        catalog.drop(owner, [f"{schema}.{name}"])
+    # `public.x` can only be the view; once it is dropped, `x` is only the stream: one transaction.
+    assert catalog.drop(owner, [f"public.{name}", name]) == [f"view public.{name} dropped", f"stream {name} dropped"]
+    assert owner.execute("SELECT count(*) FROM cv.streams WHERE name = %s", (name,)).fetchone() == (0,)

@@ -293,14 +293,14 @@ def test_a_view_added_later_is_backfilled_from_the_current_state(pg, writer, str
     )
     view = f"{streams['schema']}.late"
     with pg("sv_owner", autocommit=True) as owner:
-        outcome = catalog.define(
+        [outcome] = catalog.define(
             owner,
             f"CREATE CONTINUOUS VIEW {view} AS SELECT uid, array_agg(DISTINCT oid) AS objects "
             f"FROM {streams['keyed']} WHERE oid >= 900004 AND oid <= 900005 GROUP BY uid",
         )
         assert "backfilled" in outcome
         rows = owner.execute(f"SELECT uid, objects FROM {view} ORDER BY uid").fetchall()
-        catalog.drop_view(owner, view)
+        catalog.define(owner, f"DROP CONTINUOUS VIEW {view}")
     assert [(uid, sorted(objects)) for uid, objects in rows] == [(1, [900_004, 900_005])]
 
 

@@ -110,4 +110,4 @@ def test_a_join_that_cannot_be_kept_is_refused_naming_why(pg, streams, query, ma
             with pytest.raises(DefinitionError, match=match):
                 catalog.define(owner, statement)
         finally:
-            catalog.drop_stream(owner, keyed)
+            catalog.drop(owner, [keyed], "stream")

@@ -56,7 +56,7 @@ def stream(stack, pg, admin):
     """A declared stream (2 partitions) with a view, run by the supervised runner; all dropped after."""
     name = unique("metrics")
     with pg("sv_owner", autocommit=True) as conn:
-        catalog.define_file(
+        catalog.define(
             conn,
             f"CREATE STREAM {name} (url text NOT NULL, uid bigint NOT NULL)"
             f" WITH (topic = '{name}', partitions = 2);"
@@ -64,8 +64,8 @@ def stream(stack, pg, admin):
         )
     yield name
     with pg("sv_owner", autocommit=True) as conn:
-        catalog.drop_view(conn, f"public.{name}_by_url")
-        catalog.drop_stream(conn, name)
+        catalog.drop(conn, [f"public.{name}_by_url"], "view")
+        catalog.drop(conn, [name], "stream")
         conn.execute("DELETE FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s", (DEFAULT_GROUP, name))
         conn.execute("DELETE FROM ops.dead_letters WHERE group_id = %s AND topic = %s", (DEFAULT_GROUP, name))
     topics = [t for t in (name, f"{name}.dlq") if t in admin.list_topics(timeout=10).topics]

@@ -49,9 +49,9 @@ def name(pg, admin):
     with pg("sv_owner", autocommit=True) as conn:
         views = conn.execute("SELECT name FROM cv.views WHERE stream LIKE %s", (f"{prefix}%",)).fetchall()
         for (view,) in views:
-            catalog.drop_view(conn, view)
+            catalog.drop(conn, [view], "view")
         for (stream,) in conn.execute("SELECT name FROM cv.streams WHERE name LIKE %s", (f"{prefix}%",)).fetchall():
-            catalog.drop_stream(conn, stream)
+            catalog.drop(conn, [stream], "stream")
         conn.execute("DELETE FROM ops.kafka_offsets WHERE topic LIKE %s", (f"{prefix}%",))
         conn.execute("DELETE FROM ops.dead_letters WHERE topic LIKE %s", (f"{prefix}%",))
     topics = [t for t in admin.list_topics(timeout=30).topics if t.startswith(prefix)]

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from pipelines.cv import cli, cli_common, status
 from pipelines.cv.cli_common import CommandError
-from pipelines.cv.frontend.statements import numbered_statements
+from pipelines.cv.frontend.statements import read_script
 from pipelines.cv.model import DefinitionError
 
 STREAM = "CREATE STREAM clicks (oid bigint, ts timestamptz) WITH (topic = 'clicks')"
@@ -319,16 +319,11 @@ def test_table_aligns_columns():
     assert cli_common.table(("A", "LONGER"), [("xyz", 1), ("b", "")]) == "A    LONGER\nxyz  1\nb"
 
 
-def test_view_name_defaults_to_public():
-    assert cli.view_name("x") == "public.x"
-    assert cli.view_name("social.x") == "social.x"
-
-
 def test_the_topics_of_the_streams_defined_are_known_before_anything_is_defined():
-    statements = numbered_statements(
+    script = read_script(
         f"CREATE STREAM a (x int) WITH (partitions = 3);\n{VIEW};\nCREATE STREAM b (x int) WITH (topic = 'b.t')"
     )
-    assert cli.stream_topics(statements, 6) == {"a": 3, "a.dlq": 3, "b.t": 6, "b.t.dlq": 6}
+    assert cli.stream_topics(script, 6) == {"a": 3, "a.dlq": 3, "b.t": 6, "b.t.dlq": 6}
 
 
 def test_a_stream_whose_topic_kafka_would_refuse_fails_before_connecting(capsys, monkeypatch):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import psycopg
 from psycopg import errors, pq, sql
@@ -142,8 +142,15 @@ def _existing(conn: psycopg.Connection, relation: sql.Identifier) -> str | None:
     return row[0] if row else None
 
 
+class Outcome(NamedTuple):
+    """What one statement did: a line for people, and whether the catalog changed (then step 5 follows)."""
+
+    line: str
+    changed: bool = True
+
+
 def bump(conn: psycopg.Connection) -> None:
-    """Step 5: pipelines reload their plans when they see the catalog's version move.
+    """Step 5, once per transaction that changed the catalog: pipelines reload their plans when the version moves.
 
     Without waiting: a runner that records a failed view changes the version in its batch's
     transaction, which may itself wait for a stream this definition holds.

@@ -1,64 +1,149 @@
-"""Definitions applied to the catalog: each statement handed to the handler of its kind.
+"""Definitions applied to the catalog: one script, one transaction, all of it or nothing.
 
-CREATE STREAM goes to pipelines.cv.catalog.streams; CREATE [OR REPLACE], ALTER and DROP CONTINUOUS
-VIEW to pipelines.cv.catalog.views; DROP STREAM to the streams again. Every statement is read
-against the catalog's scope (pipelines.cv.catalog.store.scope) under the definitions' lock.
+`apply` is the one way a definition reaches the catalog; `define` (a definitions text, from the CLI,
+dbsetup, the benchmarks and the tests) and `drop` (`streamviews drop NAME...`) only say what the
+script is. Its steps follow pipelines.cv.catalog.locks:
+
+1. the definitions' lock, then the scope: the stored streams and the database's user aggregates;
+2. each statement in order, handed to the handler of its kind (pipelines.cv.catalog.streams,
+   pipelines.cv.catalog.views), each taking its own locks (steps 2 to 4); a view is read against
+   the scope as the statements before it left it;
+3. the catalog's version bumped once (step 5), if any statement changed something.
+
+A statement that fails fails the script, naming the statement when there are several; a lock not had
+in time starts the whole script again (`changing`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Literal
+
 import psycopg
+from psycopg import errors
 
 from pipelines.cv.catalog import store
-from pipelines.cv.catalog.locks import begin_change, changing
+from pipelines.cv.catalog.locks import Outcome, begin_change, bump, changing
 from pipelines.cv.catalog.streams import define_stream, drop_stream
 from pipelines.cv.catalog.views import alter_view, define_view, drop_view
-from pipelines.cv.frontend.changes import AlterView, Drop, parse_change
-from pipelines.cv.frontend.statements import parse, split_statements
-from pipelines.cv.model import Scope, StreamDef
-from pipelines.cv.sqltext.scan import Statement
+from pipelines.cv.frontend.changes import AlterView, Drop
+from pipelines.cv.frontend.statements import Script, ScriptStatement, drop_script, read_script
+from pipelines.cv.model import DefinitionError, Scope
+from pipelines.errors import StreamviewsError
 
 
-def define(conn: psycopg.Connection, statement: str) -> str:
-    """Apply one statement: CREATE (idempotent for an identical definition), CREATE OR REPLACE, ALTER or DROP.
+class StatementFailed(StreamviewsError):
+    """PostgreSQL refused a statement of a script; the message names the statement, `error` is PostgreSQL's."""
 
-    Returns the outcome as a line for people.
+    def __init__(self, message: str, error: psycopg.Error) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+def define(conn: psycopg.Connection, text: str) -> list[str]:
+    """Apply a definitions text (one statement or many) all or nothing; a line per statement for people.
+
+    CREATE of an identical definition changes nothing; CREATE OR REPLACE, ALTER and DROP as their
+    handlers say.
 
     Raises:
-        DefinitionError: The statement is invalid or conflicts with the catalog.
-        DefinitionBlocked: Locks held elsewhere kept it from being applied (see `changing`).
+        DefinitionError: A statement is invalid or conflicts with the catalog (naming which, if several).
+        StatementFailed: PostgreSQL refused a statement.
+        DefinitionBlocked: Locks held elsewhere kept the script from being applied (see `changing`).
     """
-    change = parse_change(statement)
-    what = Statement(1, 1, statement).label or "definition"
+    return apply(conn, read_script(text))
 
-    def apply() -> str:
-        begin_change(conn, what)
+
+def drop(conn: psycopg.Connection, names: Sequence[str], kind: Literal["view", "stream"] | None = None) -> list[str]:
+    """Drop views and streams by name, in the order given, all or nothing (`kind` None: each is whichever it is)."""
+    return apply(conn, drop_script(names, kind))
+
+
+def apply(conn: psycopg.Connection, script: Script) -> list[str]:
+    """Apply a script in one transaction (a savepoint of the caller's, if there is one); the outcome lines."""
+
+    def run() -> list[str]:
+        begin_change(conn, script.label)
         scope = store.scope(conn)
-        if change is not None:
-            return apply_change(conn, change, scope)
-        definition = parse(statement, scope)
-        if isinstance(definition, StreamDef):
-            return define_stream(conn, definition, scope.streams)
-        return define_view(conn, definition, scope)
+        outcomes = []
+        changed = False
+        for item in script.statements:
+            try:
+                outcome, scope = _apply_one(conn, item, scope)
+            except DefinitionError as e:
+                position = script.position(item.statement)
+                if not position:
+                    raise
+                raise DefinitionError(f"{position}{e}") from e
+            except (errors.LockNotAvailable, errors.DeadlockDetected):
+                raise  # `changing` tries the script again
+            except psycopg.Error as e:
+                prefix = item.statement.prefix(len(script.statements))
+                raise StatementFailed(f"{prefix}{' '.join(str(e.diag.message_primary or e).split())}", e) from e
+            outcomes.append(outcome.line)
+            changed = changed or outcome.changed
+        if changed:
+            bump(conn)
+        return outcomes
 
-    return changing(conn, what, apply)
+    return changing(conn, script.label, run)
 
 
-def define_file(conn: psycopg.Connection, text: str) -> list[str]:
-    """Apply every statement of a definitions file, in order, each in a transaction of its own."""
-    return [define(conn, statement) for statement in split_statements(text)]
+def _apply_one(conn: psycopg.Connection, item: ScriptStatement, scope: Scope) -> tuple[Outcome, Scope]:
+    """One statement through its handler; the scope the next statement is read against."""
+    if item.stream is not None:
+        return define_stream(conn, item.stream, scope.streams), scope.with_stream(item.stream)
+    if isinstance(item.change, AlterView):
+        return alter_view(conn, item.change, scope), scope
+    if isinstance(item.change, Drop):
+        return _drop(conn, item.change, scope)
+    return define_view(conn, item.view(scope), scope), scope
 
 
-def apply_change(conn: psycopg.Connection, change: AlterView | Drop, scope: Scope) -> str:
-    """ALTER CONTINUOUS VIEW or DROP, in the caller's transaction; the outcome as a line."""
-    if isinstance(change, AlterView):
-        return alter_view(conn, change, scope)
-    outcomes = []
+def _drop(conn: psycopg.Connection, change: Drop, scope: Scope) -> tuple[Outcome, Scope]:
+    """DROP CONTINUOUS VIEW, DROP STREAM or `streamviews drop`: each name resolved, then dropped."""
+    lines = []
+    dropped = False
     for name in change.names:
-        table = "cv.views" if change.kind == "view" else "cv.streams"
-        exists = conn.execute(f"SELECT 1 FROM {table} WHERE name = %s", (name,)).fetchone()  # noqa: S608
-        if exists is None and change.if_exists:
-            outcomes.append(f"{'view' if change.kind == 'view' else 'stream'} {name} does not exist; skipped")
+        resolved = resolve(conn, name, change.kind)
+        if resolved is None:
+            if not change.if_exists:
+                raise DefinitionError(_missing(name, change.kind))
+            lines.append(f"{'view' if change.kind == 'view' else 'stream'} {name} does not exist; skipped")
             continue
-        outcomes.append(drop_view(conn, name) if change.kind == "view" else drop_stream(conn, name))
-    return "; ".join(outcomes)
+        kind, qualified, stream = resolved
+        dropped = True
+        if kind == "view":
+            lines.append(drop_view(conn, qualified, stream).line)
+        else:
+            lines.append(drop_stream(conn, qualified, scope.streams).line)
+            scope = scope.without_stream(qualified)
+    return Outcome("; ".join(lines), changed=dropped), scope
+
+
+def resolve(conn: psycopg.Connection, name: str, kind: Literal["view", "stream"] | None) -> tuple[str, str, str] | None:
+    """What a DROP of `name` drops: ("view", "schema.name", its stream) or ("stream", name, name); None if nothing.
+
+    `x` names the view `public.x`, as in CREATE CONTINUOUS VIEW x; a stream's name has no schema.
+
+    Raises:
+        DefinitionError: With no `kind`, the name is both a stream and a view (then the kind decides).
+    """
+    view = name if "." in name else f"public.{name}"
+    row = conn.execute("SELECT stream FROM cv.views WHERE name = %s", (view,)).fetchone() if kind != "stream" else None
+    is_stream = (
+        kind != "view"
+        and "." not in name
+        and conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (name,)).fetchone() is not None
+    )
+    if row is not None and is_stream:
+        raise DefinitionError(f"{name} is both a stream and the continuous view {view}; add --stream or --view")
+    if row is not None:
+        return "view", view, row[0]
+    return ("stream", name, name) if is_stream else None
+
+
+def _missing(name: str, kind: Literal["view", "stream"] | None) -> str:
+    if kind == "view":
+        return f"no continuous view named {name if '.' in name else f'public.{name}'}"
+    return f"no {'stream' if kind == 'stream' else 'stream or continuous view'} named {name}"

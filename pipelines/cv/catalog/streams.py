@@ -1,4 +1,4 @@
-"""Streams in the catalog: created, redefined (how their events are read) and dropped, each in one transaction.
+"""Streams in the catalog: created, redefined (how their events are read) and dropped, in the caller's transaction.
 
 A stream's row in cv.streams holds its statement; a keyed stream also gets its state table
 (`cv.state_<stream>`), which its views are backfilled from. Locks are taken in
@@ -12,8 +12,7 @@ from collections.abc import Mapping
 import psycopg
 from psycopg import sql
 
-from pipelines.cv.catalog.locks import begin_change, bump, changing, lock_stream_for_change, lock_tables
-from pipelines.cv.catalog.store import load_streams
+from pipelines.cv.catalog.locks import Outcome, lock_stream_for_change, lock_tables
 from pipelines.cv.model import DefinitionError, StreamDef
 from pipelines.cv.views import stream_sql
 from pipelines.logs import get_logger
@@ -51,13 +50,13 @@ def _check_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[
         )
 
 
-def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[str, StreamDef]) -> str:
-    """CREATE STREAM, in the caller's transaction, against the `streams` defined; the outcome as a line."""
+def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[str, StreamDef]) -> Outcome:
+    """CREATE STREAM, in the caller's transaction, against the `streams` defined so far."""
     _check_stream(conn, stream, streams)
     stored = streams.get(stream.name)
     if stored is not None:
         if " ".join(stored.definition.split()) == " ".join(stream.definition.split()):
-            return f"stream {stream.name} unchanged"
+            return Outcome(f"stream {stream.name} unchanged", changed=False)
         if _shape(stored) != _shape(stream):
             raise DefinitionError(
                 f"stream {stream.name} already exists with other columns, key or target; drop it (and its views) first"
@@ -67,9 +66,8 @@ def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[
             "UPDATE cv.streams SET topic = %s, definition = %s WHERE name = %s",
             (stream.topic, stream.definition, stream.name),
         )
-        bump(conn)
         log.info("stream redefined", stream=stream.name, topic=stream.topic)
-        return f"stream {stream.name} updated (how its events are read)"
+        return Outcome(f"stream {stream.name} updated (how its events are read)")
     conn.execute(
         "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)",
         (stream.name, stream.topic, stream.definition),
@@ -81,29 +79,20 @@ def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[
                 stream_sql.state_table(stream), sql.Identifier(ROLE_WRITER)
             )
         )
-    bump(conn)
     log.info("stream defined", stream=stream.name, topic=stream.topic, key=stream.key, into=stream.into)
-    return f"stream {stream.name} created" + (f" (into {stream.into})" if stream.into else "")
+    return Outcome(f"stream {stream.name} created" + (f" (into {stream.into})" if stream.into else ""))
 
 
-def drop_stream(conn: psycopg.Connection, name: str) -> str:
-    """Drop a stream that has no views left, and its state."""
+def drop_stream(conn: psycopg.Connection, name: str, streams: Mapping[str, StreamDef]) -> Outcome:
+    """DROP STREAM of a stream that has no views left, and its state, in the caller's transaction."""
     what = f"DROP STREAM {name}"
-
-    def drop() -> str:
-        begin_change(conn, what)
-        if conn.execute("SELECT 1 FROM cv.views WHERE stream = %s", (name,)).fetchone():
-            raise DefinitionError(f"stream {name} still has views; drop them first")
-        feeders = [s.name for s in load_streams(conn, skip_broken=True).values() if s.into == name]
-        if feeders:
-            raise DefinitionError(f"stream {name} is fed by {', '.join(feeders)}; drop those streams first")
-        if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (name,)).fetchone() is None:
-            raise DefinitionError(f"no stream named {name}")
-        lock_stream_for_change(conn, name, what)
-        lock_tables(conn, what, [stream_sql.state_table_of(name)], holder="a session")
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stream_sql.state_table_of(name)))
-        conn.execute("DELETE FROM cv.streams WHERE name = %s", (name,))
-        bump(conn)
-        return f"stream {name} dropped"
-
-    return changing(conn, what, drop)
+    if conn.execute("SELECT 1 FROM cv.views WHERE stream = %s", (name,)).fetchone():
+        raise DefinitionError(f"stream {name} still has views; drop them first")
+    feeders = [s.name for s in streams.values() if s.into == name]
+    if feeders:
+        raise DefinitionError(f"stream {name} is fed by {', '.join(feeders)}; drop those streams first")
+    lock_stream_for_change(conn, name, what)
+    lock_tables(conn, what, [stream_sql.state_table_of(name)], holder="a session")
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stream_sql.state_table_of(name)))
+    conn.execute("DELETE FROM cv.streams WHERE name = %s", (name,))
+    return Outcome(f"stream {name} dropped")

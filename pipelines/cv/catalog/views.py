@@ -1,4 +1,4 @@
-"""Continuous views in the catalog: created, replaced, altered and dropped, each in one transaction.
+"""Continuous views in the catalog: created, replaced, altered and dropped, in the caller's transaction.
 
 Every change holds the stream's lock exclusively (pipelines hold it shared while they apply a
 batch), so a change on a running system misses no batch and counts none twice:
@@ -23,14 +23,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv.catalog.locks import (
-    begin_change,
-    bump,
-    changing,
-    drop_read_view,
-    lock_stream_for_change,
-    lock_tables,
-)
+from pipelines.cv.catalog.locks import Outcome, drop_read_view, lock_stream_for_change, lock_tables
 from pipelines.cv.catalog.view_checks import check_ttl, check_units, check_window
 from pipelines.cv.frontend.changes import AlterView, with_options
 from pipelines.cv.frontend.statements import parse
@@ -44,8 +37,8 @@ from pipelines.settings import ROLE_READER, ROLE_WRITER
 log = get_logger("cv.catalog")
 
 
-def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> str:
-    """CREATE [OR REPLACE] CONTINUOUS VIEW, in the caller's transaction; the outcome as a line.
+def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> Outcome:
+    """CREATE [OR REPLACE] CONTINUOUS VIEW, in the caller's transaction.
 
     `scope` is what `view` was read against: the stored definition it replaces is read against it too.
     """
@@ -58,7 +51,7 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> str:
         )
     row = conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (view.qualified_name,)).fetchone()
     if row is not None and _same_text(row[0], view.definition):
-        return f"view {view.qualified_name} unchanged"
+        return Outcome(f"view {view.qualified_name} unchanged", changed=False)
     if row is not None and not view.replace:
         raise DefinitionError(
             f"{view.qualified_name} already exists with another definition; CREATE OR REPLACE CONTINUOUS VIEW "
@@ -84,9 +77,8 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> str:
             (view.definition, Jsonb(types.to_json()), view.qualified_name),
         )
         general.drop_unused(conn)
-    bump(conn)
     log.info("view defined", view=view.qualified_name, stream=stream.name, outcome=outcome)
-    return outcome
+    return Outcome(outcome)
 
 
 def _same_text(a: str, b: str) -> bool:
@@ -196,7 +188,7 @@ def _take_view(conn: psycopg.Connection, what: str, schema: str, view: str, stre
     lock_tables(conn, what, view_tables(conn, schema, view))
 
 
-def alter_view(conn: psycopg.Connection, change: AlterView, scope: Scope) -> str:
+def alter_view(conn: psycopg.Connection, change: AlterView, scope: Scope) -> Outcome:
     """Change a view's options (ttl): its definition is rewritten with them, its storage kept."""
     row = conn.execute("SELECT definition FROM cv.views WHERE name = %s", (change.name,)).fetchone()
     if row is None:
@@ -213,9 +205,8 @@ def alter_view(conn: psycopg.Connection, change: AlterView, scope: Scope) -> str
             sql.SQL("CREATE INDEX ON {} ({})").format(compiler.storage_table(view), sql.Identifier(view.bucket.name))
         )
     conn.execute("UPDATE cv.views SET definition = %s WHERE name = %s", (view.definition, change.name))
-    bump(conn)
     log.info("view altered", view=change.name, ttl=view.ttl)
-    return f"view {change.name} altered: ttl {view.ttl!r}" if view.ttl else f"view {change.name} altered: no ttl"
+    return Outcome(f"view {change.name} altered: " + (f"ttl {view.ttl!r}" if view.ttl else "no ttl"))
 
 
 def _has_index_on(conn: psycopg.Connection, view: ViewDef) -> bool:
@@ -230,24 +221,15 @@ def _has_index_on(conn: psycopg.Connection, view: ViewDef) -> bool:
     )
 
 
-def drop_view(conn: psycopg.Connection, name: str) -> str:
-    """Drop a continuous view: its read view, its tables, and the aggregates only it kept."""
+def drop_view(conn: psycopg.Connection, name: str, stream: str) -> Outcome:
+    """DROP CONTINUOUS VIEW of view `name` over `stream`: its read view, its tables, the aggregates only it kept."""
     what = f"DROP CONTINUOUS VIEW {name}"
-
-    def drop() -> str:
-        begin_change(conn, what)
-        row = conn.execute("SELECT stream FROM cv.views WHERE name = %s", (name,)).fetchone()
-        if row is None:
-            raise DefinitionError(f"no continuous view named {name}")
-        schema, _, view = name.partition(".")
-        _take_view(conn, what, schema, view, row[0])
-        drop_view_relations(conn, schema, view)
-        conn.execute("DELETE FROM cv.views WHERE name = %s", (name,))
-        general.drop_unused(conn)
-        bump(conn)
-        return f"view {name} dropped"
-
-    return changing(conn, what, drop)
+    schema, _, view = name.partition(".")
+    _take_view(conn, what, schema, view, stream)
+    drop_view_relations(conn, schema, view)
+    conn.execute("DELETE FROM cv.views WHERE name = %s", (name,))
+    general.drop_unused(conn)
+    return Outcome(f"view {name} dropped")
 
 
 def view_tables(conn: psycopg.Connection, schema: str, view: str) -> list[sql.Identifier]:

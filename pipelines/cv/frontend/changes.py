@@ -5,8 +5,8 @@
     DROP CONTINUOUS VIEW [IF EXISTS] social.object_likes_hourly;
     DROP STREAM [IF EXISTS] clicks;
 
-They change the catalog (pipelines.cv.catalog.define applies them), so a definitions file can hold
-the whole life of its views, and `streamviews define` applies such a file all or nothing.
+They change the catalog (pipelines.cv.catalog.script applies them), so a definitions file can hold
+the whole life of its views, applied all or nothing.
 """
 
 from __future__ import annotations
@@ -38,9 +38,16 @@ class AlterView:
 
 @dataclass(frozen=True)
 class Drop:
-    """DROP CONTINUOUS VIEW / DROP STREAM [IF EXISTS] name, ..."""
+    """DROP CONTINUOUS VIEW / DROP STREAM [IF EXISTS] name, ...; or `streamviews drop NAME` (kind None).
 
-    kind: Literal["view", "stream"]
+    Attributes:
+        kind: What the names are; None: each is whichever it is (the catalog resolves it, and
+            refuses a name that is both a stream and a view).
+        names: Views are schema-qualified here (`x` is `public.x`) when `kind` is "view"; as given otherwise.
+        if_exists: A name that is no stream or view is skipped instead of failing the statement.
+    """
+
+    kind: Literal["view", "stream"] | None
     names: tuple[str, ...]
     if_exists: bool
 

@@ -1,7 +1,8 @@
 """The front end's entry: a statement, or a text of many, read into the model against an explicit scope.
 
-`parse` reads one CREATE STREAM or CREATE CONTINUOUS VIEW statement, `numbered_statements` splits a
-definitions text. The statements themselves are read by pipelines.cv.frontend.streams (CREATE
+`parse` reads one CREATE STREAM or CREATE CONTINUOUS VIEW statement; `read_script` reads a
+definitions text once into a `Script`, what the catalog applies (`drop_script`: the same for
+`streamviews drop`). The statements themselves are read by pipelines.cv.frontend.streams (CREATE
 STREAM and its WITH options; a column's type and constraints in pipelines.cv.frontend.columns),
 pipelines.cv.frontend.views (CREATE CONTINUOUS VIEW) and pipelines.cv.frontend.changes (ALTER and
 DROP). The front end checks everything it can without a database and raises `DefinitionError`
@@ -14,9 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
 from pglast import ast
 
+from pipelines.cv.frontend.changes import AlterView, Drop, parse_change
 from pipelines.cv.frontend.streams import parse_stream
 from pipelines.cv.frontend.views import parse_view
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
@@ -100,3 +105,78 @@ def numbered_statements(text: str) -> list[Statement]:
             raise DefinitionError(f"{prefix}{e}") from e
         raise DefinitionError(f"{prefix}incomplete statement")
     return statements
+
+
+@dataclass(frozen=True)
+class ScriptStatement:
+    """One statement of a script, read as far as it can be without the catalog.
+
+    A CREATE STREAM is read whole (it names no other definition), an ALTER or DROP too; a CREATE
+    CONTINUOUS VIEW is read when it is applied (`view`), against the streams defined by then.
+    """
+
+    statement: Statement
+    stream: StreamDef | None = None
+    change: AlterView | Drop | None = None
+
+    def view(self, scope: Scope) -> ViewDef:
+        """The CREATE [OR REPLACE] CONTINUOUS VIEW this statement is, read against `scope`."""
+        view = parse(self.statement.text, scope)
+        if not isinstance(view, ViewDef):  # a statement only parse() could tell is a stream
+            raise DefinitionError(EXPECTED)
+        return view
+
+
+@dataclass(frozen=True)
+class Script:
+    """A definitions text read once: its statements in order, applied together or not at all."""
+
+    statements: tuple[ScriptStatement, ...]
+    name: str = ""  # what a blocked script is called, when not by its statements
+
+    @property
+    def streams(self) -> list[StreamDef]:
+        """The streams its CREATE STREAM statements declare (what topics they need)."""
+        return [s.stream for s in self.statements if s.stream is not None]
+
+    @property
+    def label(self) -> str:
+        """What a blocked script is called: its name, its one statement's label, or `definitions`."""
+        if self.name:
+            return self.name
+        if len(self.statements) == 1:
+            return self.statements[0].statement.label or "definition"
+        return "definitions"
+
+    def position(self, statement: Statement) -> str:
+        """`statement 2 (line 7): ` when the script has several statements; "" when one."""
+        return f"statement {statement.number} (line {statement.line}): " if len(self.statements) > 1 else ""
+
+
+def read_script(text: str) -> Script:
+    """Read a definitions text: every statement split, and each read as far as it can be without the catalog.
+
+    Raises:
+        DefinitionError: A statement is not valid; when there are several, the message starts with
+            which (`statement 2 (line 7): `).
+    """
+    statements = numbered_statements(text)
+    read = []
+    for statement in statements:
+        try:
+            change = parse_change(statement.text)
+            stream = None
+            if change is None and statement.label.startswith("CREATE STREAM"):
+                stream = parse(statement.text, NO_SCOPE)
+                assert isinstance(stream, StreamDef)
+        except DefinitionError as e:
+            where = f"statement {statement.number} (line {statement.line}): " if len(statements) > 1 else ""
+            raise DefinitionError(f"{where}{e}") from e
+        read.append(ScriptStatement(statement, stream, change))
+    return Script(tuple(read))
+
+
+def drop_script(names: Sequence[str], kind: Literal["view", "stream"] | None) -> Script:
+    """`streamviews drop NAME...`: a DROP of each name in turn, a view or a stream as `kind` says (None: either)."""
+    drops = (ScriptStatement(Statement(1, 1, ""), change=Drop(kind, (name,), if_exists=False)) for name in names)
+    return Script(tuple(drops), name="drop")
