@@ -11,7 +11,6 @@ offsets they came from, or not at all.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -220,26 +219,12 @@ class StreamMaintainer:
         )
 
 
-_parsed: tuple[list[tuple[str, str]], dict[str, StreamDef]] | None = None  # stored definitions, parsed
-_parsed_lock = threading.Lock()
-
-
 def declared_streams(conn: psycopg.Connection) -> dict[str, StreamDef]:
-    """Every declared stream, parsed once for as long as the stored definitions stay the same.
+    """Every declared stream, parsed once per catalog state for the whole process (catalog.load_streams).
 
-    Shared by the process's plans: parsing all of them for each stream's plan made a definition cost
-    quadratically in the number of streams. A stored definition that no longer parses is that
-    stream's problem: it is left out.
+    A stored definition that no longer parses is that stream's problem: it is left out.
     """
-    global _parsed
-    stored = conn.execute("SELECT name, definition FROM cv.streams ORDER BY name").fetchall()
-    with _parsed_lock:
-        if _parsed is not None and _parsed[0] == stored:
-            return _parsed[1]
-    streams = catalog.load_streams(conn, skip_broken=True)
-    with _parsed_lock:
-        _parsed = (stored, streams)
-    return streams
+    return catalog.load_streams(conn, skip_broken=True)
 
 
 def _view_statements(compiled: catalog.CompiledView, stream: StreamDef, source: sql.Composable) -> _ViewStatements:

@@ -7,12 +7,13 @@ user aggregates.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import psycopg
 
-from pipelines.cv.frontend.statements import parse
+from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
 from pipelines.cv.views import general
 from pipelines.cv.views.view_types import ViewTypes
@@ -35,23 +36,59 @@ def catalog_version(conn: psycopg.Connection) -> int:
 
 
 def load_streams(conn: psycopg.Connection, *, skip_broken: bool = False) -> dict[str, StreamDef]:
-    """Every stream, re-parsed from its stored definition.
+    """Every stream, as parsed from its stored definition (once per catalog state, see `_parsed_streams`).
 
     With `skip_broken`, a stored definition this release cannot parse any more (say, it predates a
     stricter rule) is logged and left out, so that the other streams keep running.
     """
     streams: dict[str, StreamDef] = {}
-    for name, definition in conn.execute("SELECT name, definition FROM cv.streams ORDER BY name"):
-        try:
-            stream = parse(definition, Scope(streams, frozenset()))  # a stream reads no other definition
-        except DefinitionError as e:
+    for name, parsed in _parsed_streams(conn).items():
+        if isinstance(parsed, DefinitionError):
             if not skip_broken:
-                raise
-            log.error("stored stream definition no longer parses; it is not consumed", stream=name, error=str(e))
+                raise DefinitionError(str(parsed))
+            log.error("stored stream definition no longer parses; it is not consumed", stream=name, error=str(parsed))
             continue
-        assert isinstance(stream, StreamDef)
-        streams[stream.name] = stream
+        streams[parsed.name] = parsed
     return streams
+
+
+# Parsed stream definitions, shared by the process's definitions and plans. Parsing every stream
+# for every definition (and for each stream's plan) made a definition cost quadratically in the
+# number of streams. The streams are kept per catalog state: its version and the transaction that
+# wrote it (`xmin`: a version number that a rolled-back definition used is used again, a
+# transaction id never is). Every change of cv.streams moves the version; a script reads them
+# before its first change (pipelines.cv.catalog.script). A definition text, once parsed, is
+# parsed again only after _MAX_TEXTS others.
+_MAX_TEXTS = 10_000
+_lock = threading.Lock()
+_state: tuple[object, dict[str, StreamDef | DefinitionError]] | None = None
+_texts: dict[str, StreamDef | DefinitionError] = {}
+
+
+def _parsed_streams(conn: psycopg.Connection) -> dict[str, StreamDef | DefinitionError]:
+    """Each stored stream by name, parsed, or the DefinitionError its definition raises now."""
+    global _state
+    state = conn.execute("SELECT version, xmin::text FROM cv.catalog").fetchone()
+    with _lock:
+        if _state is not None and _state[0] == state:
+            return _state[1]
+    parsed = {}
+    for name, definition in conn.execute("SELECT name, definition FROM cv.streams ORDER BY name").fetchall():
+        with _lock:
+            known = _texts.get(definition)
+        if known is None:
+            try:
+                known = parse(definition, NO_SCOPE)  # a stream reads no other definition
+            except DefinitionError as e:
+                known = e
+            with _lock:
+                if len(_texts) >= _MAX_TEXTS:
+                    _texts.clear()
+                _texts[definition] = known
+        parsed[name] = known
+    with _lock:
+        _state = (state, parsed)
+    return parsed
 
 
 def load_views(conn: psycopg.Connection, streams: Mapping[str, StreamDef], stream: str) -> list[CompiledView]:
