@@ -53,9 +53,8 @@ from loadgen.audit.pipelines import (
     wait_for_count,
 )
 from loadgen.common import cli
-from loadgen.common.errors import BenchmarkError
 from loadgen.common.freshness import percentile
-from loadgen.common.kafka import EventSource, bare_consumer_rate
+from loadgen.common.kafka import bare_consumer_rate, produce_all
 from loadgen.common.postgres import owner_conninfo, pgbench_available
 from loadgen.common.report import BenchResult, Comparison, Results, drain_series, machine_line
 from loadgen.common.throwaway import create_topic, unique_name
@@ -78,13 +77,7 @@ def run(args: argparse.Namespace, names: Names, results: Results, es: Elasticsea
     with psycopg.connect(owner_conninfo(postgres), autocommit=True) as conn:
         conn.execute("SELECT audit.create_log(%s)", (names.schema,))
 
-    def produce() -> float:
-        report = EventSource(names.topic, rows, workload.encode, kafka=kafka, count=len(rows)).run()
-        if report.errors:
-            raise BenchmarkError(f"producer: {report.errors} delivery errors, first: {report.first_error}")
-        return report.rate
-
-    if results.measure("producer", produce) is None:
+    if results.measure("producer", lambda: produce_all(names.topic, rows, workload.encode, kafka)) is None:
         return out
     measure_baselines(args, names, results, workload, rows)
     services = Services(names, postgres, kafka)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from elasticsearch import Elasticsearch
 from psycopg import sql
@@ -31,7 +30,7 @@ from loadgen.audit import baselines as base
 from loadgen.common.drain import CpuSample, Drain, time_drain
 from loadgen.common.errors import BenchmarkError
 from loadgen.common.freshness import Probe
-from loadgen.common.kafka import PRODUCER_CONFIG, EventSource
+from loadgen.common.kafka import EventSource, Sender
 from loadgen.common.postgres import owner_conninfo
 from loadgen.common.processes import ServiceProcess, backend_pid, find_pid, pipeline_env
 from loadgen.common.throwaway import forget_group
@@ -194,7 +193,7 @@ def measure_lag(services: Services, es: Elasticsearch, workload: AuditWorkload, 
     reports = []
     loader = threading.Thread(target=lambda: reports.append(source.run()), daemon=True)
     loader.start()
-    producer = Producer({"bootstrap.servers": services.kafka.bootstrap_servers, **PRODUCER_CONFIG, "linger.ms": 0})
+    markers_out = Sender(names.topic, services.kafka, client="bench-markers", **{"linger.ms": 0})
     markers, rows, next_marker = 0, workload.rows(2), time.monotonic()
     try:
         while loader.is_alive():
@@ -202,12 +201,12 @@ def measure_lag(services: Services, es: Elasticsearch, workload: AuditWorkload, 
                 token = f"zq{names.run}{markers:06d}"
                 key, value = workload.encode(next(rows), token)
                 probe.sent(token, time.monotonic())
-                producer.produce(names.topic, value, key)
+                markers_out.send(key, value)
                 markers, next_marker = markers + 1, next_marker + MARKER_INTERVAL_S
-            producer.poll(0)
+            markers_out.producer.poll(0)
             time.sleep(0.005)
         cpu_end = CpuSample.take(services.pids())
-        unsent = producer.flush(30)
+        unsent = markers_out.flush(30)
         probe.wait_for_markers(MARKER_TIMEOUT_S, puller.check_alive, poll_s=0.1)
     finally:
         source.stop()
@@ -216,7 +215,7 @@ def measure_lag(services: Services, es: Elasticsearch, workload: AuditWorkload, 
     if probe.error is not None:
         raise BenchmarkError(f"search probe: {probe.error}") from probe.error
     if unsent or not reports or reports[0].errors:
-        raise BenchmarkError(f"lag producer: {unsent} markers unsent, report {reports}")
+        raise BenchmarkError(f"lag producer: {unsent} markers lost ({markers_out.first_error}), report {reports}")
     if probe.pending:
         raise BenchmarkError(f"{probe.pending} of {markers} markers not searchable after {MARKER_TIMEOUT_S}s")
     progress = [r for r in puller.records()[log_mark:] if r.get("event") == "progress"]

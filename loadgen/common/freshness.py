@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaError, Message, Producer
 from psycopg import sql
 
 from loadgen.common.errors import BenchmarkError
-from loadgen.common.kafka import PRODUCER_CONFIG
+from loadgen.common.kafka import Sender
 from loadgen.workloads.social import Like, encode_like, now_ms
 from pipelines.settings import KafkaSettings
 
@@ -142,49 +141,21 @@ class SteadyLoad:
     seconds: float
     produced: int = 0
     markers: int = 0
-    errors: int = 0
-    first_error: str | None = None
 
 
 def produce_steadily(
-    topic: str,
-    events: Iterator[Like],
-    load: SteadyLoad,
-    probe: MarkerProbe,
-    *,
-    users: int,
-    kafka: KafkaSettings,
+    topic: str, events: Iterator[Like], load: SteadyLoad, probe: Probe, *, users: int, kafka: KafkaSettings
 ) -> None:
     """Produce `events` at `load.rate` for `load.seconds`, plus a marker like every 20 ms.
 
     Pacing is against the start (events due = rate x elapsed), checked at least every millisecond, so
     the rate holds on average without a sleep per event. Markers are likes of fresh objects
     `MARKER_BASE + i`, encoded like any other event.
+
+    Raises:
+        BenchmarkError: a record was not delivered.
     """
-
-    def on_delivery(error: KafkaError | None, _message: Message) -> None:
-        if error is not None:
-            load.errors += 1
-            load.first_error = load.first_error or str(error)
-
-    producer = Producer(
-        {
-            "bootstrap.servers": kafka.bootstrap_servers,
-            "client.id": f"{kafka.client_id}-bench-freshness",
-            "on_delivery": on_delivery,
-            **PRODUCER_CONFIG,
-        }
-    )
-    producer.list_topics(topic, timeout=10)
-
-    def produce(key: bytes, value: bytes) -> None:
-        while True:
-            try:
-                producer.produce(topic, value, key)
-                return
-            except BufferError:
-                producer.poll(0.01)
-
+    sender = Sender(topic, kafka, client="bench-freshness")
     started = time.monotonic()
     end = started + load.seconds
     next_marker = started
@@ -192,22 +163,20 @@ def produce_steadily(
         while (now := time.monotonic()) < end:
             due = int((now - started) * load.rate)
             while load.produced < due:
-                produce(*encode_like(next(events)))
+                sender.send(*encode_like(next(events)))
                 load.produced += 1
             if now >= next_marker:
                 oid = MARKER_BASE + load.markers
                 key, value = encode_like(Like(oid, 1 + load.markers % users, "like", now_ms()))
                 probe.sent(oid, time.monotonic())
-                produce(key, value)
+                sender.send(key, value)
                 load.markers += 1
                 next_marker += MARKER_INTERVAL_S
-            producer.poll(0)
+            sender.producer.poll(0)
             time.sleep(max(0.0, min(0.001, next_marker - time.monotonic())))
     finally:
-        unsent = producer.flush(60)
-        if unsent:
-            load.errors += unsent
-            load.first_error = load.first_error or f"{unsent} messages unsent after flush"
+        sender.flush()
+    sender.check()
 
 
 def likes_freshness(
@@ -242,8 +211,6 @@ def likes_freshness(
         probe.join(10)
     if probe.error is not None:
         raise BenchmarkError(f"marker probe: {probe.error}") from probe.error
-    if load.errors:
-        raise BenchmarkError(f"freshness producer: {load.errors} delivery errors, first: {load.first_error}")
     if probe.pending:
         raise BenchmarkError(f"{probe.pending} of {load.markers} markers not visible after {timeout_s}s")
     return [1000 * s for s in probe.latencies]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,56 @@ class SourceReport:
         return self.delivered / self.seconds if self.seconds > 0 else 0.0
 
 
+class Sender:
+    """A producer of one topic: delivery failures counted (never raised per message), a full queue waited out.
+
+    The one producer of the benchmarks' backlogs, steady loads and markers. It connects and checks the
+    topic at once: the broker never auto-creates one, so every message would otherwise fail one by one.
+    """
+
+    def __init__(self, topic: str, kafka: KafkaSettings, *, client: str = "loadgen", **config: Any) -> None:
+        self.topic, self.errors, self.first_error = topic, 0, None
+        self.producer = Producer(
+            {
+                "bootstrap.servers": kafka.bootstrap_servers,
+                "client.id": f"{kafka.client_id}-{client}",
+                "on_delivery": self._on_delivery,
+                **PRODUCER_CONFIG,
+                **config,
+            }
+        )
+        metadata = self.producer.list_topics(topic, timeout=10).topics[topic]
+        if metadata.error is not None:
+            raise BenchmarkError(f"producer: topic {topic!r}: {metadata.error.str()}")
+
+    def _on_delivery(self, error: KafkaError | None, _message: Message) -> None:
+        if error is not None:
+            self.errors += 1
+            self.first_error = self.first_error or str(error)
+
+    def send(self, key: bytes, value: bytes, partition: int = -1) -> None:
+        """Queue one message (-1: the default partitioner), letting librdkafka send while its queue is full."""
+        while True:
+            try:
+                self.producer.produce(self.topic, value, key, partition=partition)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def flush(self, timeout: float = 60.0) -> int:
+        """Send everything queued; what was not sent counts as failed. The failures so far."""
+        unsent = self.producer.flush(timeout)
+        if unsent:
+            self.errors += unsent
+            self.first_error = self.first_error or f"{unsent} messages still queued after {timeout:g}s flush"
+        return self.errors
+
+    def check(self) -> None:
+        """Raise when any message failed: a backlog with holes measures nothing."""
+        if self.errors:
+            raise BenchmarkError(f"producer: {self.errors} delivery errors on {self.topic}, first: {self.first_error}")
+
+
 class EventSource:
     """Produces events to one topic until stopped, a count or a duration; optionally at a fixed rate.
 
@@ -75,70 +125,33 @@ class EventSource:
         rate: float = 0.0,
         count: int = 0,
         duration: float = 0.0,
-        flush_timeout: float = 60.0,
-        producer_config: dict[str, Any] | None = None,
     ):
-        self.topic = topic
-        self._events = iter(events)
-        self._encode = encode
+        self.topic, self._events, self._encode = topic, iter(events), encode
         self._kafka = kafka or KafkaSettings()
-        self._rate = rate
-        self._count = count
-        self._duration = duration
-        self._flush_timeout = flush_timeout
-        self._producer_config = {**PRODUCER_CONFIG, **(producer_config or {})}
-        self._running = False
-        self._errors = 0
-        self._first_error: str | None = None
-
-    @property
-    def running(self) -> bool:
-        """True until `stop()` is called or the run ends."""
-        return self._running
+        self._rate, self._count, self._duration = rate, count, duration
+        self.running = False
 
     def stop(self) -> None:
         """Ask the loop to end after the current event; safe from a signal handler."""
-        self._running = False
-
-    def _on_delivery(self, error: KafkaError | None, _message: Message) -> None:
-        if error is not None:
-            self._errors += 1
-            if self._first_error is None:
-                self._first_error = str(error)
+        self.running = False
 
     def run(self) -> SourceReport:
-        """Produce until a bound is reached or `stop()`; then flush and report.
-
-        Returns:
-            The counts and elapsed seconds, the final flush included.
-        """
-        producer = Producer(
-            {
-                "bootstrap.servers": self._kafka.bootstrap_servers,
-                "client.id": f"{self._kafka.client_id}-loadgen",
-                "on_delivery": self._on_delivery,
-                **self._producer_config,
-            }
-        )
-        # Connect before the clock starts (a rate is a steady state), and fail fast on a missing topic:
-        # the broker never auto-creates one, so every message would otherwise fail one by one.
-        topic = producer.list_topics(self.topic, timeout=10).topics[self.topic]
-        if topic.error is not None:
-            raise BenchmarkError(f"source: topic {self.topic!r}: {topic.error.str()}")
+        """Produce until a bound is reached or `stop()`; then flush and report (elapsed time includes the flush)."""
+        sender = Sender(self.topic, self._kafka)  # connected before the clock starts: a rate is a steady state
         interval = 1.0 / self._rate if self._rate > 0 else 0.0
         started = time.monotonic()
         deadline = started + self._duration if self._duration > 0 else math.inf
         produced = 0
-        self._running = True
+        self.running = True
         try:
-            while self._running and (self._count == 0 or produced < self._count):
+            while self.running and (self._count == 0 or produced < self._count):
                 if interval:
                     # Pace against the start, not the previous event, so pauses do not accumulate; sleep
                     # in ticks of PACING_TICK_S, not per event (thousands of wake-ups a second would cost
                     # this process, and Kafka's small batches, more than the events themselves).
                     delay = started + produced * interval - time.monotonic()
                     if delay > 0:
-                        producer.poll(0)
+                        sender.producer.poll(0)
                         time.sleep(max(delay, PACING_TICK_S))
                 if (interval or (produced & 1023) == 0) and time.monotonic() >= deadline:
                     break
@@ -146,23 +159,28 @@ class EventSource:
                 event = next(self._events, None)
                 if event is None:
                     break
-                key, value = self._encode(event)
-                while True:
-                    try:
-                        producer.produce(self.topic, value, key)
-                        break
-                    except BufferError:  # local queue full: let librdkafka send, then retry
-                        producer.poll(0.05)
+                sender.send(*self._encode(event))
                 produced += 1
                 if produced & 1023 == 0:
-                    producer.poll(0)
+                    sender.producer.poll(0)
         finally:
-            self._running = False
-            unsent = producer.flush(self._flush_timeout)
-        errors = self._errors + unsent
-        if unsent and self._first_error is None:
-            self._first_error = f"{unsent} messages still queued after {self._flush_timeout}s flush"
-        return SourceReport(produced, errors, self._first_error, time.monotonic() - started)
+            self.running = False
+            sender.flush()
+        return SourceReport(produced, sender.errors, sender.first_error, time.monotonic() - started)
+
+
+def produce_all(
+    topic: str, events: Sequence[Any], encode: Callable[[Any], tuple[bytes, bytes]], kafka: KafkaSettings
+) -> float:
+    """Produce every event as fast as the broker takes them: the backlog a drain then works off; its msgs/s.
+
+    Raises:
+        BenchmarkError: a delivery failed.
+    """
+    report = EventSource(topic, events, encode, kafka=kafka, count=len(events)).run()
+    if report.errors:
+        raise BenchmarkError(f"producer: {report.errors} delivery errors, first: {report.first_error}")
+    return report.rate
 
 
 def bare_consumer_rate(

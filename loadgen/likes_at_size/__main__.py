@@ -4,8 +4,8 @@
 `bench_<id>` holding copies of the social streams and views of sql/views/social.sql
 (`loadgen.common.social_copies`); the real `likes`/`follows` topics and `social` schema are never touched.
 
-1. Disk: the run's needs are estimated from measured bytes per like and compared with the free space;
-   not enough is a one-line refusal. The estimate is re-measured at 2 M likes (`DISK_CHECK_LIKES`).
+1. Disk: the run's needs are estimated from the bytes per like measured at 1 M likes and compared
+   with the free space; not enough is a one-line refusal.
 2. Follows: the seed's follow lists (long tail, some unfollows) until `--follows` are in force,
    produced to their topic, then drained by a stream runner (`--streams <follows copy>`).
 3. Likes backlog: the seed's likes (users 1..10 M, objects `random_gaussian(1, 2 M, 10.0)`, 5 %
@@ -17,8 +17,8 @@
    path (`python -m pipelines.cv.runner --streams <likes copy> --group <bench group>`, default batch
    settings) drains the backlog while
    `loadgen.likes_at_size.sampling` samples every `--sample-s`: likes in the state, events committed, the
-   runner's PSS, CPU, load average, and what its PostgreSQL backend is doing. The curve is likes/s
-   per million likes of state. Then the state is counted and checked against the backlog's own count.
+   runner's PSS, CPU and the load average. The curve is likes/s per million likes of state. Then the
+   state is counted and checked against the backlog's own count.
 5. Freshness: with the same runner, the workload goes on at half the rate sustained over the fill's
    last tenth for `--seconds`, a marker like every 20 ms timed until visible (`loadgen.common.freshness`).
 6. At full size: table and index sizes; the seed's per-event function
@@ -30,8 +30,7 @@ Output: the printed report and, with `--json` (default bench-results/likes_at_si
 40 minutes always keeps its figures), the result's JSON line: its figures, `series.likes_at_size`
 (the curve's points, as make bench plots them) and, in `extra`, the run's document: `curve` (each
 million likes: likes/s, state growth, PSS, cores, load), `samples`, `fill`, `follows`, `producer`,
-`freshness_ms`, `sizes` (tables and indexes), `peak_pss_mib`, `seed_per_event`, `load_average`,
-`backend_states` (what the runner's PostgreSQL session was doing) and `errors`.
+`freshness_ms`, `sizes` (tables and indexes), `peak_pss_mib`, `seed_per_event` and `errors`.
 
 `likes_per_s` counts every like event applied (likes, unlikes, repeated likes: the pipeline's
 throughput, as the social benchmark's headline); `state_growth_per_s` counts likes added to the state.
@@ -63,12 +62,10 @@ from loadgen.common.seed import seed_per_event_eps
 from loadgen.common.social_copies import StreamCopy, bench_views
 from loadgen.common.throwaway import create_topic, delete_topic, forget_group, unique_name
 from loadgen.likes_at_size import report
-from loadgen.likes_at_size.backlog import LikesBacklog, Produced, describe_actions, produce_follows
+from loadgen.likes_at_size.backlog import LikesBacklog, Produced, produce_follows
 from loadgen.likes_at_size.sampling import (
-    DISK_CHECK_LIKES,
     DISK_MARGIN,
     PssWatch,
-    Sample,
     count_rows,
     curve,
     curve_step,
@@ -80,7 +77,6 @@ from loadgen.likes_at_size.sampling import (
     storage_tables,
     tail_rate,
     topic_ends,
-    wal_position,
 )
 from loadgen.workloads.social import WorkloadSettings
 from pipelines.logs import get_logger
@@ -111,7 +107,6 @@ class AtSizeRun:
         self.application_name = f"streamviews-at-size-{self.schema}"
         self.writer = self.postgres.conninfo(user=ROLE_WRITER, application_name="streamviews-bench-sampler")
         self.doc: dict[str, Any] = {"errors": {}}
-        self.loads: list[list[float]] = []
 
     def run(self) -> None:
         """Every phase in order; the topics and definitions are dropped at the end."""
@@ -181,8 +176,6 @@ class AtSizeRun:
         )
         log.info("follows produced", events=produced.produced.events, follows=produced.follows, lists=produced.lists)
         runner = self.runner(self.follows_topic, self.follows_stream)
-        watch = PssWatch(runner.workers[0].process.pid)
-        watch.start()
         try:
             ends = topic_ends(self.follows_topic, produced.produced.events, self.kafka)
             with psycopg.connect(self.writer, autocommit=True) as conn:
@@ -191,7 +184,6 @@ class AtSizeRun:
                 )
         finally:
             runner.stop()
-            watch.stop()
         with psycopg.connect(self.owner, autocommit=True) as conn:
             stored = count_rows(conn, self.follows_stream)
         self.doc["follows"] = {
@@ -203,7 +195,6 @@ class AtSizeRun:
             "follows_per_s": round(fill.rate, 1) if fill.rate else None,
             "startup_s": round(fill.first_commit_s or 0, 2),
             "producer_events_per_s": round(produced.produced.rate),
-            "peak_pss_mib": round(watch.peak_mib, 1),
         }
         if stored != produced.follows:
             raise BenchmarkError(f"follows: the state holds {stored:,}, the events leave {produced.follows:,}")
@@ -213,7 +204,6 @@ class AtSizeRun:
 
         def on_chunk(b: LikesBacklog, chunk: Produced) -> None:
             log.info("likes produced", events=b.produced, likes=b.likes, chunk_rate=round(chunk.rate))
-            print(f"  produced {b.produced:,} events, {b.likes:,} likes in force ({chunk.rate:,.0f} events/s)")
 
         produced = backlog.produce(self.args.likes, self.args.chunk, self.kafka, on_chunk)
         self.doc["producer"] = {
@@ -221,30 +211,13 @@ class AtSizeRun:
             "seconds": round(produced.seconds, 1),
             "events_per_s": round(produced.rate),
             "partitions": self.args.partitions,
-            "actions": describe_actions(backlog.actions),
+            "actions": dict(backlog.actions),
         }
 
     def fill(self, runner: PipelineWorkers, backlog: LikesBacklog) -> None:
         """Step 4: the runner drains the backlog while it is sampled; the curve; the state counted."""
         progress = DrainProgress(self.likes_topic, backlog.produced)
-        disk: dict[str, Any] = {}
-
-        def on_sample(sample: Sample, conn: psycopg.Connection) -> None:
-            self.loads.append([round(sample.elapsed_s, 1), *(round(v, 2) for v in sample.load)])
-            progress(sample.events, time.monotonic())
-            if sample.likes >= min(DISK_CHECK_LIKES, self.args.likes // 2) and not disk:
-                disk.update(self.check_disk(conn, sample.likes))
-            if len(self.loads) % max(1, round(30 / self.args.sample_s)) == 0:
-                print(f"  {sample.elapsed_s:7.0f}s  {sample.events:>12,} events  {sample.likes:>12,} likes in state")
-
-        with (
-            psycopg.connect(self.owner, autocommit=True) as conn,
-            psycopg.connect(self.writer, autocommit=True) as sampling,
-        ):
-            self.doc["baseline_bytes"] = storage_sizes(conn, storage_tables(conn, self.schema, [self.schema]))[
-                "total_bytes"
-            ]
-            wal_start = wal_position(conn)
+        with psycopg.connect(self.writer, autocommit=True) as sampling:
             fill = sample_fill(
                 sampling,
                 runner,
@@ -252,23 +225,17 @@ class AtSizeRun:
                 backlog.likes_at,
                 application_name=self.application_name,
                 sample_s=self.args.sample_s,
-                on_sample=lambda s: on_sample(s, conn),
+                on_sample=lambda sample: progress(sample.events, time.monotonic()),
             )
-            wal_bytes = wal_position(conn) - wal_start
+        with psycopg.connect(self.owner, autocommit=True) as conn:
             stored = count_rows(conn, self.schema)
             viewed = conn.execute(
                 sql.SQL("SELECT coalesce(sum(like_count), 0)::bigint FROM {}.object_likes").format(
                     sql.Identifier(self.schema)
                 )
             ).fetchone()[0]
-        points = curve(fill.samples, curve_step(self.args.likes), fill.first_commit_s)
-        self.doc["curve"] = points
-        self.doc["points"] = [
-            {"likes_in_state": p["likes_in_state"], "likes_per_second": p["likes_per_s"]} for p in points
-        ]
-        first, last = fill.first, fill.last
-        sustained = tail_rate(fill.samples)
-        ticks = sum(fill.waits.values()) or 1
+        self.doc["curve"] = curve(fill.samples, curve_step(self.args.likes), fill.first_commit_s)
+        first, last, sustained = fill.first, fill.last, tail_rate(fill.samples)
         self.doc["fill"] = {
             "events": backlog.produced,
             "likes_in_state": stored,
@@ -281,35 +248,14 @@ class AtSizeRun:
             "pss_mib_first": round(first.pss_mib, 1),
             "pss_mib_last": round(last.pss_mib, 1),
             "cores": last.cpu.cores_since(first.cpu),
-            "wal_bytes": wal_bytes,
-            "wal_bytes_per_event": round(wal_bytes / backlog.produced),
-            "disk_check": disk,
         }
         self.doc["samples"] = [
             [round(s.elapsed_s, 2), s.events, s.likes, round(s.pss_mib, 1), round(s.load[0], 2)] for s in fill.samples
         ]
-        self.doc["backend_states"] = {k: round(v / ticks, 3) for k, v in fill.waits.most_common()}
         if stored != backlog.likes or viewed != backlog.likes:
             raise BenchmarkError(
                 f"likes: the state holds {stored:,} and object_likes {viewed:,}; the events leave {backlog.likes:,}"
             )
-
-    def check_disk(self, conn: psycopg.Connection, likes: int) -> dict[str, Any]:
-        """The state's bytes per like so far, the rest of the run extrapolated; stop when it will not fit."""
-        grown = storage_sizes(conn, storage_tables(conn, self.schema, [self.schema]))["total_bytes"]
-        per_like = max(grown - self.doc.get("baseline_bytes", 0), 0) / likes
-        needed = int((self.args.likes - likes) * per_like * DISK_MARGIN)
-        free = free_bytes(data_directory(conn))
-        check = {"at_likes": likes, "bytes_per_like": round(per_like), "needed_bytes": needed, "free_bytes": free}
-        print(
-            f"  disk at {likes:,} likes: {per_like:,.0f} bytes per like, the rest needs ~{needed / 2**30:.1f} GiB,"
-            f" {free / 2**30:.1f} GiB free"
-        )
-        if needed > free:
-            raise BenchmarkError(
-                f"not enough disk: the rest of the run needs ~{needed / 2**30:.1f} GiB, {free / 2**30:.1f} free"
-            )
-        return check
 
     def freshness(self, runner: PipelineWorkers, backlog: LikesBacklog) -> None:
         """Step 5: markers under a steady load at half the sustained rate, with the runner that filled the state."""
@@ -348,7 +294,6 @@ class AtSizeRun:
             ).format(sql.Identifier(schema), sql.Identifier(self.schema), sql.Literal(MARKER_BASE)),
             sql.SQL("VACUUM (ANALYZE) {}.obj").format(sql.Identifier(schema)),
         ]
-        started = time.monotonic()
         eps = seed_per_event_eps(
             schema,
             self.args.seconds,
@@ -360,15 +305,6 @@ class AtSizeRun:
             prefill=fill,
         )
         self.doc["seed_per_event"] = round(eps, 1)
-        self.doc["seed_per_event_detail"] = {
-            "events_per_s": round(eps, 1),
-            "synchronous_commit": "on",
-            "clients": self.args.clients,
-            "seconds": self.args.seconds,
-            "likes_in_table": self.doc.get("fill", {}).get("likes_in_state"),
-            "loaded_by": "INSERT ... SELECT of the bench object_likes (likers, like_count), then VACUUM ANALYZE",
-            "wall_s": round(time.monotonic() - started, 1),
-        }
 
 
 def measure(args: argparse.Namespace) -> BenchResult:
@@ -405,7 +341,6 @@ def measure(args: argparse.Namespace) -> BenchResult:
     except Exception as e:  # the figures measured so far are still written and shown
         log.exception("run failed")
         run.doc["errors"]["run"] = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-    run.doc["load_average"] = report.load_summary(run.loads)
     run.doc["wall_s"] = round(time.monotonic() - started, 1)
     return report.result(run.doc)
 

@@ -30,17 +30,11 @@ from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
-
-from confluent_kafka import KafkaError, Message, Producer
 
 from loadgen.common.errors import BenchmarkError
-from loadgen.common.kafka import PRODUCER_CONFIG
+from loadgen.common.kafka import Sender
 from loadgen.workloads.social import Like, WorkloadSettings, encode_follow, encode_like, follow_events, workload_likes
-from pipelines.logs import get_logger
 from pipelines.settings import KafkaSettings
-
-log = get_logger("loadgen.likes_at_size.backlog")
 
 
 def partition_of(key: bytes, partitions: int) -> int:
@@ -59,46 +53,6 @@ class Produced:
     def rate(self) -> float:
         """Events per second, flushes included."""
         return self.events / self.seconds if self.seconds > 0 else 0.0
-
-
-class _Sender:
-    """A producer that counts delivery failures and retries a full local queue."""
-
-    def __init__(self, topic: str, kafka: KafkaSettings) -> None:
-        self.topic = topic
-        self.errors = 0
-        self.first_error: str | None = None
-        self.producer = Producer(
-            {
-                "bootstrap.servers": kafka.bootstrap_servers,
-                "client.id": f"{kafka.client_id}-bench-at-size",
-                "on_delivery": self._on_delivery,
-                **PRODUCER_CONFIG,
-            }
-        )
-        self.producer.list_topics(topic, timeout=10)
-
-    def _on_delivery(self, error: KafkaError | None, _message: Message) -> None:
-        if error is not None:
-            self.errors += 1
-            self.first_error = self.first_error or str(error)
-
-    def send(self, key: bytes, value: bytes, partition: int) -> None:
-        """Queue one message, waiting for room when librdkafka's queue is full."""
-        while True:
-            try:
-                self.producer.produce(self.topic, value, key, partition=partition)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
-
-    def flush(self) -> None:
-        """Send everything queued; raise if anything failed (a backlog with holes measures nothing)."""
-        unsent = self.producer.flush(120)
-        if unsent or self.errors:
-            raise BenchmarkError(
-                f"producer: {self.errors} delivery errors, {unsent} unsent on {self.topic}; first: {self.first_error}"
-            )
 
 
 class LikesBacklog:
@@ -142,7 +96,7 @@ class LikesBacklog:
         Raises:
             BenchmarkError: a delivery failed.
         """
-        sender = _Sender(self.topic, kafka)
+        sender = Sender(self.topic, kafka, client="bench-at-size")
         in_force, stride, prefix, partitions = self._in_force, self._stride, self.prefix, self.partitions
         started = time.monotonic()
         total = 0
@@ -173,7 +127,8 @@ class LikesBacklog:
                 count += 1
                 if count & 1023 == 0:
                     sender.producer.poll(0)
-            sender.flush()
+            sender.flush(120)
+            sender.check()
             total += count
             on_chunk(self, Produced(count, time.monotonic() - chunk_started))
         return Produced(total, time.monotonic() - started)
@@ -197,7 +152,7 @@ def produce_follows(
     Raises:
         BenchmarkError: a delivery failed, or the workload's followers ran out first.
     """
-    sender = _Sender(topic, kafka)
+    sender = Sender(topic, kafka, client="bench-at-size")
     events = follow_events(
         workload.seed, users=workload.users, followers=workload.followers, unfollow_fraction=workload.unfollow_fraction
     )
@@ -215,13 +170,7 @@ def produce_follows(
         if count & 1023 == 0:
             sender.producer.poll(0)
     else:
-        sender.flush()
         raise BenchmarkError(f"follows: {workload.followers:,} followers give only {in_force:,} follows")
-    sender.flush()
+    sender.flush(120)
+    sender.check()
     return FollowsProduced(Produced(count, time.monotonic() - started), in_force, lists, max(longest, length))
-
-
-def describe_actions(actions: Counter[str]) -> dict[str, Any]:
-    """The backlog's event mix, for the report."""
-    total = sum(actions.values()) or 1
-    return {k: {"events": v, "share": round(v / total, 4)} for k, v in sorted(actions.items())}

@@ -7,8 +7,7 @@ points for make bench's plot, and the document itself in `extra`.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -42,19 +41,6 @@ COMPARISONS = (
     ),
     Comparison("freshness p99 at half the sustained rate", "freshness_p99", limit=FRESHNESS_LIMIT_MS, unit="ms"),
 )
-
-
-def load_summary(samples: Sequence[Sequence[float]]) -> dict[str, Any]:
-    """The load average during the fill: min, median and max of the 1-minute figure, and every sample."""
-    ones = [s[1] for s in samples]
-    if not ones:
-        return {"samples": []}
-    return {
-        "min1": min(ones),
-        "median1": round(statistics.median(ones), 2),
-        "max1": max(ones),
-        "samples": [list(s) for s in samples],
-    }
 
 
 def figures_of(doc: Mapping[str, Any]) -> Results:
@@ -98,9 +84,7 @@ def result(doc: Mapping[str, Any]) -> BenchResult:
 
 def _json_value(value: object) -> object:
     """What orjson cannot write itself: PostgreSQL numerics, paths."""
-    if isinstance(value, Decimal):
-        return float(value)
-    return str(value)
+    return float(value) if isinstance(value, Decimal) else str(value)
 
 
 def _gib(n: float) -> str:
@@ -108,27 +92,18 @@ def _gib(n: float) -> str:
 
 
 def lines(doc: Mapping[str, Any]) -> list[str]:
-    """The report's lines before the figures: settings, curve, phases, sizes, errors."""
-    out: list[str] = []
+    """The report's lines before the figures: the workload, the curve, the fill, the sizes, the errors."""
     settings = doc.get("settings", {})
-    workload = settings.get("workload", {})
-    out.append(f"\nlikes at size ({doc.get('machine')})")
-    out.append(
-        f"  workload: users 1..{workload.get('users', 0):,}, objects random_gaussian(1, {workload.get('objects', 0):,},"
-        f" {workload.get('gaussian')}), {workload.get('unlike_fraction', 0):.0%} unlikes,"
-        f" {workload.get('duplicate_fraction', 0):.0%} repeated likes; target {settings.get('likes', 0):,} likes,"
-        f" {settings.get('follows', 0):,} follows; {settings.get('workers', 1)} stream runner(s) on the likes;"
-        f" wall {doc.get('wall_s', 0):,.0f}s"
-    )
-    producer, fill = doc.get("producer", {}), doc.get("fill", {})
-    if producer:
-        out.append(
-            f"  producer: {producer['events']:,} events in {producer['seconds']:,.0f}s"
-            f" ({producer['events_per_s']:,}/s), all before the runner started: it drained a backlog and never"
-            " shared the cores with the producer"
-        )
-    curve = doc.get("curve") or []
-    if curve:
+    w = settings.get("workload", {})
+    out = [
+        f"\nlikes at size ({doc.get('machine')})",
+        f"  workload: users 1..{w.get('users', 0):,}, objects random_gaussian(1, {w.get('objects', 0):,},"
+        f" {w.get('gaussian')}), {w.get('unlike_fraction', 0):.0%} unlikes, {w.get('duplicate_fraction', 0):.0%}"
+        f" repeated likes; target {settings.get('likes', 0):,} likes, {settings.get('follows', 0):,} follows;"
+        f" {settings.get('workers', 1)} stream runner(s) on the likes, started once the whole backlog was"
+        f" produced; wall {doc.get('wall_s', 0):,.0f}s",
+    ]
+    if curve := doc.get("curve"):
         out.append("\n  likes in state   likes/s   state +/s   runner PSS   cores runner/postgres/machine   load1")
         for p in curve:
             cores = p.get("cores", {})
@@ -138,50 +113,22 @@ def lines(doc: Mapping[str, Any]) -> list[str]:
                 f" {p['pss_mib']:>9,.0f} MiB   {runners:.2f} / {cores.get('postgres', 0):.2f}"
                 f" / {cores.get('machine', 0):.2f}{'':>14}{p['load1']:>6.2f}"
             )
-    if fill:
+    if fill := doc.get("fill"):
         out.append(
-            f"\n  fill: {fill['events']:,} events in {fill['seconds']:,.0f}s after {fill['startup_s']:.1f}s start-up,"
-            f" {fill['likes_per_s'] or 0:,.0f}/s overall; state {fill['likes_in_state']:,} likes, object_likes"
-            f" {fill['likes_in_object_likes']:,}, the events leave {fill['expected_likes']:,};"
-            f" runner PSS {fill['pss_mib_first']:,.0f} -> {fill['pss_mib_last']:,.0f} MiB;"
-            f" WAL {fill['wal_bytes'] / 2**30:,.2f} GiB ({fill['wal_bytes_per_event']:,} bytes per event,"
-            " whole cluster)"
+            f"\n  fill: {fill['events']:,} events in {fill['seconds']:,.0f}s after {fill['startup_s']:.1f}s start-up;"
+            f" state {fill['likes_in_state']:,} likes, object_likes {fill['likes_in_object_likes']:,}, the events"
+            f" leave {fill['expected_likes']:,}; runner PSS {fill['pss_mib_first']:,.0f}"
+            f" -> {fill['pss_mib_last']:,.0f} MiB"
         )
-    if doc.get("backend_states"):
-        states = ", ".join(f"{k} {v:.0%}" for k, v in list(doc["backend_states"].items())[:6])
-        out.append(f"  runner's PostgreSQL session during the fill (sampled every 0.25 s): {states}")
-    follows = doc.get("follows")
-    if follows:
-        out.append(
-            f"  follows: {follows['follows_in_state']:,} in {follows['lists']:,} lists"
-            f" (longest {follows['longest_list']:,}), {follows['follows_per_s'] or 0:,.0f}/s through their runner"
-        )
-    fresh = doc.get("freshness_ms")
-    if fresh:
+    if fresh := doc.get("freshness_ms"):
         out.append(
             f"  freshness at {fresh['rate']:,.0f} likes/s for {fresh['seconds']}s: p50 {fresh['p50']:,.0f} ms,"
             f" p99 {fresh['p99']:,.0f} ms, max {fresh['max']:,.0f} ms ({fresh['markers']:,} markers)"
         )
-    sizes = doc.get("sizes")
-    if sizes:
-        out.append(
-            "\n  table                                      total      indexes   live rows   HOT/updates   heap read"
-        )
-        for name, t in sizes["tables"].items():
-            hot = f"{t['hot_updates'] / t['updates']:.0%}" if t["updates"] else "-"
-            touched = (t["heap_reads"] or 0) + (t["heap_hits"] or 0)
-            read = f"{(t['heap_reads'] or 0) / touched:.1%}" if touched else "-"
-            out.append(
-                f"  {name:<38} {_gib(t['total_bytes']):>10} {_gib(t['index_bytes']):>11} {t['live_rows']:>11,}"
-                f" {hot:>13} {read:>11}"
-            )
-        out.append(f"  {'all':<38} {_gib(sizes['total_bytes']):>10} {_gib(sizes['index_bytes']):>11}")
-    load = doc.get("load_average", {})
-    if load.get("samples"):
-        out.append(
-            f"\n  load average (1 min) during the fill: min {load['min1']}, median {load['median1']},"
-            f" max {load['max1']}"
-        )
-    for phase, error in doc.get("errors", {}).items():
-        out.append(f"  FAILED {phase}: {error}")
+    if sizes := doc.get("sizes"):
+        out.append("\n  table                                      total      indexes   live rows")
+        for name, t in [*sizes["tables"].items(), ("all", {**sizes, "live_rows": None})]:
+            live = f"{t['live_rows']:>11,}" if t["live_rows"] is not None else ""
+            out.append(f"  {name:<38} {_gib(t['total_bytes']):>10} {_gib(t['index_bytes']):>11} {live}".rstrip())
+    out += [f"  FAILED {phase}: {error}" for phase, error in doc.get("errors", {}).items()]
     return out

@@ -1,19 +1,14 @@
 """What the likes-at-size benchmark watches while the runner fills the state, and the curve it draws from that.
 
 - `sample_fill`: until the runner's stored offsets reach the backlog's end, every `sample_s` one
-  `Sample` (offsets from `ops.kafka_offsets`, hence events committed and, through the backlog's
-  prefix counts, likes in the state; the runner's PSS; CPU of the runner and its backends; the load
-  average), and every 0.25 s what the runner's PostgreSQL backends are doing (`pg_stat_activity`:
-  on CPU, waiting for I/O or WAL, or idle while the runner works), a cheap profile of where the
-  time goes at each size. Nothing here touches the growing tables.
+  `Sample`: events committed (offsets in `ops.kafka_offsets`) and, through the backlog's prefix
+  counts, likes in the state; the runner's PSS, CPU of the runner and its backends, the load
+  average. Nothing here touches the growing tables.
 - `curve`: the samples as throughput per step of likes in the state (by default per million), the
   figure the benchmark is about, and `tail_rate`, the sustained rate at full size (over the last
   tenth of the fill); pure functions, tested in tests/unit/test_bench_at_size.py.
-- `topic_ends`, `count_rows`, `wal_position`: where a drain ends, the keys a stream's state holds, the WAL
-  written so far.
-- `storage_sizes`: table and index sizes of each storage table, with the statistics that explain
-  them (updates done in place, dead rows, reads from outside shared buffers).
-- `disk_estimate` / `free_bytes`: how much disk a run will take, refused early when it will not fit.
+- `storage_sizes`: table and index bytes of each storage table; `disk_estimate` / `free_bytes`: a
+  run that will not fit is refused before it starts.
 """
 
 from __future__ import annotations
@@ -22,7 +17,6 @@ import os
 import shutil
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
@@ -38,14 +32,11 @@ from loadgen.common.processes import PipelineWorkers, backend_pids
 from pipelines.settings import KafkaSettings
 from stack.procmem import pss_kib
 
-WAIT_TICK_S = 0.25  # how often the runner's backends are looked at
 STALL_TIMEOUT_S = 600.0  # no offset moved for this long (a Kafka restart takes minutes here): the run has failed
-# Disk per like in force, everything the state and views keep with their indexes, measured at 1 M
-# likes; the run re-measures it at `DISK_CHECK_LIKES` and stops if the rest would not fit.
+# Disk per like in force, everything the state and views keep with their indexes, measured at 1 M likes.
 BYTES_PER_LIKE = 450
 BYTES_PER_FOLLOW = 200
 KAFKA_BYTES_PER_EVENT = 60  # lz4-compressed JSON likes in the topic
-DISK_CHECK_LIKES = 2_000_000
 DISK_MARGIN = 1.3  # a run needs its estimate times this
 TAIL_SHARE = 0.1  # the sustained rate at full size is measured over the last tenth of the fill
 
@@ -67,7 +58,6 @@ class Fill:
     """Everything `sample_fill` saw."""
 
     samples: list[Sample] = field(default_factory=list)
-    waits: Counter[str] = field(default_factory=Counter)  # what the runner's busiest backend was doing, per tick
     first_commit_s: float | None = None  # the first sample with a stored offset
 
     @property
@@ -101,8 +91,7 @@ def sample_fill(
 
     `likes_at` turns stored offsets into likes in force (`LikesBacklog.likes_at`); None counts none.
     The runner names its sessions `application_name` (unique to the run: other benchmarks' runners
-    may be working at the same time); `conn` should be of the runner's role, which alone may see
-    what its sessions are doing.
+    may be working at the same time), whose CPU is sampled once they are found.
 
     Raises:
         BenchmarkError: the runner exited, or committed nothing new for `STALL_TIMEOUT_S`.
@@ -138,8 +127,7 @@ def sample_fill(
                 raise BenchmarkError(f"runner: no batch committed for {STALL_TIMEOUT_S:.0f}s at {sample.events:,}")
             next_sample += sample_s
         pipeline.check_alive()
-        fill.waits[busiest_wait(conn, application_name)] += 1
-        time.sleep(max(0.0, min(WAIT_TICK_S, next_sample - time.monotonic())))
+        time.sleep(max(0.0, next_sample - time.monotonic()))
 
 
 class PssWatch(threading.Thread):
@@ -162,27 +150,6 @@ class PssWatch(threading.Thread):
         self.peak_mib = max(self.peak_mib, pss_kib(self.pid) / 1024)
         self._halt.set()
         self.join(5)
-
-
-def busiest_wait(conn: psycopg.Connection, application_name: str) -> str:
-    """What the runner's sessions are doing now: the busiest of its batch and catalog sessions.
-
-    "CPU" is a statement running on a core, "IO:DataFileRead" one waiting for a page from outside
-    shared buffers, "LWLock:WALWrite"/"IO:WALSync" a commit waiting for the WAL flush; "idle in
-    transaction" is the runner working between two statements of its batch, "idle" the runner
-    between batches (consuming and decoding).
-    """
-    rows = conn.execute(
-        "SELECT state, wait_event_type, wait_event FROM pg_stat_activity WHERE application_name = %s",
-        (application_name,),
-    ).fetchall()
-    rank = {"active": 0, "idle in transaction": 1, "idle": 2}
-    if not rows:
-        return "no session"
-    state, kind, event = min(rows, key=lambda r: rank.get(r[0] or "", 3))
-    if state == "active":
-        return f"{kind}:{event}" if kind else "CPU"
-    return state or "unknown"
 
 
 def curve_step(likes: int) -> int:
@@ -271,11 +238,6 @@ def topic_ends(topic: str, events: int, kafka: KafkaSettings) -> dict[int, int]:
     return ends
 
 
-def wal_position(conn: psycopg.Connection) -> int:
-    """The cluster's WAL insert position in bytes (the WAL of every database: other work on the stack counts too)."""
-    return int(conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')").fetchone()[0])
-
-
 def count_rows(conn: psycopg.Connection, stream: str) -> int:
     """Rows of a stream's state table: its keys in force."""
     return conn.execute(sql.SQL("SELECT count(*) FROM cv.{}").format(sql.Identifier(f"state_{stream}"))).fetchone()[0]
@@ -293,40 +255,14 @@ def storage_tables(conn: psycopg.Connection, schema: str, streams: Sequence[str]
 
 
 def storage_sizes(conn: psycopg.Connection, tables: Sequence[str]) -> dict[str, Any]:
-    """Sizes of `tables` (in cv), each with the statistics that explain its size and its cost per write.
-
-    `total_bytes` is pg_total_relation_size (heap, TOAST, indexes), `index_bytes` pg_indexes_size;
-    `hot_updates` of `updates` were done in place (no index entry written), `heap_reads` of
-    `heap_reads + heap_hits` page accesses came from outside shared buffers.
-    """
+    """Bytes of `tables` (in cv): each one's total (heap, TOAST, indexes), indexes and live rows, and the sums."""
     rows = conn.execute(
-        "SELECT c.relname, pg_total_relation_size(c.oid), pg_indexes_size(c.oid), pg_relation_size(c.oid),"
-        " s.n_live_tup, s.n_dead_tup, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, s.n_tup_del,"
-        " s.autovacuum_count, s.autoanalyze_count, io.heap_blks_read, io.heap_blks_hit,"
-        " io.idx_blks_read, io.idx_blks_hit"
-        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-        " JOIN pg_stat_user_tables s ON s.relid = c.oid JOIN pg_statio_user_tables io ON io.relid = c.oid"
+        "SELECT c.relname, pg_total_relation_size(c.oid), pg_indexes_size(c.oid), s.n_live_tup"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace JOIN pg_stat_user_tables s ON s.relid = c.oid"
         " WHERE n.nspname = 'cv' AND c.relname = ANY(%s) ORDER BY c.relname",
         (list(tables),),
     ).fetchall()
-    keys = [
-        "total_bytes",
-        "index_bytes",
-        "heap_bytes",
-        "live_rows",
-        "dead_rows",
-        "inserts",
-        "updates",
-        "hot_updates",
-        "deletes",
-        "autovacuums",
-        "autoanalyzes",
-        "heap_reads",
-        "heap_hits",
-        "index_reads",
-        "index_hits",
-    ]
-    sized = {name: dict(zip(keys, values, strict=True)) for name, *values in rows}
+    sized = {name: {"total_bytes": total, "index_bytes": index, "live_rows": live} for name, total, index, live in rows}
     return {
         "tables": sized,
         "total_bytes": sum(t["total_bytes"] for t in sized.values()),

@@ -41,7 +41,7 @@ from psycopg import sql
 from loadgen.common import cli
 from loadgen.common.drain import Drain, high_watermarks, wait_drained
 from loadgen.common.errors import BenchmarkError
-from loadgen.common.kafka import EventSource, bare_consumer_rate
+from loadgen.common.kafka import bare_consumer_rate, produce_all
 from loadgen.common.postgres import owner_conninfo
 from loadgen.common.processes import PipelineWorkers, find_pid
 from loadgen.common.report import BenchResult, Comparison, Results, drain_series, machine_line
@@ -164,14 +164,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     create_topic(admin, topic, args.partitions)
     try:
-
-        def produce() -> float:
-            report = EventSource(topic, range(args.events), views.encode, kafka=kafka, count=args.events).run()
-            if report.errors:
-                raise BenchmarkError(f"producer: {report.errors} delivery errors, first: {report.first_error}")
-            return report.rate
-
-        results.measure("producer", produce)
+        results.measure("producer", lambda: produce_all(topic, range(args.events), views.encode, kafka))
         if "producer" in results.values:
             variants: list[tuple[str, Decode]] = [
                 ("consumer", False),

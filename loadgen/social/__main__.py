@@ -29,8 +29,7 @@ from itertools import islice
 from confluent_kafka.admin import AdminClient
 
 from loadgen.common import cli
-from loadgen.common.errors import BenchmarkError
-from loadgen.common.kafka import EventSource, bare_consumer_rate
+from loadgen.common.kafka import bare_consumer_rate, produce_all
 from loadgen.common.postgres import PGBENCH, pgbench_available
 from loadgen.common.report import BenchResult, Comparison, Results, drain_series, machine_line
 from loadgen.common.seed import (
@@ -102,14 +101,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
     pipeline: PipelineRun | None = None
     social: SocialRun | None = None
     try:
-
-        def produce() -> float:
-            report = EventSource(topic, events, encode_like, kafka=kafka, count=len(events)).run()
-            if report.errors:
-                raise BenchmarkError(f"producer: {report.errors} delivery errors, first: {report.first_error}")
-            return report.rate
-
-        results.measure("producer", produce)
+        results.measure("producer", lambda: produce_all(topic, events, encode_like, kafka))
         if "producer" in results.values:
             for key, decode in (("consumer", False), ("consumer_json", True)):
                 results.measure(
