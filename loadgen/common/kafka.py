@@ -200,13 +200,6 @@ def bare_consumer_rate(
     `orjson.loads` (what any pipeline does first), or through `decode` itself when it is a function
     (e.g. a msgspec decoder).
 
-    Args:
-        topic: topic to read, from offset 0 of every partition.
-        count: messages to read.
-        kafka: where Kafka is.
-        timeout: give up after this many seconds.
-        decode: parse each value as JSON (True: `orjson.loads`; or the function to call on each value).
-
     Raises:
         BenchmarkError: fewer than `count` messages arrived within `timeout`, or a message carried an error.
     """

@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -80,17 +81,9 @@ def pgbench_env(role: str = ROLE_OWNER, settings: PostgresSettings | None = None
     return env
 
 
-def pgbench_tps(
-    script_text: str,
-    seconds: int,
-    clients: int = 8,
-    *,
-    threads: int = 2,
-    env: Mapping[str, str] | None = None,
-    variables: Mapping[str, object] | None = None,
-) -> float:
-    r"""Run one pgbench script for `seconds` and return its transactions per second (see `pgbench_run`)."""
-    return pgbench_run(script_text, seconds, clients, threads=threads, env=env, variables=variables)[0]
+def pgbench_tps(script_text: str, seconds: int, clients: int = 8, **options: Any) -> float:
+    """Run one pgbench script for `seconds` and return its transactions per second (see `pgbench_run`)."""
+    return pgbench_run(script_text, seconds, clients, **options)[0]
 
 
 def pgbench_run(
@@ -108,17 +101,8 @@ def pgbench_run(
     The run is `pgbench -n -M prepared -c clients -j threads -T seconds -f script`, as the seed ran
     its tests (one statement per transaction, so tps = statements/s).
 
-    Args:
-        script_text: pgbench script: `\set` lines, then the statement(s) of one transaction.
-        seconds: duration (`-T`).
-        clients: concurrent sessions (`-c`).
-        threads: pgbench worker threads (`-j`).
-        env: libpq variables (PGHOST, PGUSER, PGPASSWORD, ...); default `pgbench_env()` (sv_owner).
-        variables: script variables (`-D name=value`).
-        latencies: also log every transaction (`-l`) and return their latencies in ms.
-
-    Returns:
-        The "tps = ... (without initial connection time)" figure, and the latencies (empty unless asked).
+    `env` holds libpq variables (default `pgbench_env()`: sv_owner), `variables` the script's `-D
+    name=value`; with `latencies`, every transaction is logged (`-l`) and their latencies returned in ms.
 
     Raises:
         BenchmarkError: pgbench failed, some client aborted, or no tps line was printed.

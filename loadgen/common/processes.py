@@ -36,14 +36,16 @@ PIPELINE_APPLICATION = "streamviews-bench-pipeline"  # its sessions' application
 STOP_TIMEOUT_S = 60.0
 
 
-def stack_env_file() -> Path | None:
-    """The local stack's client settings (`.state/stack.env`), when the stack package is there."""
+def stack_env() -> dict[str, str]:
+    """The local stack's client settings (`.state/stack.env`): none when the file or the stack package is not there."""
     try:
         from stack.settings import StackSettings
     except ImportError:
-        return None
+        return {}
     path = StackSettings().paths.env_file
-    return path if path.is_file() else None
+    lines = path.read_text().splitlines() if path.is_file() else []
+    pairs = (line.partition("=") for line in lines if not line.lstrip().startswith("#"))
+    return {name.strip(): value.strip() for name, sep, value in pairs if sep}
 
 
 def pipeline_env(
@@ -60,12 +62,7 @@ def pipeline_env(
     PostgreSQL sessions (see `backend_pids`).
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIPELINE_") and k not in {"PGPASSWORD", "PGUSER"}}
-    env_file = stack_env_file()
-    if env_file is not None:
-        for line in env_file.read_text().splitlines():
-            name, sep, value = line.partition("=")
-            if sep and not line.lstrip().startswith("#"):
-                env[name.strip()] = value.strip()
+    env.update(stack_env())
     env.update(
         {
             "PGHOST": postgres.host,

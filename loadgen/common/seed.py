@@ -210,18 +210,8 @@ def seed_intersection_tps(
 
     `obj(id, who_like, like_cnt)` holds the likes in force after `likes`; `user_like_agg(uid,
     like_who)` holds `follows` (e.g. `follow_lists(seed, followers=200_000)`). Both are loaded by
-    binary COPY, indexed afterwards and vacuumed, so the run reads settled tables.
-
-    Args:
-        schema: throwaway schema name.
-        seconds: pgbench duration.
-        likes: like events, replayed in order.
-        follows: `(uid, targets)` for uids 1..followers.
-        objects: the object id range of the likes.
-        followers: how many follow lists `follows` yields (the query's uid range).
-        gaussian: the likes' Gaussian parameter, reused for the queried object.
-        clients: pgbench clients.
-        settings: where Postgres is.
+    binary COPY, indexed afterwards and vacuumed, so the run reads settled tables. `followers` is
+    how many lists `follows` yields (the query's uid range); the queried object is drawn as the likes.
     """
     likers = likers_by_object(likes)
     with bench_schema(schema, settings):

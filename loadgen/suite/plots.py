@@ -27,6 +27,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from loadgen.common.freshness import percentile
 from loadgen.suite.markdown import Plot
 
 DPI = 110
@@ -124,11 +125,6 @@ def plot_drains(drains: Mapping[str, Mapping[str, Any]], path: Path) -> None:
     _save(figure, path)
 
 
-def percentile(values: Sequence[float], q: int) -> float:
-    """The q-th percentile as the benchmarks report it (`loadgen.common.freshness.percentile`: inclusive method)."""
-    return values[0] if len(values) == 1 else statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
 def plot_freshness(series: Mapping[str, Mapping[str, Any]], path: Path) -> None:
     """Histogram of each series' latencies (ms) beside their cumulative distributions, p50 and p99 marked."""
     figure = Figure(figsize=(12.8, 3.8), layout="constrained")
@@ -180,39 +176,40 @@ def plot_audit_lag(lag: Mapping[str, Any], path: Path, limit_s: float | None = 5
     _save(figure, path)
 
 
-def _likes_at_size(results: Path) -> dict[str, Any] | None:
+def curve_points(document: Mapping[str, Any] | None) -> list[tuple[float, float]]:
+    """(likes in state, likes/s) points of a likes-at-size document; none when there is no document.
+
+    Its `series.likes_at_size.points`, or `points` in the documents of runs before the one output
+    protocol (the committed baseline's): `[{"likes_in_state": N, "likes_per_second": R}, ...]`.
+    """
+    document = document or {}
+    points = (document.get("series") or {}).get(LIKES_AT_SIZE, {}).get("points") or document.get("points") or []
+    return sorted((float(p["likes_in_state"]), float(p["likes_per_second"])) for p in points)
+
+
+def likes_at_size_document(results: Path) -> dict[str, Any] | None:
+    """The likes-at-size result a run left in `results` (a fill of 20 M likes is a run of its own), if any."""
     path = results / f"{LIKES_AT_SIZE}.json"
     return orjson.loads(path.read_bytes()) if path.is_file() else None
 
 
 def load_likes_at_size(results: Path) -> list[tuple[float, float]] | None:
-    """(likes in state, likes/s) points of the likes-at-size result in `results`; None while there is none.
-
-    A fill of 20 M likes is a run of its own, so the curve is drawn from whichever run left
-    `<results>/likes_at_size.json`: its `series.likes_at_size.points` (`points` in the documents of
-    runs before the one output protocol), `[{"likes_in_state": N, "likes_per_second": R}, ...]`.
-    """
-    document = _likes_at_size(results)
-    if document is None:
-        return None
-    points = (document.get("series") or {}).get(LIKES_AT_SIZE, {}).get("points") or document.get("points") or []
-    return sorted((float(p["likes_in_state"]), float(p["likes_per_second"])) for p in points)
+    """The curve of the likes-at-size result in `results`; None while there is none."""
+    document = likes_at_size_document(results)
+    return None if document is None else curve_points(document)
 
 
 def likes_at_size_source(results: Path) -> str:
     """Which run the curve comes from: its commit and date."""
-    document = _likes_at_size(results) or {}
+    document = likes_at_size_document(results) or {}
     commit = document.get("commit")
     date = (document.get("series") or {}).get(LIKES_AT_SIZE, {}).get("date") or document.get("date")
     return f" (`python -m loadgen.likes_at_size` at {commit}, {date})" if commit and date else ""
 
 
 def baseline_points(path: Path = LIKES_AT_SIZE_BASELINE) -> list[tuple[float, float]]:
-    """The committed baseline curve's (likes in state, likes/s) points; none when it is not there."""
-    if not path.is_file():
-        return []
-    points = orjson.loads(path.read_bytes()).get("points") or []
-    return sorted((float(p["likes_in_state"]), float(p["likes_per_second"])) for p in points)
+    """The committed baseline curve's points; none when it is not there."""
+    return curve_points(orjson.loads(path.read_bytes()) if path.is_file() else None)
 
 
 def plot_likes_at_size(

@@ -29,6 +29,7 @@ from typing import IO, Any
 
 import orjson
 
+from loadgen.common.processes import stack_env
 from loadgen.common.report import REPO_ROOT
 
 PLAIN_DRAIN_EVERY_S = 10.0  # drain lines when the output is not a terminal
@@ -122,14 +123,7 @@ def with_stack_env(env: Mapping[str, str]) -> dict[str, str]:
 
     So `python -m loadgen.suite` works without sourcing the file first, as `make bench` does.
     """
-    env = dict(env)
-    stack_env = REPO_ROOT / ".state" / "stack.env"
-    if stack_env.is_file():
-        for line in stack_env.read_text().splitlines():
-            name, sep, value = line.partition("=")
-            if sep and not line.lstrip().startswith("#"):
-                env.setdefault(name.strip(), value.strip())
-    return env
+    return stack_env() | dict(env)
 
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
