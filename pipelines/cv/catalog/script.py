@@ -71,7 +71,7 @@ def apply(conn: psycopg.Connection, script: Script) -> list[str]:
             try:
                 outcome, scope = _apply_one(conn, item, scope)
             except DefinitionError as e:
-                position = script.position(item.statement)
+                position = item.statement.position(len(script.statements))
                 if not position:
                     raise
                 raise DefinitionError(f"{position}{e}") from e

@@ -148,10 +148,6 @@ class Script:
             return self.statements[0].statement.label or "definition"
         return "definitions"
 
-    def position(self, statement: Statement) -> str:
-        """`statement 2 (line 7): ` when the script has several statements; "" when one."""
-        return f"statement {statement.number} (line {statement.line}): " if len(self.statements) > 1 else ""
-
 
 def read_script(text: str) -> Script:
     """Read a definitions text: every statement split, and each read as far as it can be without the catalog.
@@ -170,8 +166,7 @@ def read_script(text: str) -> Script:
                 stream = parse(statement.text, NO_SCOPE)
                 assert isinstance(stream, StreamDef)
         except DefinitionError as e:
-            where = f"statement {statement.number} (line {statement.line}): " if len(statements) > 1 else ""
-            raise DefinitionError(f"{where}{e}") from e
+            raise DefinitionError(f"{statement.position(len(statements))}{e}") from e
         read.append(ScriptStatement(statement, stream, change))
     return Script(tuple(read))
 

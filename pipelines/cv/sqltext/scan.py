@@ -38,10 +38,13 @@ class Statement:
             return ""
         return f"{' '.join(head.group(1).upper().split())} {' '.join(head.group(2).upper().split())} {head.group(3)}"
 
+    def position(self, count: int) -> str:
+        """Where the statement is among `count`: `statement 2 (line 7): `, or "" when it is the only one."""
+        return f"statement {self.number} (line {self.line}): " if count > 1 else ""
+
     def prefix(self, count: int) -> str:
         """How an error names the statement: `statement 2 (line 7): CREATE STREAM x: ` (position only if many)."""
-        where = f"statement {self.number} (line {self.line}): " if count > 1 else ""
-        return where + (f"{self.label}: " if self.label else "")
+        return self.position(count) + (f"{self.label}: " if self.label else "")
 
 
 def split_with_stray(text: str) -> tuple[list[Statement], tuple[int, int, int] | None]:
