@@ -314,10 +314,6 @@ def notes(args: argparse.Namespace, out: dict[str, Any], machine: dict[str, str]
         )
     if "codes" in out:
         lines.append(f"services' exit codes {out['codes']}, warnings logged {out['warnings']}; logs {out['logs']}")
-    lines.append(
-        "the seed article (12 instances, pgbench -c 3 each): ins_schemaless 94,700 rows/s with BRIN; COPY about"
-        " 340k rows/s; count_estimate ~1 ms; a 10-row page from a cursor 0.56 ms"
-    )
     lines.append(f"machine: {machine['notes']}")
     return lines
 

@@ -6,21 +6,33 @@ group (`copy_definitions` checks that each copy parses to the same stream and vi
 original), and copies of the query functions of sql/functions/social.sql with `social.` replaced by
 the bench schema (`copy_functions`: same PL/pgSQL, so the same plans). `bench_views` creates and
 drops them (see `loadgen.common.throwaway.throwaway_definitions`); the `social` schema is never touched.
+`engine_filled_views` fills such copies through the engine (no Kafka) for the benchmarks of the queries.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterator, Sequence
+import time
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from itertools import islice
 from pathlib import Path
 
+import psycopg
+
 from loadgen.common.errors import BenchmarkError
-from loadgen.common.throwaway import throwaway_definitions
+from loadgen.common.postgres import owner_conninfo
+from loadgen.common.throwaway import throwaway_definitions, unique_name
+from loadgen.workloads.social import Like
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.frontend.statements import NO_SCOPE, parse, split_statements
 from pipelines.cv.model import Scope, StreamDef, ViewDef
-from pipelines.settings import PostgresSettings
+from pipelines.logs import get_logger
+from pipelines.settings import ROLE_WRITER, PostgresSettings
+
+log = get_logger("loadgen.common.social_copies")
 
 SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
 VIEWS_SQL = SQL_DIR / "views" / "social.sql"
@@ -127,3 +139,79 @@ def bench_views(schema: str, copies: Sequence[StreamCopy], settings: PostgresSet
     ]
     with throwaway_definitions(schema, statements, [c.stream for c in copies], settings) as views:
         yield views
+
+
+LOAD_BATCH = 20_000  # stream changes per engine transaction
+
+
+@dataclass(frozen=True)
+class Load:
+    """Stream changes applied through the engine."""
+
+    changes: int
+    seconds: float
+
+
+def apply_in_batches(conn: psycopg.Connection, stream: str, changes: Iterable[tuple[int, tuple[object, ...]]]) -> Load:
+    """Apply `(op, values)` changes to `stream` through `StreamMaintainer.apply`, one transaction per batch."""
+    maintainer = StreamMaintainer(stream)
+    started, total, iterator = time.perf_counter(), 0, iter(changes)
+    while chunk := list(islice(iterator, LOAD_BATCH)):
+        columns = [list(column) for column in zip(*(values for _, values in chunk), strict=True)]
+        with conn.transaction():
+            maintainer.apply(conn, [op for op, _ in chunk], columns)
+        total += len(chunk)
+    return Load(total, time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class FilledViews:
+    """A bench schema filled through the engine: its name, the two loads, the follows applied."""
+
+    schema: str
+    likes: Load
+    follows: Load
+    follow_edges: int
+
+
+@contextmanager
+def engine_filled_views(
+    likes: Iterable[Like],
+    follow_lists: Iterable[tuple[int, Sequence[int]]],
+    postgres: PostgresSettings,
+    *,
+    like_views: tuple[str, ...] | None = None,
+) -> Iterator[FilledViews]:
+    """A bench schema of social copies filled through the engine as `sv_writer`; yielded, then dropped.
+
+    It holds copies of the likes views (all, or `like_views`), of `user_following` and of the query
+    functions of social.sql. Likes become changes of the likes stream `(oid, uid, ts)` as the pipeline
+    decodes them, follow lists inserts of the follows stream. The streams' consumer group is one no
+    runner runs, so the arrays are stored exactly as the live views store them, without Kafka in the way.
+    """
+    name = unique_name("bench")
+    prefix = name.replace("_", "-")
+    unused = f"{prefix}-unused"
+    copies = [
+        StreamCopy("likes", name, f"{prefix}-likes-unused", unused, like_views),
+        StreamCopy("follows", f"{name}_follows", f"{prefix}-follows-unused", unused, ("user_following",)),
+    ]
+    with bench_views(name, copies, postgres) as views:
+        with psycopg.connect(owner_conninfo(postgres), autocommit=True) as conn:
+            conn.execute(copy_functions(name))
+        ts, edges = datetime.now(UTC), [0]
+
+        def follows() -> Iterator[tuple[int, tuple[object, ...]]]:
+            for uid, targets in follow_lists:
+                edges[0] += len(targets)
+                yield from ((1, (uid, target, ts)) for target in targets)
+
+        like_changes = (
+            (1 if e.action == "like" else -1, (e.oid, e.uid, datetime.fromtimestamp(e.ts / 1000, UTC))) for e in likes
+        )
+        with psycopg.connect(postgres.conninfo(user=ROLE_WRITER, application_name="streamviews-bench-load")) as conn:
+            liked = apply_in_batches(conn, name, like_changes)
+            followed = apply_in_batches(conn, f"{name}_follows", follows())
+        filled = FilledViews(name, liked, followed, edges[0])
+        log.info("bench views filled through the engine", views=views, likes=filled.likes, follows=filled.follows)
+        yield filled

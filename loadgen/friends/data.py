@@ -24,7 +24,6 @@ for datum). Everything is dropped afterwards; the `social` schema is never touch
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,13 +33,11 @@ import psycopg
 from psycopg import sql
 
 from loadgen.common.postgres import owner_conninfo
-from loadgen.common.social_copies import StreamCopy, bench_views, copy_functions
-from loadgen.common.throwaway import unique_name
-from loadgen.social.streamviews import apply_in_batches, follow_changes, like_changes
+from loadgen.common.social_copies import engine_filled_views
 from loadgen.workloads.social import Like, WorkloadSettings, follow_lists, new_rng, now_ms, workload_likes
 from pipelines.cv.views.compiler import storage_table_of
 from pipelines.logs import get_logger
-from pipelines.settings import ROLE_READER, ROLE_WRITER, PostgresSettings
+from pipelines.settings import ROLE_READER, PostgresSettings
 
 log = get_logger("loadgen.friends.data")
 
@@ -175,33 +172,15 @@ def array_sizes(conn: psycopg.Connection, schema: str, shape: FriendsShape) -> d
 def friends_state(shape: FriendsShape, postgres: PostgresSettings) -> Iterator[FriendsState]:
     """Create and fill the throwaway schema (see the module docstring); yield it; drop it all after.
 
-    The likes copy keeps only `object_likes` and the follows copy only `user_following`: the views
-    friends_who_like reads, with less to maintain while loading. Their streams' consumer group is
-    one no runner runs: the engine fills them (`StreamMaintainer.apply`, batches of 20,000).
+    The likes copy keeps only `object_likes`: with `user_following`, the views friends_who_like reads,
+    with less to maintain while loading (`engine_filled_views`).
     """
-    name = unique_name("bench")
-    prefix = name.replace("_", "-")
-    unused = f"{prefix}-unused"
-    copies = [
-        StreamCopy("likes", name, f"{prefix}-likes-unused", unused, ("object_likes",)),
-        StreamCopy("follows", f"{name}_follows", f"{prefix}-follows-unused", unused, ("user_following",)),
-    ]
-    with bench_views(name, copies, postgres):
-        s = sql.Identifier(name)
-        owner = owner_conninfo(postgres)
-        with psycopg.connect(owner, autocommit=True) as conn:
-            conn.execute(copy_functions(name))
-            conn.execute(sql.SQL(BEFORE).format(s=s))
-        edges = [0]
-        started = time.perf_counter()
-        with psycopg.connect(postgres.conninfo(user=ROLE_WRITER, application_name="streamviews-bench-load")) as conn:
-            likes = apply_in_batches(conn, name, like_changes(chain(typical_likes(shape), heavy_likes(shape))))
-            log.info("likes applied", **likes.__dict__)
-            w = shape.workload
-            lists = chain(follow_lists(w.seed, users=w.users, followers=shape.followers), heavy_follows(shape))
-            follows = apply_in_batches(conn, f"{name}_follows", follow_changes(lists, edges))
-            log.info("follows applied", **follows.__dict__)
-        seconds = time.perf_counter() - started
+    w = shape.workload
+    likes = chain(typical_likes(shape), heavy_likes(shape))
+    lists = chain(follow_lists(w.seed, users=w.users, followers=shape.followers), heavy_follows(shape))
+    with engine_filled_views(likes, lists, postgres, like_views=("object_likes",)) as filled:
+        name, s, owner = filled.schema, sql.Identifier(filled.schema), owner_conninfo(postgres)
+        seconds = filled.likes.seconds + filled.follows.seconds
         with psycopg.connect(owner, autocommit=True) as conn:
             names = {
                 "s": s,
@@ -209,8 +188,8 @@ def friends_state(shape: FriendsShape, postgres: PostgresSettings) -> Iterator[F
                 "likes_storage": storage_table_of(name, "object_likes"),
                 "follows_storage": storage_table_of(name, "user_following"),
             }
-            for statement in SEED_TABLES:
+            for statement in [BEFORE, *SEED_TABLES]:
                 conn.execute(sql.SQL(statement).format(**names))
             sizes = array_sizes(conn, name, shape)
         log.info("friends state ready", schema=name, seconds=round(seconds, 1), sizes=sizes)
-        yield FriendsState(name, shape, likes.changes + follows.changes, seconds, sizes)
+        yield FriendsState(name, shape, filled.likes.changes + filled.follows.changes, seconds, sizes)

@@ -49,8 +49,6 @@ log = get_logger("loadgen.social")
 
 CONSUMER_PASSES = 3  # a read lasts about a second: the median of a few passes, against a shared VM's steal time
 PARTITIONS = 6
-# The seed article's own figures (its server, 256 clients for likes, 128 for reads), for scale only.
-SEED_ARTICLE = {"per_event": 177_666, "pk_read": 1_041_480, "intersection": 648_368}
 
 
 def figure_rows(workers: int) -> list[tuple[str, str]]:
@@ -250,8 +248,7 @@ def notes(args: argparse.Namespace, pipeline: PipelineRun | None, social: Social
                 + ("  (bench = this process: producer and marker poller)" if phase == "steady" else "")
             )
     if social is not None:
-        load = social.likes_load.seconds + social.follows_load.seconds
-        changes = social.likes_load.changes + social.follows_load.changes
+        changes, load = social.load
         out.append(
             f"social functions: copies of sql/functions/social.sql over views holding {social.liked_objects:,} liked"
             f" objects and {social.followers:,} follow lists ({social.follow_edges:,} follows), same as the"
@@ -259,10 +256,6 @@ def notes(args: argparse.Namespace, pipeline: PipelineRun | None, social: Social
             f" ({changes:,} changes in {load:.0f}s), then vacuumed; pgbench as sv_reader, objects drawn as the"
             f" likes, users uniform in 1..{args.followers:,}"
         )
-    out.append(
-        f"the seed article's own figures (its server, 128-256 clients): f_obj {SEED_ARTICLE['per_event']:,}/s,"
-        f" like_cnt read {SEED_ARTICLE['pk_read']:,}/s, array_intersect {SEED_ARTICLE['intersection']:,}/s"
-    )
     return out
 
 

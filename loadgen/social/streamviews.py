@@ -17,10 +17,8 @@ schema are never read or written.
 from __future__ import annotations
 
 import statistics
-import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -34,12 +32,11 @@ from loadgen.common.freshness import MarkerProbe, SteadyLoad, likes_freshness, p
 from loadgen.common.postgres import owner_conninfo, pgbench_env, pgbench_tps
 from loadgen.common.processes import PipelineWorkers
 from loadgen.common.seed import likers_by_object
-from loadgen.common.social_copies import StreamCopy, bench_views, copy_functions
+from loadgen.common.social_copies import StreamCopy, bench_views, engine_filled_views
 from loadgen.common.throwaway import forget_group, unique_name
 from loadgen.workloads.social import Like, WorkloadSettings, follow_lists, workload_likes
-from pipelines.cv.engine import StreamMaintainer
 from pipelines.logs import get_logger
-from pipelines.settings import ROLE_READER, ROLE_WRITER, KafkaSettings, PostgresSettings
+from pipelines.settings import ROLE_READER, KafkaSettings, PostgresSettings
 
 log = get_logger("loadgen.social.streamviews")
 
@@ -208,49 +205,6 @@ def _measure(
 
 
 @dataclass(frozen=True)
-class Load:
-    """Stream changes applied through the engine."""
-
-    changes: int
-    deltas: int
-    batches: int
-    seconds: float
-
-
-def apply_in_batches(
-    conn: psycopg.Connection, stream: str, changes: Iterable[tuple[int, tuple[object, ...]]], batch: int = LOAD_BATCH
-) -> Load:
-    """Apply `(op, values)` changes to `stream` through `StreamMaintainer.apply`, one transaction per batch."""
-    maintainer = StreamMaintainer(stream)
-    started = time.perf_counter()
-    total = deltas = batches = 0
-    iterator = iter(changes)
-    while chunk := list(islice(iterator, batch)):
-        ops = [op for op, _ in chunk]
-        columns = [list(column) for column in zip(*(values for _, values in chunk), strict=True)]
-        with conn.transaction():
-            deltas += maintainer.apply(conn, ops, columns)
-        total += len(chunk)
-        batches += 1
-    return Load(total, deltas, batches, time.perf_counter() - started)
-
-
-def like_changes(events: Iterable[Like]) -> Iterator[tuple[int, tuple[object, ...]]]:
-    """Like events as changes of the likes stream `(oid, uid, ts)`, as the pipeline decodes them."""
-    for e in events:
-        yield (1 if e.action == "like" else -1), (e.oid, e.uid, datetime.fromtimestamp(e.ts / 1000, UTC))
-
-
-def follow_changes(lists: Iterable[tuple[int, Sequence[int]]], edges: list[int]) -> Iterator[tuple[int, tuple]]:
-    """Follow lists as inserts into the follows stream `(uid, target, ts)`; counts the edges in `edges[0]`."""
-    ts = datetime.now(UTC)
-    for uid, targets in lists:
-        edges[0] += len(targets)
-        for target in targets:
-            yield 1, (uid, target, ts)
-
-
-@dataclass(frozen=True)
 class SocialRun:
     """pgbench of the copied social functions, and what their tables held."""
 
@@ -261,8 +215,7 @@ class SocialRun:
     followers: int
     follow_edges: int
     matches_seed: bool
-    likes_load: Load
-    follows_load: Load
+    load: tuple[int, float]  # changes applied through the engine, in seconds
 
 
 def run_social_queries(
@@ -282,28 +235,9 @@ def run_social_queries(
     as the seed's tables were. Each function is run with the seed intersection script's draws:
     objects `random_gaussian(1, objects, gaussian)`, users uniform in 1..followers.
     """
-    name = unique_name("bench")
-    prefix = name.replace("_", "-")
-    unused = f"{prefix}-unused"  # their consumer group: no runner consumes these streams, the engine fills them
-    copies = [
-        StreamCopy("likes", name, f"{prefix}-likes-unused", unused),
-        StreamCopy("follows", f"{name}_follows", f"{prefix}-follows-unused", unused, ("user_following",)),
-    ]
-    with bench_views(name, copies, postgres) as views:
-        log.info("social bench views", views=views)
-        owner = owner_conninfo(postgres)
-        with psycopg.connect(owner, autocommit=True) as conn:
-            conn.execute(copy_functions(name))
-        edges = [0]
-        with psycopg.connect(postgres.conninfo(user=ROLE_WRITER, application_name="streamviews-bench-load")) as conn:
-            likes_load = apply_in_batches(conn, name, like_changes(events))
-            log.info("likes applied", **likes_load.__dict__)
-            follows_load = apply_in_batches(
-                conn,
-                f"{name}_follows",
-                follow_changes(follow_lists(workload.seed, users=workload.users, followers=followers), edges),
-            )
-            log.info("follows applied", **follows_load.__dict__)
+    follows = follow_lists(workload.seed, users=workload.users, followers=followers)
+    with engine_filled_views(events, follows, postgres) as filled:
+        name, owner = filled.schema, owner_conninfo(postgres)
         s = sql.Identifier(name)
         expected = likers_by_object(events)
         with psycopg.connect(owner, autocommit=True) as conn:
@@ -318,14 +252,14 @@ def run_social_queries(
             len(expected),
             sum(len(u) for u in expected.values()),
             followers,
-            edges[0],
+            filled.follow_edges,
         )
         if not matches:
             log.warning(
                 "bench views differ from the seed baseline's tables",
                 liked_objects=(liked, len(expected)),
                 follow_lists=(lists, followers),
-                follows=(follow_sum, edges[0]),
+                follows=(follow_sum, filled.follow_edges),
             )
         object_draw = f"\\set id random_gaussian(1, :objects, {workload.gaussian})\n"
         user_draw = "\\set uid random(1, :followers)\n"
@@ -348,6 +282,5 @@ def run_social_queries(
         lists,
         follow_sum,
         matches,
-        likes_load,
-        follows_load,
+        (filled.likes.changes + filled.follows.changes, filled.likes.seconds + filled.follows.seconds),
     )
