@@ -70,9 +70,6 @@ def seed_per_event_eps(
     `prefill` statements run after `<schema>.obj` is created and before pgbench, as `sv_owner` in
     autocommit: they fill `obj` so that the function is measured at a size, not on an empty table
     (the likes-at-size benchmark copies in the likes its views hold).
-
-    Returns:
-        Events (function calls, each its own transaction) per second.
     """
     env = pgbench_env(settings=settings)
     if not synchronous_commit:

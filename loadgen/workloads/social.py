@@ -59,16 +59,8 @@ def pgbench_gaussian(rng: random.Random, lb: int, ub: int, parameter: float) -> 
     pgbench maps [lb, ub] onto a standard normal truncated at +-parameter (so one standard deviation
     is (ub - lb + 1) / (2 * parameter) ids, centred on (lb + ub) / 2), draws by Box-Muller with
     rejection outside the truncation, and floors onto the integers. This is the same algorithm, step
-    by step (pgbench.c `getGaussianRand`); only the underlying uniform generator differs.
-
-    Args:
-        rng: the generator to draw from.
-        lb: smallest value, inclusive.
-        ub: largest value, inclusive.
-        parameter: truncation point in standard deviations; pgbench requires at least 2.0.
-
-    Returns:
-        An integer in [lb, ub].
+    by step (pgbench.c `getGaussianRand`); only the underlying uniform generator differs. `parameter`
+    (at least 2.0 for pgbench) is the truncation in standard deviations; the result is in [lb, ub].
     """
     while True:
         # Box-Muller wants uniforms in (0, 1]; random() gives [0, 1).
@@ -123,20 +115,8 @@ def like_events(
 
     An unlike undoes a like still in force, and a duplicate repeats one, both chosen uniformly among
     the last `memory` likes (the bound keeps memory flat on long runs; older likes simply stop being
-    candidates). When no like is in force yet, a fresh like is drawn instead.
-
-    Args:
-        seed: same seed and clock, same events.
-        users: user ids are uniform in 1..users.
-        objects: object ids follow `random_gaussian(1, objects, gaussian)`.
-        gaussian: pgbench's Gaussian parameter (the seed uses 10.0).
-        unlike_fraction: share of events that are unlikes.
-        duplicate_fraction: share of events that repeat a like in force.
-        memory: how many recent likes are remembered for unlikes and duplicates.
-        clock: source of `ts`; called when the event is drawn, i.e. just before it is produced.
-
-    Yields:
-        `Like` events.
+    candidates). When no like is in force yet, a fresh like is drawn instead. Same seed and clock,
+    same events; `clock` is called as each event is drawn, i.e. just before it is produced.
     """
     rng = new_rng(seed)
     liked: list[tuple[int, int]] = []  # likes in force (bounded), for unlikes and duplicates
@@ -180,15 +160,7 @@ def follow_lists(seed: int, *, users: int = USERS, followers: int = USERS) -> It
     """Whom each of the users 1..followers follows: long-tail counts, distinct uniform targets.
 
     This is the seed's `user_like_agg` content (its `gen_uids(c1, c2)` in three pgbench runs), without
-    self-follows.
-
-    Args:
-        seed: same seed, same lists.
-        users: targets are uniform in 1..users.
-        followers: lists are made for users 1..followers, in order.
-
-    Yields:
-        `(uid, targets)` pairs.
+    self-follows: `(uid, targets)` for uids 1..followers in order, targets uniform in 1..users.
     """
     rng = new_rng(seed)
     population = range(1, users + 1)
@@ -210,15 +182,7 @@ def follow_events(
 ) -> Iterator[Follow]:
     """Follow events from `follow_lists`, each follower's follows in turn; some are later undone.
 
-    Args:
-        seed: same seed and clock, same events.
-        users: targets are uniform in 1..users.
-        followers: events cover followers 1..followers, then stop.
-        unfollow_fraction: each follow is undone (after the follower's follows) with this probability.
-        clock: source of `ts`.
-
-    Yields:
-        `Follow` events.
+    Each follow is undone with probability `unfollow_fraction`, after the follower's follows.
     """
     rng = new_rng(seed ^ 0x5EED)  # decisions independent of the lists' own draws
     for uid, targets in follow_lists(seed, users=users, followers=followers):
