@@ -53,6 +53,7 @@ from loadgen.audit.pipelines import (
     wait_for_count,
 )
 from loadgen.common import cli
+from loadgen.common.drain import cores_text
 from loadgen.common.freshness import percentile
 from loadgen.common.kafka import bare_consumer_rate, produce_all
 from loadgen.common.postgres import owner_conninfo, pgbench_available
@@ -193,10 +194,6 @@ def measure_pipelines(
     out["logs"] = [str(proc.log_path) for proc in services.procs.values()]
 
 
-def _cores(cpu: dict[str, float]) -> str:
-    return ", ".join(f"{role} {value:.2f}" for role, value in cpu.items())
-
-
 COMPARISONS = [
     Comparison("writer / seed per-row function", "ingest", "per_row", target=10.0),
     Comparison("writer / seed per-row, synchronous_commit=off", "ingest", "per_row_async"),
@@ -267,12 +264,7 @@ def notes(args: argparse.Namespace, out: dict[str, Any], machine: dict[str, str]
     """How each figure was taken, and what the run saw (CPU by process, lag lines, consistency)."""
     lines = []
     if (ingest := out.get("ingest")) is not None:
-        lines.append(
-            f"writer rows/s count from its first committed batch: {args.rows - ingest.first_committed:,} rows in"
-            f" {ingest.drain_seconds:.2f}s after {ingest.startup_seconds:.2f}s of start-up (first batches:"
-            f" {ingest.first_committed:,} rows); from process start {args.rows / ingest.total_seconds:,.0f} rows/s;"
-            f" cores busy: {_cores(ingest.cpu_done.cores_since(ingest.cpu_start))}"
-        )
+        lines.append(f"writer rows/s from its first committed batch: {ingest.describe(args.rows, 'rows')}")
     if (bulk := out.get("bulk")) is not None and (pull := out.get("puller")) is not None:
         drain = out["puller_drain"]
         lines.append(
@@ -280,7 +272,7 @@ def notes(args: argparse.Namespace, out: dict[str, Any], machine: dict[str, str]
             f" included); until the last acknowledgement: puller {pull.acked_per_second:,.0f}, bare"
             f" {bulk.acked_per_second:,.0f} docs/s ({bulk.bulks:,} bulks of ~{bulk.documents / bulk.bulks:,.0f});"
             f" puller start-up {drain.startup_seconds:.2f}s; cores busy while pulling:"
-            f" {_cores(drain.cpu_done.cores_since(drain.cpu_start))}"
+            f" {cores_text(drain.cpu_done.cores_since(drain.cpu_start))}"
         )
     if (lag := out.get("lag")) is not None:
         seconds = [r.get("seconds_behind", 0) for r in lag.progress] or [0]
@@ -291,7 +283,7 @@ def notes(args: argparse.Namespace, out: dict[str, Any], machine: dict[str, str]
             f" (one per {MARKER_INTERVAL_S:g}s, terms query every {SEARCH_POLL_S:g}s); the puller's own progress"
             f" lines ({len(lag.progress)}, asked for one a second): seconds_behind median"
             f" {statistics.median(seconds):.2f} max {max(seconds):.2f}, rows_behind max {rows_behind:,};"
-            f" cores busy: {_cores(lag.cpu)}"
+            f" cores busy: {cores_text(lag.cpu)}"
         )
         same = "yes" if lag.pg_rows == lag.es_docs else "NO"
         lines.append(

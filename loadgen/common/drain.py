@@ -141,6 +141,20 @@ class Drain:
         """Records/s of a backlog of `events` from process start to the last committed batch."""
         return events / self.total_seconds
 
+    def describe(self, events: int, unit: str) -> str:
+        """Where the headline's clock starts, the rate from process start and the cores busy: a report's note."""
+        return (
+            f"{events - self.first_committed:,} {unit} in {self.drain_seconds:.2f}s after {self.startup_seconds:.2f}s"
+            f" of start-up (interpreter, group join, first batches of {self.first_committed:,}); from process"
+            f" start {self.rate_with_startup(events):,.0f} {unit}/s; cores busy (of {os.cpu_count()}):"
+            f" {cores_text(self.cpu_done.cores_since(self.cpu_start))}"
+        )
+
+
+def cores_text(cores: dict[str, float]) -> str:
+    """Cores busy by role, as the notes print them."""
+    return ", ".join(f"{role} {value:.2f}" for role, value in cores.items())
+
 
 class DrainProgress:
     """Logs "drain progress" (what, done, total, rate so far) every `PROGRESS_EVERY_S` seconds.

@@ -26,7 +26,6 @@ command; a wrong view does.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import uuid
@@ -228,21 +227,14 @@ def notes(run: RunnerRun | None) -> list[str]:
         return []
     drain, out = run.drain, []
     out.append(
-        f"drain: {run.events - drain.first_committed:,} events in {drain.drain_seconds:.2f}s after"
-        f" {drain.startup_seconds:.2f}s of start-up (interpreter, group join, first batches of"
-        f" {drain.first_committed:,}); {drain.commits} distinct offset totals seen by the 50 ms polls"
+        f"drain: {drain.describe(run.events, 'events')}  (postgres = the runner's backends, kafka = the broker;"
+        f" bench = this process, polling); {drain.commits} distinct offset totals seen by the 50 ms polls"
     )
     if run.totals.get("batches"):
         out.append(
             f"runner batches: {run.totals['batches']:,} of {run.totals['records'] / run.totals['batches']:,.0f}"
             f" records on average; {run.totals.get('retries', 0)} retries, {run.warnings} warnings logged"
         )
-    cpu = drain.cpu_done.cores_since(drain.cpu_start)
-    out.append(
-        f"cores busy during the drain (of {os.cpu_count()}): "
-        + ", ".join(f"{role} {value:.2f}" for role, value in cpu.items())
-        + "  (postgres = the runner's backends, kafka = the broker; bench = this process, polling)"
-    )
     if run.exit_code:
         out.append(f"runner exited {run.exit_code} on SIGTERM")
     out.append(f"runner log: {run.log_path}")

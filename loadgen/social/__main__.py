@@ -20,7 +20,6 @@ Every schema and topic is throwaway and dropped afterwards; the real `likes`/`fo
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from collections import Counter
@@ -29,6 +28,7 @@ from itertools import islice
 from confluent_kafka.admin import AdminClient
 
 from loadgen.common import cli
+from loadgen.common.drain import cores_text
 from loadgen.common.kafka import bare_consumer_rate, produce_all
 from loadgen.common.postgres import PGBENCH, pgbench_available
 from loadgen.common.report import BenchResult, Comparison, Results, drain_series, machine_line
@@ -224,10 +224,7 @@ def notes(args: argparse.Namespace, pipeline: PipelineRun | None, social: Social
     if pipeline is not None:
         drain, load = pipeline.drain, pipeline.load
         out.append(
-            f"pipeline likes/s (headline) counts from its first committed batch to its last, process start-up"
-            f" excluded: {pipeline.events - drain.first_committed:,} likes in {drain.drain_seconds:.2f}s after"
-            f" {drain.startup_seconds:.2f}s of start-up (interpreter, group join, first batches of"
-            f" {drain.first_committed:,}); from process start: {pipeline.likes_per_second_with_startup:,.0f} likes/s"
+            f"pipeline likes/s (headline) from its first committed batch: {drain.describe(pipeline.events, 'likes')}"
         )
         out.append(
             f"freshness: {load.markers:,} marker likes (one every 20 ms) while producing {load.rate:,.0f} likes/s"
@@ -241,12 +238,9 @@ def notes(args: argparse.Namespace, pipeline: PipelineRun | None, social: Social
                 f" {(pipeline.steady_records or 0) / pipeline.steady_batches:,.0f} records on average, one per"
                 f" {1000 * args.seconds / pipeline.steady_batches:,.0f} ms of steady load"
             )
-        for phase, cores in pipeline.cpu.items():
-            out.append(
-                f"cores busy ({phase}, of {os.cpu_count()}): "
-                + ", ".join(f"{role} {value:.2f}" for role, value in cores.items())
-                + ("  (bench = this process: producer and marker poller)" if phase == "steady" else "")
-            )
+        if pipeline.cpu_steady is not None:
+            steady = pipeline.cpu_steady.cores_since(drain.cpu_done)
+            out.append(f"cores busy (steady): {cores_text(steady)}  (bench = this process: producer and marker poller)")
     if social is not None:
         changes, load = social.load
         out.append(

@@ -62,14 +62,6 @@ class PipelineRun:
     cpu_steady: CpuSample | None = None  # at the end of the steady production
 
     @property
-    def cpu(self) -> dict[str, dict[str, float]]:
-        """Average cores busy per role during the drain and during the steady production."""
-        phases = {"drain": self.drain.cpu_done.cores_since(self.drain.cpu_start)}
-        if self.cpu_steady is not None:
-            phases["steady"] = self.cpu_steady.cores_since(self.drain.cpu_done)
-        return phases
-
-    @property
     def steady_batches(self) -> int | None:
         """Batches committed after the backlog (the steady phase and its tail), from the pipeline's totals."""
         batches = self.totals.get("batches")
@@ -85,11 +77,6 @@ class PipelineRun:
     def likes_per_second(self) -> float:
         """Headline: the backlog after the first committed batch over the time from it to the last."""
         return self.drain.rate(self.events)
-
-    @property
-    def likes_per_second_with_startup(self) -> float:
-        """All events over the time from process start to the last committed batch."""
-        return self.drain.rate_with_startup(self.events)
 
     @property
     def freshness_p50_ms(self) -> float:
