@@ -16,7 +16,7 @@ import contextlib
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from loadgen.common.errors import BenchmarkError
 from loadgen.common.freshness import Probe
 from loadgen.common.kafka import EventSource, Sender
 from loadgen.common.postgres import owner_conninfo
-from loadgen.common.processes import ServiceProcess, backend_pid, find_pid, pipeline_env
+from loadgen.common.processes import ServiceProcess, backend_pids, find_pid, pipeline_env
 from loadgen.common.throwaway import forget_group
 from loadgen.workloads.audit import AuditWorkload
 from pipelines.logs import get_logger
@@ -75,7 +75,7 @@ class Services:
         self.names, self.postgres, self.kafka = names, postgres, kafka
         self.conn = psycopg.connect(owner_conninfo(postgres), autocommit=True)
         self.procs: dict[str, ServiceProcess] = {}
-        self.backends: dict[str, int | None] = {}
+        self.backends: dict[str, tuple[int, ...]] = {}
         self.jvms = {
             "elasticsearch": find_pid(b"org.elasticsearch.bootstrap.Elasticsearch"),
             "kafka": find_pid(b"kafka.Kafka"),
@@ -99,12 +99,12 @@ class Services:
         self.procs[role] = ServiceProcess(role, module, args, env=env, log_path=path)
         return self.procs[role]
 
-    def pids(self) -> dict[str, int | None]:
+    def pids(self) -> dict[str, int | Sequence[int] | None]:
         """Processes whose CPU is sampled: the services, their PostgreSQL backends, the JVMs."""
-        pids: dict[str, int | None] = dict(self.jvms)
+        pids: dict[str, int | Sequence[int] | None] = dict(self.jvms)
         for role, proc in self.procs.items():
-            if self.backends.get(role) is None:
-                self.backends[role] = backend_pid(self.conn, _app(role))
+            if not self.backends.get(role):
+                self.backends[role] = backend_pids(self.conn, _app(role))
             pids |= {role: proc.process.pid, f"{role}_pg": self.backends[role]}
         return pids
 

@@ -5,7 +5,7 @@
 - `ServiceProcess`: one `python -m <module>` process, its log in a file, stopped with SIGTERM;
 - `PipelineWorkers`: several stream runners (`PipelineProcess`) in one consumer group on a bench
   stream, measured as one pipeline: their partitions, CPU roles, totals and warnings from their logs;
-- `backend_pid(s)`: a process's PostgreSQL backends, found by its sessions' application name;
+- `backend_pids`: a process's PostgreSQL backends, found by its sessions' application name;
 - `find_pid`: a process found by an argument of its command line (the Kafka and Elasticsearch JVMs).
 """
 
@@ -83,12 +83,6 @@ def pipeline_env(
     if password is not None:
         env["PGPASSWORD"] = password.get_secret_value()
     return env
-
-
-def backend_pid(conn: psycopg.Connection, application_name: str) -> int | None:
-    """The PostgreSQL backend of the session with this application name, if there is exactly one."""
-    pids = backend_pids(conn, application_name)
-    return pids[0] if len(pids) == 1 else None
 
 
 def backend_pids(conn: psycopg.Connection, application_name: str) -> tuple[int, ...]:

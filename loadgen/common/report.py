@@ -196,7 +196,7 @@ class BenchResult:
 
     def json_line(self) -> bytes:
         """The result as one line of JSON (what `--json PATH` writes)."""
-        return orjson.dumps(asdict(self), default=_json_value) + b"\n"
+        return orjson.dumps(asdict(self), default=json_value) + b"\n"
 
     @classmethod
     def from_json(cls, line: bytes | str) -> BenchResult:
@@ -214,7 +214,7 @@ class BenchResult:
         log.info("result written", path=str(path))
 
 
-def _json_value(value: object) -> object:
+def json_value(value: object) -> object:
     """What orjson cannot write itself (PostgreSQL numerics, paths) as a float or a string."""
     try:
         return float(value)  # type: ignore[arg-type]

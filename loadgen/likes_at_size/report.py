@@ -8,12 +8,11 @@ points for make bench's plot, and the document itself in `extra`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from decimal import Decimal
 from typing import Any
 
 import orjson
 
-from loadgen.common.report import BenchResult, Comparison, Results
+from loadgen.common.report import BenchResult, Comparison, Results, json_value
 
 SEED_TARGET = 6.0  # the issue's target: sustained likes/s at size >= 6x the seed's durable function at that size
 FRESHNESS_LIMIT_MS = 1000.0
@@ -71,7 +70,7 @@ def figures_of(doc: Mapping[str, Any]) -> Results:
 
 def result(doc: Mapping[str, Any]) -> BenchResult:
     """The run as a `BenchResult`: its headline figures, the curve for the plot, the whole document kept."""
-    doc = orjson.loads(orjson.dumps(doc, default=_json_value))
+    doc = orjson.loads(orjson.dumps(doc, default=json_value))
     points = [
         {"likes_in_state": p["likes_in_state"], "likes_per_second": p["likes_per_s"]} for p in doc.get("curve", [])
     ]
@@ -80,11 +79,6 @@ def result(doc: Mapping[str, Any]) -> BenchResult:
     figures.series = {"likes_at_size": {"points": points, "date": doc.get("date")}}
     figures.extra = doc
     return figures
-
-
-def _json_value(value: object) -> object:
-    """What orjson cannot write itself: PostgreSQL numerics, paths."""
-    return float(value) if isinstance(value, Decimal) else str(value)
 
 
 def _gib(n: float) -> str:
