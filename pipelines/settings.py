@@ -213,6 +213,9 @@ class PipelineSettings(_Settings):
     catalog_poll_s: float = Field(1.0, gt=0)
     # Seconds between retention sweeps of views with a TTL.
     expire_interval_s: float = Field(60.0, gt=0)
+    # Seconds a view's recorded changes are kept (views WITH (changes = true), migration 0020):
+    # pruned by the retention sweep, so `streamviews subscribe --from P` can resume within this time.
+    changes_retention_s: float = Field(86_400.0, gt=0)
     # Seconds between progress log lines.
     report_interval_s: float = Field(10.0, gt=0)
     # Isolation (pipelines/cv/isolation.py). A topic whose stream cannot be applied at all is held

@@ -9,6 +9,7 @@
     streamviews drop clicks                    # ... or a stream that has no views left
     streamviews status                         # per stream: lag, freshness, last commit, dead letters
     streamviews status --json --group my-group
+    streamviews subscribe public.url_stats --from 0  # a view's changes as JSON lines, then new ones
     streamviews run [--group G] [--streams a,b]  # the stream runner (see `streamviews run --help`)
 
 Settings come from the environment (PG*, KAFKA_*, PIPELINE_*, LOG_*; see .env.sample). `define` and
@@ -62,6 +63,7 @@ from pipelines.cv.cli_common import (
 from pipelines.cv.frontend.statements import Script, read_script
 from pipelines.cv.model import DefinitionError
 from pipelines.cv.status import runner_status, status_table
+from pipelines.cv.subscribe import follow, listen, qualified, start_position
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.runtime.deadletter import dead_letter_topic
@@ -224,6 +226,19 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    """Print a view's changes after a position as JSON lines, then each new one (pipelines.cv.subscribe)."""
+    settings = PostgresSettings()
+    view = qualified(args.view)
+    with database(settings, settings.user) as conn:
+        listen(conn)  # before the first read: a commit in between is then notified
+        try:
+            follow(conn, view, start_position(conn, view, args.start), args.limit)
+        except KeyboardInterrupt:  # Ctrl-C is how a subscription ends
+            return 0
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Hand the remaining arguments to the stream runner (imported only now: it is a service)."""
     try:
@@ -283,10 +298,27 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print JSON for machines")
     status.set_defaults(handler=cmd_status)
 
+    subscribe = commands.add_parser(
+        "subscribe", help="a view's changes (WITH (changes = true)) as JSON lines, waiting for new ones"
+    )
+    subscribe.add_argument("view", help="a view that records its changes (x means public.x)")
+    subscribe.add_argument(
+        "--from", dest="start", default="now", metavar="POSITION", help="print changes after POSITION, or now (default)"
+    )
+    subscribe.add_argument("--limit", type=_positive, help="stop after N changes (default: never)")
+    subscribe.set_defaults(handler=cmd_subscribe)
+
     # The runner parses its own arguments (`streamviews run --help` is the runner's help).
     run = commands.add_parser("run", help="run the stream runner: streams' topics into their views", add_help=False)
     run.set_defaults(handler=cmd_run)
     return parser
+
+
+def _positive(text: str) -> int:
+    """An integer of 1 or more (argparse type)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return int(text)
 
 
 def parse_args(argv: Sequence[str] | None, prog: str = PROG) -> argparse.Namespace:

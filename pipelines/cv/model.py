@@ -33,6 +33,9 @@ AggregateKind = Literal["count", "count_distinct", "sum", "min", "max", "set", "
 # Aggregates that cannot forget a value: a retraction leaves them as they are.
 MONOTONIC: frozenset[str] = frozenset({"hll", "tdigest", "topk", "state"})
 DISTINCT_KINDS: frozenset[str] = frozenset({"count_distinct", "set"})
+# How a boolean view option (`changes`) may be spelled, as PostgreSQL's reloptions take them.
+TRUE_WORDS: frozenset[str] = frozenset({"true", "on", "yes", "1"})
+BOOLEAN_WORDS: frozenset[str] = TRUE_WORDS | frozenset({"false", "off", "no", "0"})
 IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")  # whole names only (fullmatch: `$` would pass a final newline)
 # C0 and C1 control characters and DEL: never in a name, a topic or an option's value.
 CONTROL_CHARACTER = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -270,6 +273,11 @@ class ViewDef:
     def storage_name(self) -> str:
         """Its storage table in schema cv: `<schema>__<name>` (users read the view `<schema>.<name>`)."""
         return storage_name(self.schema, self.name)
+
+    @property
+    def records_changes(self) -> bool:
+        """True when the view keeps a change stream (`WITH (changes = true)`; see migration 0020)."""
+        return self.options.get("changes", "false").lower() in TRUE_WORDS
 
     @property
     def bucket(self) -> GroupColumn | None:

@@ -102,7 +102,7 @@ class StreamRunner:
         self.postgres, self.settings, self.only = postgres, settings, only
         self.group_id, self.default_group = group_id, default_group
         self.clients = clients or ConfluentClients(kafka)
-        self.sink = ViewSink(group_id, settings.poison_limit, settings.view_retry_s)
+        self.sink = ViewSink(group_id, settings.poison_limit, settings.view_retry_s, settings.changes_retention_s)
         self.pipeline: Pipeline[psycopg.Connection, ViewChanges] = Pipeline(
             NAME,
             decode=self.decode,

@@ -65,8 +65,15 @@ class ViewSink:
     (`outcome.isolate`): see pipelines/cv/isolation.py.
     """
 
-    def __init__(self, group_id: str = "", poison_limit: int = 100, view_retry_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        group_id: str = "",
+        poison_limit: int = 100,
+        view_retry_s: float = 30.0,
+        changes_retention_s: float = 86_400.0,
+    ) -> None:
         self.group_id = group_id
+        self.changes_retention_s = changes_retention_s
         self.maintainers: dict[str, StreamMaintainer] = {}
         self.streams: tuple[str, ...] = ()  # the streams whose retention housekeeping runs
         self.poison_limit, self.view_retry_s = poison_limit, view_retry_s
@@ -103,7 +110,7 @@ class ViewSink:
             maintainer.forget_sessions()
 
     def housekeeping(self, conn: psycopg.Connection) -> None:
-        """Delete time buckets past retention, stop reads that lifted their timeouts, retry quarantined views.
+        """Delete time buckets and recorded changes past retention, stop overrunning reads, retry quarantined views.
 
         The second duty sits here because the runner is the one service always running against the
         views' database: see migrations 0014 and 0016 for why PostgreSQL needs the help.
@@ -118,6 +125,9 @@ class ViewSink:
                 continue
             if deleted:
                 log.info("expired time buckets", stream=name, rows=deleted)
+        pruned = conn.execute("SELECT cv.prune_view_changes(make_interval(secs => %s))", (self.changes_retention_s,))
+        if count := pruned.fetchone()[0]:
+            log.info("pruned recorded changes", rows=count, older_than_s=self.changes_retention_s)
 
     def _maintainer(self, name: str) -> StreamMaintainer:
         maintainer = self.maintainers.get(name)

@@ -38,6 +38,7 @@ class StreamStatus:
     dead_letters: dict[str, int] = field(default_factory=dict)
     held: str | None = None  # why the runner holds the stream back (cv.stream_failures), if it does
     failed_views: list[ViewFailure] = field(default_factory=list)
+    change_positions: dict[str, int] = field(default_factory=dict)  # views recording changes: last position
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (times in ISO 8601)."""
@@ -53,6 +54,7 @@ class StreamStatus:
             "dead_letters": self.dead_letters,
             "held": self.held,
             "failed_views": [f.as_json() for f in self.failed_views],
+            "change_positions": self.change_positions,
         }
 
 
@@ -90,6 +92,11 @@ FAILURES_SQL = (
     "SELECT stream, view, 'quarantined', reason, failed_at, retry_at, '' FROM cv.view_failures"
     " UNION ALL SELECT stream, view, 'gap', reason, failed_at, NULL, missed_from::text || ' .. ' || missed_to::text"
     " FROM cv.view_gaps ORDER BY 1, 2, 5"
+)
+# The views that record their changes, and the last position recorded (migration 0020).
+CHANGES_SQL = (
+    "SELECT v.stream, p.view, p.last FROM cv.view_change_positions AS p JOIN cv.views AS v ON v.name = p.view"
+    " WHERE p.recording ORDER BY 2"
 )
 
 
@@ -165,6 +172,7 @@ def status_table(group: str, statuses: list[StreamStatus]) -> str:
     """The statuses for people: one row per stream, then the views that are not maintained."""
     rows = []
     failures = []
+    changes = [(view, s.stream, last) for s in statuses for view, last in sorted(s.change_positions.items())]
     for s in statuses:
         failures += [
             (f.view, f.state, f.since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"), f.reason[:100], f.advice())
@@ -183,6 +191,8 @@ def status_table(group: str, statuses: list[StreamStatus]) -> str:
     text = header + "\n" + table(columns, rows)
     if failures:
         text += "\n\nviews not maintained\n" + table(("VIEW", "STATE", "SINCE", "REASON", "WHAT TO DO"), failures)
+    if changes:
+        text += "\n\nchange streams\n" + table(("VIEW", "STREAM", "LAST POSITION"), changes)
     return text
 
 
@@ -228,4 +238,7 @@ def runner_status(
     for stream, *failure in conn.execute(FAILURES_SQL):
         if stream in by_name:
             by_name[stream].failed_views.append(ViewFailure(*failure))
+    for stream, view, last in conn.execute(CHANGES_SQL):
+        if stream in by_name:
+            by_name[stream].change_positions[view] = last
     return statuses

@@ -198,6 +198,7 @@ def test_status_shows_lag_last_commit_and_dead_letters(cli, pg, kafka, name):
         "dead_letters": {},
         "held": None,
         "failed_views": [],
+        "change_positions": {},
     }
     assert stream["lag_by_partition"] == {"0": 5, "1": 0}
 

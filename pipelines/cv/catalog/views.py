@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pipelines.cv.catalog import change_streams
 from pipelines.cv.catalog.locks import Outcome, drop_read_view, lock_stream_for_change, lock_tables
 from pipelines.cv.catalog.view_checks import check_ttl, check_units, check_window
 from pipelines.cv.frontend.changes import AlterView, with_options
@@ -63,11 +64,11 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> Outcom
     types = view_types.resolve(conn, view, stream)
     if row is None:
         lock_stream_for_change(conn, stream.name, what)
-        outcome = f"view {view.qualified_name} created; {_create(conn, view, stream, types)}"
-        conn.execute(
+        conn.execute(  # first: the view's position row, if it records changes, refers to it
             "INSERT INTO cv.views (name, stream, definition, types) VALUES (%s, %s, %s, %s)",
             (view.qualified_name, stream.name, view.definition, Jsonb(types.to_json())),
         )
+        outcome = f"view {view.qualified_name} created; {_create(conn, view, stream, types)}"
     else:
         old = parse(row[0], scope)
         assert isinstance(old, ViewDef)
@@ -100,6 +101,7 @@ def _create(conn: psycopg.Connection, view: ViewDef, stream: StreamDef, types: V
     if view.join is not None:  # the pipelines read the joined table's rows at ingest
         conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.SQL(view.join.table), writer))
     _create_read_view(conn, view, types)
+    change_streams.follow_option(conn, view, types)  # before the backfill, which is then recorded
     if stream.key is None:
         return "starts from now (append-only stream: no state to backfill from)"
     for statement in compiler.backfill_from_state(view, stream, types):
@@ -173,7 +175,9 @@ def _replace(
     if same_storage:
         _rename_stored(conn, old, old_types, view, types)
         _create_read_view(conn, view, types)
+        change_streams.follow_option(conn, view, types)
         return f"view {name} replaced; its storage is unchanged (only what is computed from it changed)"
+    change_streams.record_removal(conn, old)
     drop_view_relations(conn, view.schema, view.name)
     return f"view {name} rebuilt; {_create(conn, view, stream, types)}"
 
@@ -190,7 +194,7 @@ def _take_view(conn: psycopg.Connection, what: str, schema: str, view: str, stre
 
 def alter_view(conn: psycopg.Connection, change: AlterView, scope: Scope) -> Outcome:
     """Change a view's options (ttl): its definition is rewritten with them, its storage kept."""
-    row = conn.execute("SELECT definition FROM cv.views WHERE name = %s", (change.name,)).fetchone()
+    row = conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (change.name,)).fetchone()
     if row is None:
         raise DefinitionError(f"ALTER CONTINUOUS VIEW: no continuous view named {change.name}")
     old = parse(row[0], scope)
@@ -205,8 +209,10 @@ def alter_view(conn: psycopg.Connection, change: AlterView, scope: Scope) -> Out
             sql.SQL("CREATE INDEX ON {} ({})").format(compiler.storage_table(view), sql.Identifier(view.bucket.name))
         )
     conn.execute("UPDATE cv.views SET definition = %s WHERE name = %s", (view.definition, change.name))
-    log.info("view altered", view=change.name, ttl=view.ttl)
-    return Outcome(f"view {change.name} altered: " + (f"ttl {view.ttl!r}" if view.ttl else "no ttl"))
+    change_streams.follow_option(conn, view, ViewTypes.from_json(row[1]))
+    log.info("view altered", view=change.name, ttl=view.ttl, changes=view.records_changes)
+    ttl = f"ttl {view.ttl!r}" if view.ttl else "no ttl"
+    return Outcome(f"view {change.name} altered: {ttl}" + (", changes recorded" if view.records_changes else ""))
 
 
 def _has_index_on(conn: psycopg.Connection, view: ViewDef) -> bool:

@@ -2,6 +2,7 @@
 
     ALTER CONTINUOUS VIEW social.object_likes_hourly SET (ttl = '7 days');
     ALTER CONTINUOUS VIEW social.object_likes_hourly RESET (ttl);
+    ALTER CONTINUOUS VIEW social.object_likes_hourly SET (changes = true);  -- its change stream
     DROP CONTINUOUS VIEW [IF EXISTS] social.object_likes_hourly;
     DROP STREAM [IF EXISTS] clicks;
 
@@ -24,7 +25,7 @@ from pipelines.cv.model import DefinitionError
 from pipelines.cv.sqltext.parsing import parse_rewritten, plain_identifier, string_literal
 
 _CHANGE = re.compile(r"\s*(ALTER|DROP)\s+(STREAM|CONTINUOUS\s+VIEW)\b", re.IGNORECASE)
-ALTERABLE = frozenset({"ttl"})
+ALTERABLE = frozenset({"ttl", "changes"})
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,11 @@ def parse_change(statement: str) -> AlterView | Drop | None:
         reset: list[str] = []
         for cmd in node.cmds:
             if cmd.subtype not in (AlterTableType.AT_SetRelOptions, AlterTableType.AT_ResetRelOptions):
-                raise DefinitionError(f"{what}: only SET (ttl = '...') and RESET (ttl) are supported")
+                raise DefinitionError(f"{what}: only SET (ttl = '...', changes = true) and RESET (...) are supported")
             for option in cmd.def_ or ():
                 if option.defname not in ALTERABLE:
-                    raise DefinitionError(f"{what}: option {option.defname!r} cannot be changed; known: ttl")
+                    known = ", ".join(sorted(ALTERABLE))
+                    raise DefinitionError(f"{what}: option {option.defname!r} cannot be changed; known: {known}")
                 if cmd.subtype == AlterTableType.AT_ResetRelOptions:
                     reset.append(option.defname)
                 elif isinstance(option.arg, ast.String):
@@ -94,7 +96,7 @@ def parse_change(statement: str) -> AlterView | Drop | None:
                     raise DefinitionError(f"{what}: option {option.defname} takes a quoted string")
         return AlterView(name, set_options, tuple(reset))
     raise DefinitionError(
-        f"{what}: supported: ALTER CONTINUOUS VIEW ... SET/RESET (ttl), DROP STREAM, DROP CONTINUOUS VIEW"
+        f"{what}: supported: ALTER CONTINUOUS VIEW ... SET/RESET (ttl, changes), DROP STREAM, DROP CONTINUOUS VIEW"
     )
 
 

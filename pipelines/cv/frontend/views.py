@@ -22,8 +22,10 @@ from pglast.stream import RawStream
 from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
 from pipelines.cv.frontend.windows import split_window, step_group
 from pipelines.cv.model import (
+    BOOLEAN_WORDS,
     DISTINCT_KINDS,
     MAX_VIEW_NAME,
+    TRUE_WORDS,
     Aggregate,
     AggregateCall,
     DefinitionError,
@@ -52,7 +54,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
     what = f"continuous view {schema}.{name}"
     if len(schema) + len(name) > MAX_VIEW_NAME:
         raise DefinitionError(f"{what}: schema and view names together may take {MAX_VIEW_NAME} characters")
-    options = options_of(node.options, {"ttl"}, what)
+    options = options_of(node.options, {"ttl", "changes"}, what)
     select = node.query
     if not isinstance(select, ast.SelectStmt) or select.op != SetOperation.SETOP_NONE:
         raise DefinitionError(f"{what}: the query must be a single SELECT (no UNION/INTERSECT/EXCEPT)")
@@ -99,6 +101,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         if "ttl" in options:
             raise DefinitionError(f"{what}: a sliding window keeps only its width; ttl does not apply")
         groups = (*groups, step_group(window))
+    check_changes_option(options, window is not None, what)
     if where is not None:
         _check_expression((where,), names, what, user_aggregates)
     read: list[Output] = []
@@ -376,3 +379,17 @@ def _check_semantics(view: ViewDef, what: str) -> None:
         )
     if view.ttl is not None and view.bucket is None:
         raise DefinitionError(f"{what}: ttl needs a time bucket in GROUP BY, e.g. date_trunc('hour', ts)")
+
+
+def check_changes_option(options: Mapping[str, str], windowed: bool, what: str) -> None:
+    """The `changes` option: a boolean, and not on a sliding window (its rows change as time passes)."""
+    value = options.get("changes")
+    if value is None:
+        return
+    if value.lower() not in BOOLEAN_WORDS:
+        raise DefinitionError(f"{what}: option changes takes true or false, not {value!r}")
+    if windowed and value.lower() in TRUE_WORDS:
+        raise DefinitionError(
+            f"{what}: a sliding window's rows change as time passes, with no batch to record: changes = true is "
+            "not supported on it"
+        )
