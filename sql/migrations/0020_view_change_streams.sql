@@ -32,8 +32,11 @@ COMMENT ON TABLE cv.view_change_positions IS
 COMMENT ON COLUMN cv.view_change_positions.delta_columns IS
     'Output columns that are a count or a sum of numbers: their change is the delta (PipelineDB''s (delta)).';
 
+-- No foreign key to cv.view_change_positions: its check cost a third of recording a change, and a
+-- change is only ever recorded under its view's position row (cv.record_view_changes); the
+-- trigger below deletes a view's changes with that row.
 CREATE TABLE cv.view_changes (
-    view         text NOT NULL REFERENCES cv.view_change_positions (view) ON DELETE CASCADE,
+    view         text NOT NULL,
     position     bigint NOT NULL,
     key          jsonb NOT NULL,
     before       jsonb,
@@ -44,6 +47,20 @@ CREATE TABLE cv.view_changes (
 );
 COMMENT ON TABLE cv.view_changes IS
     'Each view''s change stream: per committed transaction, one row per group it changed (before NULL: new; after NULL: gone).';
+-- cv.view_changes_dropped: a view's changes go with its position row (the view dropped: ON DELETE
+-- CASCADE from cv.views).
+CREATE FUNCTION cv.view_changes_dropped() RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    DELETE FROM cv.view_changes WHERE view = OLD.view;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER changes_dropped AFTER DELETE ON cv.view_change_positions
+    FOR EACH ROW EXECUTE FUNCTION cv.view_changes_dropped();
+
 -- Retention deletes by time; rows arrive in time order, so a BRIN index costs next to nothing.
 CREATE INDEX view_changes_committed_at ON cv.view_changes USING brin (committed_at);
 
@@ -65,12 +82,16 @@ CREATE VIEW cv.view_changes_readable WITH (security_barrier) AS
 COMMENT ON VIEW cv.view_changes_readable IS
     'cv.view_changes of the views the current role may read (streamviews subscribe reads this).';
 
--- cv.view_change_delta: the delta of each output that has one (count, sum), after minus before, a
--- missing side (a new or a deleted group) and a NULL sum counting as 0. NULL when none has one.
-CREATE FUNCTION cv.view_change_delta(p_before jsonb, p_after jsonb, p_columns text[]) RETURNS jsonb
+-- cv.view_change_delta_sql: the expression of a change's delta over the netted row `p`: after minus
+-- before for each output that has one (count, sum), a missing side (a new or a deleted group) and a
+-- NULL sum counting as 0; NULL when no output has one. Built once per view and flush, so the delta
+-- costs a few operators per change, not a function call.
+CREATE FUNCTION cv.view_change_delta_sql(p_columns text[]) RETURNS text
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT jsonb_object_agg(c, coalesce((p_after ->> c)::numeric, 0) - coalesce((p_before ->> c)::numeric, 0))
+    SELECT coalesce(string_agg(format(
+        'jsonb_build_object(%L, coalesce((p.after ->> %L)::numeric, 0) - coalesce((p.before ->> %L)::numeric, 0))',
+        c, c, c), ' || '), 'NULL::jsonb')
       FROM unnest(p_columns) AS c
 $$;
 
@@ -116,11 +137,11 @@ BEGIN
         IF NOT FOUND THEN  -- dropped, or turned off, in this transaction
             CONTINUE;
         END IF;
-        INSERT INTO cv.view_changes (view, position, key, before, after, delta, committed_at)
-        SELECT changed.view, last_position - changed.n + row_number() OVER (ORDER BY p.key), p.key, p.before, p.after,
-               cv.view_change_delta(p.before, p.after, deltas), stamp
-          FROM pg_temp.cv_pending_changes AS p
-         WHERE p.view = changed.view AND p.before IS DISTINCT FROM p.after;
+        EXECUTE 'INSERT INTO cv.view_changes (view, position, key, before, after, delta, committed_at)'
+             || ' SELECT $1, $2 + row_number() OVER (ORDER BY p.key), p.key::jsonb, p.before, p.after, '
+             || cv.view_change_delta_sql(deltas) || ', $3'
+             || ' FROM pg_temp.cv_pending_changes AS p WHERE p.view = $1 AND p.before IS DISTINCT FROM p.after'
+            USING changed.view, last_position - changed.n, stamp;
         positions := positions || jsonb_build_object(changed.view, last_position);
     END LOOP;
     DELETE FROM pg_temp.cv_pending_changes;
@@ -155,8 +176,8 @@ BEGIN
     END IF;
     IF to_regclass('pg_temp.cv_pending_flush') IS NULL THEN
         CREATE TEMP TABLE cv_pending_changes (
-            view   text NOT NULL,
-            key    jsonb NOT NULL,
+            view   text COLLATE "C" NOT NULL,
+            key    text COLLATE "C" NOT NULL,  -- the group key's JSON text: compared as bytes, fast
             before jsonb,
             after  jsonb,
             PRIMARY KEY (view, key)
@@ -188,15 +209,15 @@ BEGIN
     PERFORM cv.arm_view_changes();
     IF TG_OP = 'INSERT' THEN
         EXECUTE 'INSERT INTO pg_temp.cv_pending_changes AS p (view, key, before, after)'
-             || ' SELECT $1, n.key, NULL, n.row FROM (' || project || ') AS n'
+             || ' SELECT $1, n.key::text, NULL, n.row FROM (' || project || ') AS n'
              || ' ON CONFLICT (view, key) DO UPDATE SET after = excluded.after' USING TG_ARGV[0];
     ELSIF TG_OP = 'DELETE' THEN
         EXECUTE 'INSERT INTO pg_temp.cv_pending_changes AS p (view, key, before, after)'
-             || ' SELECT $1, o.key, o.row, NULL FROM (' || project || ') AS o'
+             || ' SELECT $1, o.key::text, o.row, NULL FROM (' || project || ') AS o'
              || ' ON CONFLICT (view, key) DO UPDATE SET after = NULL' USING TG_ARGV[0];
     ELSE
         EXECUTE 'INSERT INTO pg_temp.cv_pending_changes AS p (view, key, before, after)'
-             || ' SELECT $1, n.key, o.row, n.row FROM (' || project || ') AS n'
+             || ' SELECT $1, n.key::text, o.row, n.row FROM (' || project || ') AS n'
              || ' JOIN (WITH cv_rows AS (SELECT * FROM cv_old) ' || project || ') AS o ON o.key = n.key'
              || ' ON CONFLICT (view, key) DO UPDATE SET after = excluded.after' USING TG_ARGV[0];
     END IF;

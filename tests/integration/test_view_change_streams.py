@@ -270,3 +270,19 @@ def test_alter_turns_changes_off_and_on_and_positions_continue(pg, writer, strea
     apply_rows(writer, append, [1], [("/off", 1, NOW)])
     [(number, key, before, after, _)] = recorded(writer, view)[position:]
     assert (number, key, before["n"], after["n"]) == (position + 1, {"url": "/off"}, 1, 2)
+
+
+def test_a_dropped_views_changes_go_with_it(pg, writer, streams):
+    schema, append = streams["schema"], streams["append"]
+    view = f"{schema}.dropped"
+    with pg("sv_owner", autocommit=True) as owner:
+        catalog.define(
+            owner,
+            f"CREATE CONTINUOUS VIEW {view} WITH (changes = true) AS"
+            f" SELECT url, count(*) AS n FROM {append} GROUP BY url",
+        )
+        apply_rows(writer, append, [1], [("/d", 1, NOW)])
+        assert len(recorded(owner, view)) == 1
+        catalog.drop(owner, [view], "view")
+        assert recorded(owner, view) == []
+        assert last_position(owner, view) == 0
