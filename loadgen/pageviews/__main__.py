@@ -6,6 +6,7 @@ The issue's aggregation-heavy case: a declared stream of page views (`url` among
 `basic`, count(*), sum(latency) and max(latency), target >= 400,000 events/s; `issue13`, count(*),
 count(DISTINCT uid), avg(latency) and percentile_cont(0.99), target >= 134,000 events/s (PipelineDB
 1.0 on that view, fed by COPY); `issue13_hll`, the same with a HyperLogLog distinct count.
+`--changes` makes the view record its change stream (`WITH (changes = true)`), to compare its cost.
 
 1. Produce: `--events` JSON events `{"url": "/page/<n>", "uid": <int>, "latency": <ms, 2 decimals>}`
    to a new topic `bench-pv-<id>` (`--partitions`, keyed by url), urls uniform among `--urls`, uids
@@ -63,8 +64,10 @@ class PageView(msgspec.Struct):
     uid: int | None = None
 
 
-def definitions(schema: str, stream: str, topic: str, group: str, select: str) -> list[str]:
+def definitions(schema: str, stream: str, topic: str, group: str, select: str, changes: bool = False) -> list[str]:
     """The bench stream (no key: append-only, so max() and sketches are allowed) and the view `select` defines.
+
+    `changes`: the view records its change stream (WITH (changes = true), docs/views.md).
 
     The stream's `consumer_group` is the bench runner's: the supervised runner leaves it alone.
     """
@@ -79,7 +82,7 @@ def definitions(schema: str, stream: str, topic: str, group: str, select: str) -
         for text in (
             "CREATE STREAM {stream} (url text NOT NULL, uid bigint, latency double precision NOT NULL, ts timestamptz)"
             " WITH (topic = {topic}, timestamp_column = 'ts', consumer_group = {group})",
-            "CREATE CONTINUOUS VIEW {view} AS " + select,
+            "CREATE CONTINUOUS VIEW {view}" + (" WITH (changes = true)" if changes else "") + " AS " + select,
         )
     ]
 
@@ -105,6 +108,7 @@ def run_runner(
     batch_max: int,
     kafka: KafkaSettings,
     postgres: PostgresSettings,
+    changes: bool = False,
 ) -> RunnerRun:
     """Define the stream and `view`, drain the topic with one runner, stop it, check the view; drop it all.
 
@@ -116,7 +120,7 @@ def run_runner(
     topic, schema, stream, group = names
     owner = owner_conninfo(postgres)
     try:
-        statements = definitions(schema, stream, topic, group, view.select)
+        statements = definitions(schema, stream, topic, group, view.select, changes)
         with throwaway_definitions(schema, statements, [stream], postgres):
             ends = high_watermarks(topic, kafka)
             if sum(ends.values()) != len(views.urls):
@@ -175,7 +179,9 @@ def measure(args: argparse.Namespace) -> BenchResult:
             names = (topic, schema, stream, group)
             run = results.measure(
                 "runner",
-                lambda: run_runner(names, views, view, batch_max=args.batch_max, kafka=kafka, postgres=postgres),
+                lambda: run_runner(
+                    names, views, view, batch_max=args.batch_max, kafka=kafka, postgres=postgres, changes=args.changes
+                ),
             )
         if run is not None:
             results.values["runner"] = run.drain.rate(run.events)  # the headline: start-up excluded
@@ -193,7 +199,8 @@ def measure(args: argparse.Namespace) -> BenchResult:
         f"  workload: {args.events:,} events, url uniform among {args.urls:,}, uid uniform in 1..{UIDS:,},"
         f" latency exponential (mean {LATENCY_MEAN_CENTS / 100:g} ms, 2 decimals), no ts field (the stream's ts"
         f" takes the record timestamp); topic of {args.partitions} partitions keyed by url",
-        f"  view {args.view}: {view.select.format(stream='<stream>')} (one runner)",
+        f"  view {args.view}: {view.select.format(stream='<stream>')} (one runner)"
+        + (", WITH (changes = true)" if args.changes else ""),
     ]
     series, check = {}, None
     if run is not None:
@@ -251,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=3, help="bare consumer passes per variant (the median)")
     parser.add_argument("--seed", type=int, default=1, help="same seed, same events")
     parser.add_argument("--batch-max", type=int, default=0, help="the runner's PIPELINE_BATCH_MAX, 0 = its default")
+    parser.add_argument("--changes", action="store_true", help="the view records its changes (WITH (changes = true))")
     return cli.run(parser, measure, "loadgen.pageviews", argv)
 
 
