@@ -27,7 +27,10 @@ def _nobody(tmp_path) -> tuple[ServiceUser, Distributions]:
 
 
 @pytest.fixture
-def context(tmp_path) -> dict[str, object]:
+def context(tmp_path, monkeypatch) -> dict[str, object]:
+    # Only what the test states: a caller's KAFKA_PORT (say, a second stack on moved ports) must not leak in.
+    for field in StackSettings.model_fields:
+        monkeypatch.delenv(field.upper(), raising=False)
     settings = StackSettings(stack_state_dir=tmp_path / "state", pgport=15432, kafka_port=19092, es_heap="2g")
     return render_context(settings, *_nobody(tmp_path))
 
