@@ -18,6 +18,7 @@ import pytest
 
 from pipelines.cv import catalog, subscribe
 from pipelines.cv.engine import StreamMaintainer, rebuild_from_state
+from pipelines.cv.sink import ViewSink
 from tests.integration.conftest import apply_rows, throwaway_views, unique
 
 NOW = datetime.now(UTC)
@@ -286,3 +287,21 @@ def test_a_dropped_views_changes_go_with_it(pg, writer, streams):
         catalog.drop(owner, [view], "view")
         assert recorded(owner, view) == []
         assert last_position(owner, view) == 0
+
+
+def test_housekeeping_prunes_changes_past_their_retention(pg, writer, streams):
+    view = f"{streams['schema']}.clicks"
+    apply_rows(writer, streams["append"], [1], [("/p", 1, NOW)])
+    kept = len(recorded(writer, view))
+    with pg("sv_owner", autocommit=True) as owner:  # this view's changes but the last, as if from 2 hours ago
+        owner.execute(
+            "UPDATE cv.view_changes SET committed_at = now() - interval '2 hours' WHERE view = %s AND position < %s",
+            (view, kept),
+        )
+
+    def prune() -> None:
+        ViewSink(changes_retention_s=3600).housekeeping(writer)
+        assert [c[0] for c in recorded(writer, view)] == [kept]  # the last hour's change only
+
+    with pytest.raises(Failed):  # rolled back: other modules' old changes stay
+        fail_after(writer, prune)
