@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import pipeline_env, start_runner, stop_runner, throwaway_views, unique, wait_for
+from tests.integration.conftest import (
+    apply_rows,
+    pipeline_env,
+    start_runner,
+    stop_runner,
+    throwaway_views,
+    unique,
+    wait_for,
+)
 from tests.integration.test_isolation import dead_letters, produce
 from tests.integration.test_pipeline_recovery import (
     committed,
@@ -214,3 +222,40 @@ def test_subscribe_refuses_a_view_without_changes_in_one_line(pg, stack):
         f"streamviews: error: view {schema}.counts does not record its changes:"
         f" ALTER CONTINUOUS VIEW {schema}.counts SET (changes = true)\n"
     )
+
+
+def test_subscribe_ends_quietly_on_ctrl_c_and_on_a_closed_pipe(pg, stack):
+    schema = unique("vcp")
+    definitions = f"""
+        CREATE STREAM {schema}_s (tag text) WITH (topic = '{schema}_s');
+        CREATE CONTINUOUS VIEW {schema}.counts WITH (changes = true) AS
+            SELECT tag, count(*) AS n FROM {schema}_s GROUP BY tag;
+    """
+    with throwaway_views(pg, schema, [f"{schema}_s"], definitions), pg("sv_writer", autocommit=True) as writer:
+        apply_rows(writer, f"{schema}_s", [1] * 50, [(f"t{i}",) for i in range(50)])
+        env = {**pipeline_env(stack, PGUSER="sv_reader", LOG_LEVEL="WARNING"), "PGAPPNAME": "it-subscriber"}
+        waiting = subprocess.Popen(
+            [str(SCRIPT), "subscribe", f"{schema}.counts", "--from", "0"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        wait_for(lambda: listening(pg), timeout=30, what="the subscriber to wait")
+        waiting.send_signal(signal.SIGINT)
+        out, err = waiting.communicate(timeout=30)
+        assert (waiting.returncode, err, len(out.splitlines())) == (0, "", 50)
+
+        # `| head -1`: the reader goes away after one line; the next change's line meets a closed pipe.
+        piped = subprocess.Popen(
+            [str(SCRIPT), "subscribe", f"{schema}.counts", "--from", "0"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert json.loads(piped.stdout.readline())["position"] == 1
+        piped.stdout.close()  # it meets the closed pipe writing the rest, or else the next change
+        apply_rows(writer, f"{schema}_s", [1], [("t0",)])
+        assert piped.wait(timeout=30) == 1  # as any `streamviews` command whose reader went away
+        assert piped.stderr.read() == ""
