@@ -19,9 +19,9 @@ locks in an order that keeps pipelines out of its waits:
 
 Views that record their changes (migration 0020) add one lock to every writer's transaction, last:
 at commit, each such view's row in cv.view_change_positions, views in name order, held until the
-commit ends (that is what makes positions commit in order). Nothing waits on anything else once
-it holds one, so the order cannot deadlock; a definition that writes such a view takes its row at
-its own commit, after the stream's lock, like a batch.
+commit ends (that is what makes positions commit in order). Once a transaction holds one, it waits
+only for later-named views' rows, taken in the same order, so they cannot deadlock; a definition
+that writes such a view takes its row at its own commit, after the stream's lock, like a batch.
 
 A lock not had in time raises `DefinitionBlocked` naming what holds it; `changing` runs a change in
 a transaction of its own and tries it again after a growing pause (`ATTEMPTS` times in all).
