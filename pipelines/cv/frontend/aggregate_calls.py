@@ -6,10 +6,11 @@ becomes one or more *stored aggregates* (kinds in pipelines.cv.views.aggregates)
 the stored values, given the call's result type as PostgreSQL resolves it.
 
 | call                                     | stored                                      | exact |
-| count, array_agg(DISTINCT)               | itself                                      | yes   |
+| count                                    | itself                                      | yes   |
+| array_agg(DISTINCT x)                    | its values, count(*) FILTER (x IS NULL)     | yes   |
 | min, max                                 | itself (+ value counts over keyed streams)  | yes   |
-| sum(x)                                   | count(x), sum(x): NULL over no values       | yes   |
-| avg(x)                                   | count(x), sum(x)                            | yes   |
+| sum(x)                                   | count(x), sum(x): NULL over no values (*)   | yes   |
+| avg(x)                                   | count(x), sum(x) (*)                        | yes   |
 | var_*, variance, stddev_*                | count(x), sum(x), sum(x*x), in numeric      | yes   |
 | corr, covar_*, regr_* (y, x)             | n, sums of x, y, x*x, y*y, x*y, in numeric  | yes   |
 | bool_and / every / bool_or               | count(x), count(x) FILTER (WHERE x)         | yes   |
@@ -17,6 +18,9 @@ the stored values, given the call's result type as PostgreSQL resolves it.
 | percentile_cont(p or array) WITHIN GROUP | a t-digest (extension tdigest), 0 <= p <= 1 | ~     |
 | topk_agg(x, k), 1 <= k <= 1000           | a mergeable Misra-Gries summary             | ~     |
 | any aggregate with a combine function    | its transition state (pg_aggregate)         | yes   |
+
+(*) x real is added up in double precision, as PostgreSQL's avg(real) does (its sum(real) adds up
+in real: a view's is then within a real's precision of it, and independent of the order of rows).
 
 Sums of powers are kept in numeric, so variances and regressions equal PostgreSQL's own up to the
 last digits of a division, and a retraction takes a value away exactly. The last four cannot forget
@@ -89,6 +93,31 @@ def _avg(refs: list[str], type_: str) -> str:
     return f"CASE WHEN {n} = 0 THEN NULL ELSE {_cast(f'{_cast(s, type_)} / {n}', type_)} END"
 
 
+def sum_term(x: str) -> str:
+    """What sum(x) and avg(x) add up: x in the type PostgreSQL's avg(x) adds up in (real as float8).
+
+    cv.sum_term (migration 0022) is x itself for every other type, inlined by the planner.
+    """
+    return f"cv.sum_term({x})"
+
+
+def _sum(refs: list[str], type_: str) -> str:
+    n, s = refs
+    return f"CASE WHEN {n} = 0 THEN NULL ELSE {_cast(s, type_)} END"
+
+
+def null_test(x: str) -> str:
+    """The filter of the count of rows whose array_agg(DISTINCT x) argument is NULL."""
+    return f"({x}) IS NULL"
+
+
+def _distinct_array(refs: list[str], _type: str) -> str:
+    if len(refs) == 1:  # over a key column (never NULL), or a view defined before NULL was counted
+        return refs[0]
+    values, nulls = refs
+    return f"CASE WHEN {nulls} > 0 THEN array_append({values}, NULL) ELSE {values} END"
+
+
 def _moments(function: str) -> Reader:
     """var_pop, var_samp, stddev_pop, stddev_samp from n, sum(x), sum(x*x) (numeric)."""
     sample = function.endswith("samp")
@@ -97,9 +126,12 @@ def _moments(function: str) -> Reader:
     def read(refs: list[str], type_: str) -> str:
         n, sx, sxx = refs
         denominator = f"({n}::numeric * ({n} - 1))" if sample else f"({n}::numeric * {n})"
-        value = f"greatest(({n}::numeric * {sxx} - {sx} * {sx}) / {denominator}, 0)"
+        # As PostgreSQL's numeric_stddev_internal: 0 (scale 0) when the numerator is not positive, else
+        # the division at numeric division's scale, and its square root at that same scale.
+        numerator = f"({n}::numeric * {sxx} - {sx} * {sx})"
+        value = f"CASE WHEN {numerator} <= 0 THEN 0 ELSE {numerator} / {denominator} END"
         if root:
-            value = f"sqrt({value})"
+            value = f"round(sqrt({value}), scale({value}))"
         return f"CASE WHEN {n} <= {1 if sample else 0} THEN NULL ELSE {_cast(value, type_)} END"
 
     return read
@@ -218,8 +250,10 @@ def is_aggregate_call(node: ast.Node, user_aggregates: frozenset[str]) -> bool:
     return name in KNOWN or name in user_aggregates or bool(node.agg_within_group) or bool(node.agg_star)
 
 
-def translate(call: ast.FuncCall, what: str, *, windowed: bool) -> Translation:
-    """What a view keeps for `call` and how it reads it back.
+def translate(
+    call: ast.FuncCall, what: str, *, windowed: bool, never_null: frozenset[str] = frozenset()
+) -> Translation:
+    """What a view keeps for `call` and how it reads it back (`never_null`: the stream's key columns).
 
     Raises:
         DefinitionError: The call is not supported, with the reason and what is.
@@ -235,7 +269,7 @@ def translate(call: ast.FuncCall, what: str, *, windowed: bool) -> Translation:
     args = tuple(RawStream()(a) for a in call.args or ())
     where = RawStream()(call.agg_filter) if call.agg_filter is not None else None
     if call.agg_distinct:
-        return _distinct(name, args, where, label, what, windowed)
+        return _distinct(name, args, where, label, what, windowed, never_null)
     if call.agg_within_group:
         return _within_group(name, call, where, label, what)
     if call.agg_star:
@@ -258,19 +292,16 @@ def translate(call: ast.FuncCall, what: str, *, windowed: bool) -> Translation:
     arity = 2 if name in REGRESSION else 1
     if name not in GENERAL_BUILTINS and name in KNOWN and len(args) != arity:
         raise DefinitionError(f"{what}: {label} takes {'two arguments (y, x)' if arity == 2 else 'one argument'}")
-    if name == "sum":  # NULL over no values, as in PostgreSQL: the count says when there are none
-        stored = (Stored("count", args[0], where), Stored("sum", args[0], where))
-        return Translation(name, stored, lambda refs, _t: f"CASE WHEN {refs[0]} = 0 THEN NULL ELSE {refs[1]} END")
+    if name in {"sum", "avg"}:  # sum: NULL over no values, as in PostgreSQL: the count says when there are none
+        stored = (Stored("count", args[0], where), Stored("sum", sum_term(args[0]), where))
+        return Translation(name, stored, _avg if name == "avg" else _sum)
     if name in {"count", "min", "max", "hll_add_agg"}:
         kind = "hll" if name == "hll_add_agg" else name
         return Translation(name, (Stored(kind, args[0], where),), read_as_stored, retractable=kind != "hll")
     if name == "array_agg":
         raise DefinitionError(f"{what}: {label} is not supported (only array_agg(DISTINCT x) keeps a set)")
-    if name == "avg":
-        x = args[0]
-        return Translation(name, (Stored("count", x, where), Stored("sum", x, where)), _avg)
-    if name in MOMENTS:
-        x = f"({args[0]})::numeric"
+    if name in MOMENTS:  # real through double precision: real's own cast to numeric keeps 6 digits
+        x = f"({sum_term(args[0])})::numeric"
         stored = (Stored("count", args[0], where), Stored("sum", x, where), Stored("sum", f"{x} * {x}", where))
         return Translation(MOMENTS[name], stored, _moments(MOMENTS[name]))
     if name in REGRESSION:
@@ -290,7 +321,13 @@ def translate(call: ast.FuncCall, what: str, *, windowed: bool) -> Translation:
 
 
 def _distinct(
-    name: str, args: tuple[str, ...], where: str | None, label: str, what: str, windowed: bool
+    name: str,
+    args: tuple[str, ...],
+    where: str | None,
+    label: str,
+    what: str,
+    windowed: bool,
+    never_null: frozenset[str] = frozenset(),
 ) -> Translation:
     if where is not None:
         raise DefinitionError(f"{what}: {label}: FILTER on a DISTINCT aggregate is not supported")
@@ -306,7 +343,11 @@ def _distinct(
     if name == "array_agg":
         if windowed:
             raise DefinitionError(f"{what}: {label} is not supported in a sliding-window view")
-        return Translation("array_agg", (Stored("set", args[0]),), read_as_stored)
+        if args[0] in never_null:  # a key column: the set is all there is
+            return Translation("array_agg", (Stored("set", args[0]),), read_as_stored)
+        # The set keeps the values; NULL, which PostgreSQL's array_agg(DISTINCT) lists last, is counted.
+        nulls = Stored("count", None, null_test(args[0]))
+        return Translation("array_agg", (Stored("set", args[0]), nulls), _distinct_array)
     hint = " (only array_agg(DISTINCT x) keeps a set)" if name == "array_agg" else ""
     raise DefinitionError(f"{what}: {label} is not supported{hint}; DISTINCT works with count and array_agg")
 

@@ -20,6 +20,7 @@ from pglast.enums import JoinType, SetOperation
 from pglast.stream import RawStream
 
 from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
+from pipelines.cv.frontend.buckets import NAMED, bucket_unit
 from pipelines.cv.frontend.windows import split_window, step_group
 from pipelines.cv.model import (
     BOOLEAN_WORDS,
@@ -38,8 +39,6 @@ from pipelines.cv.model import (
     call_placeholder,
 )
 from pipelines.cv.sqltext.parsing import options_of, plain_identifier, reject_unsupported, walk
-
-BUCKET_UNITS = ("second", "minute", "hour", "day", "week", "month", "year")
 
 
 def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
@@ -157,7 +156,7 @@ class _KeptCalls:
         for child in (*(call.args or ()), call.agg_filter, *(s.node for s in call.agg_order or ())):
             if child is not None:
                 _check_expression((child,), self.names, what, self.user_aggregates)
-        translation = translate(call, what, windowed=self.windowed)
+        translation = translate(call, what, windowed=self.windowed, never_null=frozenset(self.stream.key or ()))
         if self.stream.key is not None and not translation.retractable and translation.function != "hll_add_agg":
             raise DefinitionError(_not_retractable(RawStream()(call), self.stream.name, what))
         names = []
@@ -270,9 +269,22 @@ def _output_name(target: ast.ResTarget, what: str, is_aggregate: bool = False) -
         return plain_identifier(target.name, what)
     if isinstance(target.val, ast.ColumnRef) and isinstance(target.val.fields[-1], ast.String):
         return target.val.fields[-1].sval  # `p.section` is named section, as in PostgreSQL
-    if is_aggregate and isinstance(target.val, ast.FuncCall):
+    if isinstance(target.val, ast.FuncCall) and (is_aggregate or target.val.funcname[-1].sval.lower() in NAMED):
         return target.val.funcname[-1].sval.lower()
     raise DefinitionError(f"{what}: {RawStream()(target.val)} needs a name: ... AS <column>")
+
+
+def _by_position(item: ast.Node, select: ast.SelectStmt, plain: list[ast.ResTarget], what: str) -> ast.ResTarget | None:
+    """`GROUP BY 1`: the first output, as in PostgreSQL (None when `item` is not a position)."""
+    if not (isinstance(item, ast.A_Const) and isinstance(item.val, ast.Integer)):
+        return None
+    targets = select.targetList or ()
+    if not 1 <= item.val.ival <= len(targets):
+        raise DefinitionError(f"{what}: GROUP BY position {item.val.ival} is not in the select list")
+    target = targets[item.val.ival - 1]
+    if target not in plain:
+        raise DefinitionError(f"{what}: GROUP BY {item.val.ival}: that output is an aggregate")
+    return target
 
 
 def _groups(
@@ -290,7 +302,7 @@ def _groups(
         if not isinstance(item, ast.Node) or isinstance(item, ast.GroupingSet):
             raise DefinitionError(f"{what}: GROUPING SETS, ROLLUP and CUBE are not supported")
         text = RawStream()(item)
-        target = by_text.get(text)
+        target = by_text.get(text) or _by_position(item, select, plain, what)
         is_name = isinstance(item, ast.ColumnRef) and len(item.fields) == 1
         if target is None and is_name and item.fields[0].sval not in columns:
             # As in PostgreSQL, a name is a stream column first and only otherwise an output alias.
@@ -311,20 +323,8 @@ def _groups(
     for target in grouped:
         name = _output_name(target, what)
         source = target.val.fields[0].sval if isinstance(target.val, ast.ColumnRef) else None
-        result.append(GroupColumn(name, RawStream()(target.val), source, _bucket_unit(target.val, columns)))
+        result.append(GroupColumn(name, RawStream()(target.val), source, bucket_unit(target.val, columns)))
     return tuple(result)
-
-
-def _bucket_unit(node: ast.Node, columns: set[str]) -> str | None:
-    """`date_trunc('hour', ts)` over a stream column is a time bucket of unit 'hour'."""
-    if not isinstance(node, ast.FuncCall) or [n.sval for n in node.funcname][-1] != "date_trunc":
-        return None
-    args = node.args or ()
-    if len(args) == 2 and isinstance(args[0], ast.A_Const) and isinstance(args[0].val, ast.String):
-        unit = args[0].val.sval.lower()
-        if unit in BUCKET_UNITS and isinstance(args[1], ast.ColumnRef) and args[1].fields[-1].sval in columns:
-            return unit
-    return None
 
 
 @dataclass(frozen=True)
@@ -378,7 +378,7 @@ def _check_semantics(view: ViewDef, what: str) -> None:
             "view are not supported; define one view per expression"
         )
     if view.ttl is not None and view.bucket is None:
-        raise DefinitionError(f"{what}: ttl needs a time bucket in GROUP BY, e.g. date_trunc('hour', ts)")
+        raise DefinitionError(f"{what}: ttl needs a time bucket in GROUP BY, e.g. date_trunc('hour', ts) or hour(ts)")
 
 
 def check_changes_option(options: Mapping[str, str], windowed: bool, what: str) -> None:

@@ -86,7 +86,8 @@ def stored_columns(
             )
             columns.append(StoredColumn(aggregate.name, batch, add))
         elif aggregate.kind == "sum":
-            batch = sql.SQL("coalesce(sum(CASE WHEN _cv_sign > 0 THEN ({0}) ELSE -({0}) END){1}, 0)").format(
+            # '0' - x and '0' take x's type: money has no unary minus, and interval or money no 0.
+            batch = sql.SQL("coalesce(sum(CASE WHEN _cv_sign > 0 THEN ({0}) ELSE '0' - ({0}) END){1}, '0')").format(
                 a, _filter(where)
             )
             columns.append(StoredColumn(aggregate.name, batch, add))

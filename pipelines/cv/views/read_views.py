@@ -65,7 +65,10 @@ def output_columns(view: ViewDef, types: ViewTypes) -> list[str]:
             if placeholder in text:
                 reader = reader_of(call, view)
                 result_type = types.calls[index] if index < len(types.calls) else ""
-                text = text.replace(placeholder, f"({reader([refs[n] for n in call.stored], result_type)})")
+                value = reader([refs[n] for n in call.stored], result_type)
+                if result_type == "bit":  # kept as bit varying; bitand(x, x) is x as bit of any length
+                    value = f"bitand({value}, {value})"
+                text = text.replace(placeholder, f"({value})")
         columns.append(f"{text} AS {_quoted(output.name)}")
     return columns
 

@@ -71,7 +71,7 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
             sample, sql.SQL(view.join.table), sql.Identifier(view.join.table_alias)
         )
 
-    def types_of(expressions: list[str]) -> list[str]:
+    def types_of(expressions: list[str], *, as_named: bool = False) -> list[str]:
         # No WHERE here: it would filter away the one all-NULL sample row. It is type-checked on its own.
         select = sql.SQL(", ").join(sql.SQL("pg_typeof({})::text").format(sql.SQL(e)) for e in expressions)
         query = sql.SQL("SELECT {} FROM {}").format(select, sample)
@@ -80,7 +80,7 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
                 row = conn.execute(query).fetchone()
         except psycopg.Error as e:
             raise DefinitionError(f"continuous view {view.qualified_name}: {e.diag.message_primary or e}") from e
-        return list(row)
+        return list(row) if as_named else [storable(t) for t in row]
 
     _refuse_volatile(conn, view)
     group_types = types_of([g.sql for g in view.groups])
@@ -90,7 +90,7 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
         types_of(["(" + view.where_sql + ")::boolean"])
     # Each call's result type, as PostgreSQL types the call itself: this also checks its arguments
     # the way users expect (avg(ts) fails as avg, not as the sum it is kept as). The readers cast to it.
-    call_types = [OWN_RESULT_TYPES.get(call.function) or types_of([call.sql])[0] for call in view.calls]
+    call_types = [OWN_RESULT_TYPES.get(call.function) or types_of([call.sql], as_named=True)[0] for call in view.calls]
     aggregate_types = []
     states = {}
     for aggregate in view.aggregates:
@@ -111,7 +111,7 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
         elif aggregate.kind == "sum":
             aggregate_types.append(types_of([f"sum({aggregate.arg_sql})"])[0])
         elif aggregate.kind == "state":
-            arg_types = types_of(split_arguments(aggregate.arg_sql or ""))
+            arg_types = types_of(split_arguments(aggregate.arg_sql or ""), as_named=True)
             functions = general.resolve(conn, aggregate.params[0], arg_types, f"continuous view {view.qualified_name}")
             states[aggregate.name] = functions
             aggregate_types.append(types_of([f"{functions.partial}({aggregate.arg_sql})"])[0])
@@ -120,6 +120,17 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
             aggregate_types.append(arg_type + "[]" if aggregate.kind == "set" else arg_type)
     distinct = types_of([view.distinct_arg])[0] if view.distinct_arg else None
     return ViewTypes(tuple(group_types), tuple(aggregate_types), distinct, tuple(call_types), states)
+
+
+# pg_typeof names a type without its length; written as a column type, `bit` and `character` then
+# mean bit(1) and char(1), and a cast to them truncates: the unbounded types instead.
+_UNBOUNDED = {"bit": "bit varying", "character": "bpchar"}
+
+
+def storable(type_: str) -> str:
+    """A type as pg_typeof names it, written so that a column or cast of it keeps every value."""
+    base, brackets = (type_[:-2], "[]") if type_.endswith("[]") else (type_, "")
+    return _UNBOUNDED.get(base, base) + brackets
 
 
 def _refuse_volatile(conn: psycopg.Connection, view: ViewDef) -> None:
