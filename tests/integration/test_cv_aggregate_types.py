@@ -21,6 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipelines.cv import catalog
+from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 FLOAT4, FLOAT8 = 700, 701
@@ -203,3 +205,26 @@ def test_the_known_wrong_answers_of_issue_26_are_postgresqls(writer, streams, ba
     replay(writer, streams["keyed"], rows, [])
     (ts,) = writer.execute(f"SELECT ts FROM {streams['schema']}.sets WHERE g = %s", (g,)).fetchone()
     assert ts == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        ("avg((n)::money)", r"function avg\(money\) does not exist"),
+        ("sum(dt)", r"function sum\(date\) does not exist"),
+        ("sum(tz)", r"function sum\(timestamp with time zone\) does not exist"),
+        ("min(b)", r"function min\(boolean\) does not exist"),
+        ("max((t)::jsonb)", r"function max\(jsonb\) does not exist"),
+        ("bool_and(i4)", r"function bool_and\(integer\) does not exist"),
+        ("bit_or(r)", r"function bit_or\(real\) does not exist"),
+        ("variance(make_interval(secs => i4))", r"function variance\(interval\) does not exist"),
+        ("stddev((n)::money)", r"function stddev\(money\) does not exist"),
+        ("corr(t, d)", "corr"),
+    ],
+)
+def test_a_pair_postgresql_does_not_aggregate_is_refused_when_the_view_is_defined(pg, streams, call, match):
+    statement = (
+        f"CREATE CONTINUOUS VIEW {streams['schema']}.nope AS SELECT g, {call} AS a FROM {streams['append']} GROUP BY g"
+    )
+    with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match=match):
+        catalog.define(owner, statement)
