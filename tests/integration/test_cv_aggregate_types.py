@@ -40,7 +40,7 @@ KEYED_VIEW = f"""
         count(t) AS count_t, count(b) AS count_b,
         min(i2) AS min_i2, max(i4) AS max_i4, min(i8) AS min_i8, max(n) AS max_n, min(r) AS min_r, max(d) AS max_d,
         min({MONEY}) AS min_m, max({SECONDS}) AS max_iv, min(t) AS min_t, max(t) AS max_t, min(dt) AS min_dt,
-        max(tz) AS max_tz, min((tz)::timestamp) AS min_ts,
+        max(tz) AS max_tz, min((tz)::timestamp) AS min_ts, max((t || t)::character(2)) AS max_c,
         bool_and(b) AS and_b, bool_or(b) AS or_b, every(b) AS every_b,
         var_samp(i2) AS vars_i2, var_pop(i4) AS varp_i4, stddev_samp(i8) AS sds_i8, stddev_pop(n) AS sdp_n,
         variance(r) AS var_r, stddev(d) AS sd_d
