@@ -220,6 +220,11 @@ def test_the_known_wrong_answers_of_issue_26_are_postgresqls(writer, streams, ba
         ("variance(make_interval(secs => i4))", r"function variance\(interval\) does not exist"),
         ("stddev((n)::money)", r"function stddev\(money\) does not exist"),
         ("corr(t, d)", "corr"),
+        ("percentile_cont(0.5) WITHIN GROUP (ORDER BY make_interval(secs => i4))", "order by a number, e.g. extract"),
+        (
+            "percentile_cont(0.5) WITHIN GROUP (ORDER BY tz)",
+            r"percentile_cont\(numeric, timestamp with time zone\) does not",
+        ),
     ],
 )
 def test_a_pair_postgresql_does_not_aggregate_is_refused_when_the_view_is_defined(pg, streams, call, match):

@@ -104,7 +104,13 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
             types_of([f"hll_add_agg({aggregate.arg_sql})"])
             aggregate_types.append("hll")
         elif aggregate.kind == "tdigest":
-            aggregate_types.append(types_of([f"tdigest({aggregate.arg_sql}, 100)"])[0])
+            try:
+                aggregate_types.append(types_of([f"tdigest({aggregate.arg_sql}, 100)"])[0])
+            except DefinitionError as e:  # an interval or a timestamp: PostgreSQL would interpolate it
+                raise DefinitionError(
+                    f"{e}: percentile_cont is kept as a t-digest of numbers; order by a number, e.g. "
+                    "extract(epoch FROM x) for an interval or a time"
+                ) from e
         elif aggregate.kind == "topk":
             types_of([aggregate.arg_sql or ""])
             aggregate_types.append("jsonb")
