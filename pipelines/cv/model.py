@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from pipelines.errors import StreamviewsError
@@ -307,15 +307,18 @@ class Scope:
         streams: The streams a view may read, by name.
         user_aggregates: Aggregates the database defines beyond the built-in ones, bare and
             schema-qualified (`mode_of`, `public.mode_of`).
+        count_distinct_nulls: False to read a view stored before array_agg(DISTINCT x) counted the
+            rows whose x is NULL: its storage has no column for them, and keeps none.
     """
 
     streams: Mapping[str, StreamDef]
     user_aggregates: frozenset[str]
+    count_distinct_nulls: bool = True
 
     def with_stream(self, stream: StreamDef) -> Scope:
         """This scope once `stream` is defined (or redefined)."""
-        return Scope({**self.streams, stream.name: stream}, self.user_aggregates)
+        return replace(self, streams={**self.streams, stream.name: stream})
 
     def without_stream(self, name: str) -> Scope:
         """This scope once stream `name` is dropped."""
-        return Scope({k: v for k, v in self.streams.items() if k != name}, self.user_aggregates)
+        return replace(self, streams={k: v for k, v in self.streams.items() if k != name})

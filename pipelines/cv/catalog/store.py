@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import psycopg
 
@@ -93,14 +93,21 @@ def _parsed_streams(conn: psycopg.Connection) -> dict[str, StreamDef | Definitio
 
 def load_views(conn: psycopg.Connection, streams: Mapping[str, StreamDef], stream: str) -> list[CompiledView]:
     """The views of one stream in name order (the order their rows are locked in)."""
-    views = []
     rows = conn.execute("SELECT definition, types FROM cv.views WHERE stream = %s ORDER BY name", (stream,))
     in_scope = Scope(streams, general.user_aggregates(conn))
-    for definition, types in rows.fetchall():
-        view = parse(definition, in_scope)
-        assert isinstance(view, ViewDef)
-        views.append(CompiledView(view, ViewTypes.from_json(types)))
-    return views
+    return [stored_view(definition, types, in_scope) for definition, types in rows.fetchall()]
+
+
+def stored_view(definition: str, types: dict, scope: Scope) -> CompiledView:
+    """A view as cv.views keeps it (its statement and types), read as it was stored.
+
+    Its types say what its storage holds: a view stored before array_agg(DISTINCT x) counted NULL x
+    is read without that count, so a release that stores more never misreads an older storage.
+    """
+    kept = ViewTypes.from_json(types)
+    view = parse(definition, replace(scope, count_distinct_nulls=kept.distinct_nulls))
+    assert isinstance(view, ViewDef)
+    return CompiledView(view, kept)
 
 
 def scope(conn: psycopg.Connection, streams: Mapping[str, StreamDef] | None = None) -> Scope:

@@ -23,11 +23,10 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv.catalog import change_streams
+from pipelines.cv.catalog import change_streams, store
 from pipelines.cv.catalog.locks import Outcome, drop_read_view, lock_stream_for_change, lock_tables
 from pipelines.cv.catalog.view_checks import check_ttl, check_units, check_window
 from pipelines.cv.frontend.changes import AlterView, with_options
-from pipelines.cv.frontend.statements import parse
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef, storage_name
 from pipelines.cv.views import compiler, extremes, general, read_views, view_types
 from pipelines.cv.views.sql_text import CV_SCHEMA
@@ -70,9 +69,8 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> Outcom
         )
         outcome = f"view {view.qualified_name} created; {_create(conn, view, stream, types)}"
     else:
-        old = parse(row[0], scope)
-        assert isinstance(old, ViewDef)
-        outcome = _replace(conn, old, ViewTypes.from_json(row[1]), view, stream, types)
+        old = store.stored_view(row[0], row[1], scope)
+        outcome = _replace(conn, old.view, old.types, view, stream, types)
         conn.execute(
             "UPDATE cv.views SET definition = %s, types = %s WHERE name = %s",
             (view.definition, Jsonb(types.to_json()), view.qualified_name),
@@ -197,19 +195,17 @@ def alter_view(conn: psycopg.Connection, change: AlterView, scope: Scope) -> Out
     row = conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (change.name,)).fetchone()
     if row is None:
         raise DefinitionError(f"ALTER CONTINUOUS VIEW: no continuous view named {change.name}")
-    old = parse(row[0], scope)
-    assert isinstance(old, ViewDef)
-    options = {k: v for k, v in old.options.items() if k not in change.reset_options} | change.set_options
-    view = parse(with_options(row[0], options), scope)
-    assert isinstance(view, ViewDef)
+    old = store.stored_view(row[0], row[1], scope)
+    options = {k: v for k, v in old.view.options.items() if k not in change.reset_options} | change.set_options
+    view = store.stored_view(with_options(row[0], options), row[1], scope).view
     check_ttl(conn, view)
-    lock_stream_for_change(conn, old.stream, f"ALTER CONTINUOUS VIEW {change.name}")
+    lock_stream_for_change(conn, old.view.stream, f"ALTER CONTINUOUS VIEW {change.name}")
     if view.ttl and view.bucket and not _has_index_on(conn, view):
         conn.execute(
             sql.SQL("CREATE INDEX ON {} ({})").format(compiler.storage_table(view), sql.Identifier(view.bucket.name))
         )
     conn.execute("UPDATE cv.views SET definition = %s WHERE name = %s", (view.definition, change.name))
-    change_streams.follow_option(conn, view, ViewTypes.from_json(row[1]))
+    change_streams.follow_option(conn, view, old.types)
     log.info("view altered", view=change.name, ttl=view.ttl, changes=view.records_changes)
     ttl = f"ttl {view.ttl!r}" if view.ttl else "no ttl"
     return Outcome(f"view {change.name} altered: {ttl}" + (", changes recorded" if view.records_changes else ""))

@@ -251,9 +251,17 @@ def is_aggregate_call(node: ast.Node, user_aggregates: frozenset[str]) -> bool:
 
 
 def translate(
-    call: ast.FuncCall, what: str, *, windowed: bool, never_null: frozenset[str] = frozenset()
+    call: ast.FuncCall,
+    what: str,
+    *,
+    windowed: bool,
+    never_null: frozenset[str] = frozenset(),
+    count_nulls: bool = True,
 ) -> Translation:
-    """What a view keeps for `call` and how it reads it back (`never_null`: the stream's key columns).
+    """What a view keeps for `call` and how it reads it back.
+
+    `never_null`: the stream's key columns; `count_nulls` False: a view stored before array_agg(DISTINCT x)
+    counted NULL x (see pipelines.cv.model.Scope).
 
     Raises:
         DefinitionError: The call is not supported, with the reason and what is.
@@ -269,7 +277,7 @@ def translate(
     args = tuple(RawStream()(a) for a in call.args or ())
     where = RawStream()(call.agg_filter) if call.agg_filter is not None else None
     if call.agg_distinct:
-        return _distinct(name, args, where, label, what, windowed, never_null)
+        return _distinct(name, args, where, label, what, windowed, never_null if count_nulls else None)
     if call.agg_within_group:
         return _within_group(name, call, where, label, what)
     if call.agg_star:
@@ -327,8 +335,9 @@ def _distinct(
     label: str,
     what: str,
     windowed: bool,
-    never_null: frozenset[str] = frozenset(),
+    never_null: frozenset[str] | None = frozenset(),
 ) -> Translation:
+    """`never_null` None: count no NULL (a view stored before NULL was counted)."""
     if where is not None:
         raise DefinitionError(f"{what}: {label}: FILTER on a DISTINCT aggregate is not supported")
     if len(args) != 1:
@@ -343,7 +352,7 @@ def _distinct(
     if name == "array_agg":
         if windowed:
             raise DefinitionError(f"{what}: {label} is not supported in a sliding-window view")
-        if args[0] in never_null:  # a key column: the set is all there is
+        if never_null is None or args[0] in never_null:  # a key column: the set is all there is
             return Translation("array_agg", (Stored("set", args[0]),), read_as_stored)
         # The set keeps the values; NULL, which PostgreSQL's array_agg(DISTINCT) lists last, is counted.
         nulls = Stored("count", None, null_test(args[0]))

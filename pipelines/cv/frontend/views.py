@@ -93,7 +93,9 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
     if not any(is_aggregate for _, _, is_aggregate in outputs):
         raise DefinitionError(f"{what}: no aggregate; a continuous view aggregates its stream")
     window, where = split_window(select.whereClause, stream, what)
-    kept = _KeptCalls(what, names, user_aggregates, stream, windowed=window is not None)
+    kept = _KeptCalls(
+        what, names, user_aggregates, stream, windowed=window is not None, count_nulls=scope.count_distinct_nulls
+    )
     expressions = {out: kept.replace(target.val, out) for out, target, is_aggregate in outputs if is_aggregate}
     groups = _groups(select, plain, columns, set(expressions), what, window is not None)
     if window is not None:
@@ -138,10 +140,17 @@ class _KeptCalls:
     """The aggregate calls of a view's outputs, translated: what each stores (once) and reads."""
 
     def __init__(
-        self, what: str, names: _Names, user_aggregates: frozenset[str], stream: StreamDef, *, windowed: bool
+        self,
+        what: str,
+        names: _Names,
+        user_aggregates: frozenset[str],
+        stream: StreamDef,
+        *,
+        windowed: bool,
+        count_nulls: bool,
     ) -> None:
         self.what, self.names, self.user_aggregates, self.stream = what, names, user_aggregates, stream
-        self.windowed = windowed
+        self.windowed, self.count_nulls = windowed, count_nulls
         self.stored: dict[Stored, str] = {}  # each stored aggregate once, however many calls read it
         self.calls: list[AggregateCall] = []
 
@@ -156,7 +165,8 @@ class _KeptCalls:
         for child in (*(call.args or ()), call.agg_filter, *(s.node for s in call.agg_order or ())):
             if child is not None:
                 _check_expression((child,), self.names, what, self.user_aggregates)
-        translation = translate(call, what, windowed=self.windowed, never_null=frozenset(self.stream.key or ()))
+        never_null = frozenset(self.stream.key or ())
+        translation = translate(call, what, windowed=self.windowed, never_null=never_null, count_nulls=self.count_nulls)
         if self.stream.key is not None and not translation.retractable and translation.function != "hll_add_agg":
             raise DefinitionError(_not_retractable(RawStream()(call), self.stream.name, what))
         names = []

@@ -35,6 +35,8 @@ class ViewTypes:
     distinct_arg: str | None
     calls: tuple[str, ...] = ()
     states: Mapping[str, StateFunctions] = field(default_factory=dict)
+    # False for a view defined before array_agg(DISTINCT x) counted NULL x: its storage keeps no count.
+    distinct_nulls: bool = True
 
     def to_json(self) -> dict[str, object]:
         """As kept in cv.views.types."""
@@ -44,6 +46,7 @@ class ViewTypes:
             "distinct_arg": self.distinct_arg,
             "calls": list(self.calls),
             "states": {name: f.to_json() for name, f in self.states.items()},
+            "distinct_nulls": self.distinct_nulls,
         }
 
     @classmethod
@@ -55,6 +58,7 @@ class ViewTypes:
             data["distinct_arg"],
             tuple(data.get("calls", ())),
             {name: StateFunctions.from_json(f) for name, f in data.get("states", {}).items()},
+            data.get("distinct_nulls", False),
         )
 
 
