@@ -21,7 +21,6 @@ from dataclasses import replace
 
 from psycopg import sql
 
-from pipelines.cv.frontend.aggregate_calls import null_test
 from pipelines.cv.model import Aggregate, StreamDef, ViewDef, storage_name
 from pipelines.cv.sqltext.parsing import split_arguments
 from pipelines.cv.views import extremes, stream_sql, windows
@@ -214,20 +213,9 @@ def counts_from_transitions(view: ViewDef, stream: StreamDef) -> bool:
         and stream.key is not None
         and view.distinct_arg in stream.key
         and all(
-            a.kind in {"set", "count_distinct"}
-            or (a.kind == "count" and a.arg_sql is None and a.filter_sql is None)
-            or _counts_null_key(a, view)
+            a.kind in {"set", "count_distinct"} or (a.kind == "count" and a.arg_sql is None and a.filter_sql is None)
             for a in view.aggregates
         )
-    )
-
-
-def _counts_null_key(aggregate: Aggregate, view: ViewDef) -> bool:
-    """array_agg(DISTINCT x)'s count of NULL x: always 0 in a view counted from transitions (x a key)."""
-    return (
-        aggregate.kind == "count"
-        and aggregate.arg_sql is None
-        and aggregate.filter_sql == null_test(view.distinct_arg or "")
     )
 
 
@@ -273,10 +261,7 @@ def apply_deltas(
     elif counts_from_transitions(view, stream):
         # One pass over the netted transitions instead of two over the deltas (see the function).
         sign = sql.SQL("t.sign")
-        aggregates = tuple(replace(a, filter_sql="false") if _counts_null_key(a, view) else a for a in view.aggregates)
-        columns = stored_columns(
-            view, sign, sql.SQL("t.value"), rows_sign=sign, states=states, aggregates=aggregates, extreme_merges=merges
-        )
+        columns = stored_columns(view, sign, sql.SQL("t.value"), rows_sign=sign, states=states, extreme_merges=merges)
         body = sql.SQL("SELECT {groups}, {batch} FROM {trans} AS t GROUP BY {pos} ORDER BY {pos}").format(
             groups=comma_list([sql.SQL("t.{}").format(n) for n in group_names]),
             batch=comma_list([c.batch for c in columns]),
