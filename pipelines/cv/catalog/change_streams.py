@@ -1,10 +1,12 @@
 """Whether a view records its changes: the capture triggers on its storage and its position row.
 
-A view records changes when its definition says `WITH (changes = true)` (or ALTER ... SET
-(changes = true)). `record_changes` is the one call that turns recording on, whoever asks for it:
-the definition today, a sink or a view reading `output_of()` later. Turning it off keeps the view's
+A view records changes while someone wants them: its definition says `WITH (changes = true)` (or
+ALTER ... SET (changes = true)), or a *reader* takes them (migration 0023: a sink relaying them to
+Kafka, a view over the view). `record_changes` is the one call that turns recording on, whoever asks;
+`follow_option` and `remove_reader` turn it off only when neither the option nor any reader is left,
+so a view redefined with `changes = false` keeps feeding its sinks. Turning it off keeps the view's
 position row and its changes, so positions continue where they stopped if it is turned on again;
-dropping the view drops both (migration 0020).
+dropping the view drops both, and its readers (migrations 0020, 0023).
 
 It runs in the caller's transaction, after the stream's lock (pipelines.cv.catalog.locks, step 3):
 no batch of the stream is being applied meanwhile.
@@ -15,7 +17,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from pipelines.cv.model import ViewDef
+from pipelines.cv.model import DefinitionError, ViewDef
 from pipelines.cv.views import change_capture, compiler
 from pipelines.cv.views.view_types import ViewTypes
 
@@ -41,11 +43,48 @@ def stop_recording(conn: psycopg.Connection, view: ViewDef) -> None:
 
 
 def follow_option(conn: psycopg.Connection, view: ViewDef, types: ViewTypes) -> None:
-    """Record changes or not, as the view's `changes` option says (after its storage or read view was made)."""
-    if view.records_changes:
+    """Record changes or not, as the view's `changes` option and its readers say (after its storage or read view was made)."""
+    if view.records_changes or readers(conn, view.qualified_name):
         record_changes(conn, view, types)
     elif is_recording(conn, view.qualified_name):
         stop_recording(conn, view)
+
+
+def add_reader(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, reader: str) -> int:
+    """Make `reader` ('sink <name>', 'view <schema.name>') take the view's changes from now; its start position.
+
+    The view records changes from here on if it did not. The reader starts after the view's last
+    position: what it must know of the rows already there it reads from the view itself, in the
+    same snapshot as that position (both commit together), or under the stream's lock.
+
+    Raises:
+        DefinitionError: The view cannot record changes (a sliding window), or the reader exists.
+    """
+    if view.window is not None:
+        raise DefinitionError(f"{view.qualified_name}: a sliding window view has no change stream to read")
+    record_changes(conn, view, types)
+    row = conn.execute(
+        "INSERT INTO cv.change_readers (view, reader, position)"
+        " SELECT view, %s, last FROM cv.view_change_positions WHERE view = %s"
+        " ON CONFLICT (view, reader) DO NOTHING RETURNING position",
+        (reader, view.qualified_name),
+    ).fetchone()
+    if row is None:
+        raise DefinitionError(f"{reader} already reads the changes of {view.qualified_name}")
+    return int(row[0])
+
+
+def remove_reader(conn: psycopg.Connection, view: ViewDef, reader: str) -> None:
+    """`reader` takes no more of the view's changes; recording stops when nobody else wants them."""
+    conn.execute("DELETE FROM cv.change_readers WHERE view = %s AND reader = %s", (view.qualified_name, reader))
+    if not view.records_changes and not readers(conn, view.qualified_name) and is_recording(conn, view.qualified_name):
+        stop_recording(conn, view)
+
+
+def readers(conn: psycopg.Connection, name: str) -> list[str]:
+    """Who reads view `name`'s changes, by name."""
+    rows = conn.execute("SELECT reader FROM cv.change_readers WHERE view = %s ORDER BY reader", (name,)).fetchall()
+    return [reader for (reader,) in rows]
 
 
 def is_recording(conn: psycopg.Connection, name: str) -> bool:

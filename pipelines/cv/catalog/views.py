@@ -226,6 +226,8 @@ def _has_index_on(conn: psycopg.Connection, view: ViewDef) -> bool:
 def drop_view(conn: psycopg.Connection, name: str, stream: str) -> Outcome:
     """DROP CONTINUOUS VIEW of view `name` over `stream`: its read view, its tables, the aggregates only it kept."""
     what = f"DROP CONTINUOUS VIEW {name}"
+    if taking := change_streams.readers(conn, name):
+        raise DefinitionError(f"{what}: {', '.join(taking)} read its changes; drop them first")
     schema, _, view = name.partition(".")
     _take_view(conn, what, schema, view, stream)
     drop_view_relations(conn, schema, view)
