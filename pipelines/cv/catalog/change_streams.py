@@ -43,7 +43,7 @@ def stop_recording(conn: psycopg.Connection, view: ViewDef) -> None:
 
 
 def follow_option(conn: psycopg.Connection, view: ViewDef, types: ViewTypes) -> None:
-    """Record changes or not, as the view's `changes` option and its readers say (after its storage or read view was made)."""
+    """Record changes or not, as the view's `changes` option and its readers say (after its storage is made)."""
     if view.records_changes or readers(conn, view.qualified_name):
         record_changes(conn, view, types)
     elif is_recording(conn, view.qualified_name):
