@@ -24,6 +24,7 @@ from psycopg import errors
 
 from pipelines.cv.catalog import store
 from pipelines.cv.catalog.locks import Outcome, begin_change, bump, changing
+from pipelines.cv.catalog.sinks import apply_sink, drop_sink
 from pipelines.cv.catalog.streams import define_stream, drop_stream
 from pipelines.cv.catalog.views import alter_view, define_view, drop_view
 from pipelines.cv.frontend.changes import AlterView, Drop
@@ -93,6 +94,8 @@ def _apply_one(conn: psycopg.Connection, item: ScriptStatement, scope: Scope) ->
     """One statement through its handler; the scope the next statement is read against."""
     if item.stream is not None:
         return define_stream(conn, item.stream, scope.streams), scope.with_stream(item.stream)
+    if item.sink is not None:
+        return apply_sink(conn, item.sink, scope), scope
     if isinstance(item.change, AlterView):
         return alter_view(conn, item.change, scope), scope
     if isinstance(item.change, Drop):
@@ -113,7 +116,9 @@ def _drop(conn: psycopg.Connection, change: Drop, scope: Scope) -> tuple[Outcome
             continue
         kind, qualified, stream = resolved
         dropped = True
-        if kind == "view":
+        if kind == "sink":
+            lines.append(drop_sink(conn, qualified, scope).line)
+        elif kind == "view":
             lines.append(drop_view(conn, qualified, stream).line)
         else:
             lines.append(drop_stream(conn, qualified, scope.streams).line)
@@ -123,6 +128,8 @@ def _drop(conn: psycopg.Connection, change: Drop, scope: Scope) -> tuple[Outcome
 
 def resolve(conn: psycopg.Connection, name: str, kind: Literal["view", "stream"] | None) -> tuple[str, str, str] | None:
     """What a DROP of `name` drops: ("view", "schema.name", its stream) or ("stream", name, name); None if nothing.
+
+    With no `kind` (`streamviews drop NAME`), a name that is neither may be a sink's: ("sink", name, "").
 
     `x` names the view `public.x`, as in CREATE CONTINUOUS VIEW x; a stream's name has no schema.
 
@@ -140,7 +147,11 @@ def resolve(conn: psycopg.Connection, name: str, kind: Literal["view", "stream"]
         raise DefinitionError(f"{name} is both a stream and the continuous view {view}; add --stream or --view")
     if row is not None:
         return "view", view, row[0]
-    return ("stream", name, name) if is_stream else None
+    if is_stream:
+        return "stream", name, name
+    if kind is None and conn.execute("SELECT 1 FROM cv.sinks WHERE name = %s", (name,)).fetchone() is not None:
+        return "sink", name, ""
+    return None
 
 
 def _missing(name: str, kind: Literal["view", "stream"] | None) -> str:

@@ -22,6 +22,7 @@ from typing import Literal
 from pglast import ast
 
 from pipelines.cv.frontend.changes import AlterView, Drop, parse_change
+from pipelines.cv.frontend.sinks import DropSink, SinkDef, parse_sink
 from pipelines.cv.frontend.streams import parse_stream
 from pipelines.cv.frontend.views import parse_view
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
@@ -118,6 +119,7 @@ class ScriptStatement:
     statement: Statement
     stream: StreamDef | None = None
     change: AlterView | Drop | None = None
+    sink: SinkDef | DropSink | None = None  # CREATE SINK / DROP SINK (pipelines.cv.frontend.sinks)
 
     def view(self, scope: Scope) -> ViewDef:
         """The CREATE [OR REPLACE] CONTINUOUS VIEW this statement is, read against `scope`."""
@@ -160,6 +162,9 @@ def read_script(text: str) -> Script:
     read = []
     for statement in statements:
         try:
+            if (sink := parse_sink(statement.text)) is not None:
+                read.append(ScriptStatement(statement, sink=sink))
+                continue
             change = parse_change(statement.text)
             stream = None
             if change is None and statement.label.startswith("CREATE STREAM"):

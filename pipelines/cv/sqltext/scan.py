@@ -17,7 +17,7 @@ from pipelines.cv.model import DefinitionError
 # Scanner tokens that are not part of a statement's text: comments and the semicolons between statements.
 _NOT_STATEMENT = frozenset({"SQL_COMMENT", "C_COMMENT", "ASCII_59"})
 _HEAD = re.compile(
-    r"\s*(CREATE(?:\s+OR\s+REPLACE)?|ALTER|DROP)\s+(STREAM|CONTINUOUS\s+VIEW)\s+(?:IF\s+EXISTS\s+)?([^\s(;,]+)",
+    r"\s*(CREATE(?:\s+OR\s+REPLACE)?|ALTER|DROP)\s+(STREAM|CONTINUOUS\s+VIEW|SINK)\s+(?:IF\s+EXISTS\s+)?([^\s(;,]+)",
     re.IGNORECASE,
 )
 

@@ -1,0 +1,96 @@
+"""CREATE SINK and DROP SINK through the catalog: a sink is a reader of its view's changes, with a topic.
+
+A sink starts at its view's last position and keeps the view recording; a filter PostgreSQL cannot
+run is refused in one line when the sink is created; a view a sink reads cannot be dropped under it;
+`streamviews drop NAME` finds sinks too.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.cv import catalog
+from pipelines.cv.catalog import change_streams
+from pipelines.cv.catalog.sinks import sink_states
+from pipelines.cv.model import DefinitionError
+from tests.integration.conftest import throwaway_views, unique
+
+
+@pytest.fixture(scope="module")
+def streams(stack, pg):
+    name = unique("sinks")
+    clicks = f"{name}_clicks"
+    definitions = f"""
+        CREATE STREAM {clicks} (url text, ts timestamptz) WITH (topic = '{clicks}');
+        CREATE CONTINUOUS VIEW {name}.counts AS SELECT url, count(*) AS n FROM {clicks} GROUP BY url;
+    """
+    with throwaway_views(pg, name, [clicks], definitions):
+        yield {"view": f"{name}.counts", "stream": clicks, "schema": name}
+
+
+@pytest.fixture
+def owner(pg):
+    with pg("sv_owner", autocommit=True) as conn:
+        yield conn
+
+
+def test_a_sink_reads_its_view_from_its_last_position_and_its_drop_stops_the_recording(owner, streams):
+    view, sink = streams["view"], unique("out")
+    lines = catalog.define(
+        owner, f"CREATE SINK {sink} FROM {view} WITH (topic = '{sink}', where = '(new).n > 10 AND (old) IS NULL')"
+    )
+    assert lines == [f"sink {sink} created: {view} -> topic {sink} (upsert)"]
+    assert change_streams.readers(owner, view) == [f"sink {sink}"]
+    assert change_streams.is_recording(owner, view)
+    (state,) = [s for s in sink_states(owner) if s.name == sink]
+    assert (state.view, state.topic, state.format, state.snapshot_done, state.lag_changes) == (
+        view,
+        sink,
+        "upsert",
+        False,
+        0,
+    )
+    # The same statement again changes nothing; another under the same name is refused.
+    again = f"CREATE SINK {sink} FROM {view} WITH (topic = '{sink}', where = '(new).n > 10 AND (old) IS NULL')"
+    assert catalog.define(owner, again) == [f"sink {sink} unchanged"]
+    with pytest.raises(DefinitionError, match=f"a sink of this name exists; DROP SINK {sink} first"):
+        catalog.define(owner, f"CREATE SINK {sink} FROM {view} WITH (format = 'changes')")
+    assert catalog.define(owner, f"DROP SINK {sink}") == [f"sink {sink} dropped (its topic is kept)"]
+    assert change_streams.readers(owner, view) == []
+    assert not change_streams.is_recording(owner, view)
+    assert catalog.define(owner, f"DROP SINK IF EXISTS {sink}") == [f"sink {sink} does not exist; skipped"]
+
+
+@pytest.mark.parametrize(
+    ("where", "message"),
+    [
+        ("(new).missing > 1", "column new.missing does not exist"),
+        ("(new).url > 1", "operator does not exist: text > integer"),
+        ("(new).n", "argument of WHERE must be type boolean"),
+    ],
+)
+def test_a_filter_postgresql_refuses_fails_the_definition_in_one_line(owner, streams, where, message):
+    sink = unique("bad")
+    with pytest.raises(DefinitionError) as e:
+        catalog.define(owner, f"CREATE SINK {sink} FROM {streams['view']} WITH (where = '{where}')")
+    text = str(e.value)
+    assert text.startswith(f"CREATE SINK {sink}: where: ")
+    assert "\n" not in text
+    assert message in text
+    assert not [s for s in sink_states(owner) if s.name == sink]  # nothing left behind
+    assert change_streams.readers(owner, streams["view"]) == []
+
+
+def test_a_sink_on_no_view_is_refused(owner, streams):
+    with pytest.raises(DefinitionError, match=f"no continuous view named {streams['schema']}.nothing"):
+        catalog.define(owner, f"CREATE SINK {unique('x')} FROM {streams['schema']}.nothing")
+
+
+def test_the_view_a_sink_reads_cannot_be_dropped_and_drop_by_name_finds_the_sink(owner, streams):
+    view, sink = streams["view"], unique("held")
+    catalog.define(owner, f"CREATE SINK {sink} FROM {view} WITH (format = 'changes', envelope = 'debezium')")
+    with pytest.raises(DefinitionError, match=f"sink {sink} read its changes; drop them first"):
+        catalog.define(owner, f"DROP CONTINUOUS VIEW {view}")
+    # `streamviews drop NAME` resolves a sink's name as it does a view's or a stream's.
+    assert catalog.drop(owner, [sink]) == [f"sink {sink} dropped (its topic is kept)"]
+    assert change_streams.readers(owner, view) == []
