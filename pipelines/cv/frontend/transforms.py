@@ -1,0 +1,222 @@
+"""CREATE CONTINUOUS TRANSFORM and DROP CONTINUOUS TRANSFORM parsed: a per-event SELECT, no aggregation.
+
+    CREATE CONTINUOUS TRANSFORM public.clean_clicks [WITH (key = 'url, uid')] AS
+        SELECT c.url, c.uid, u.country FROM clicks AS c JOIN users AS u ON u.id = c.uid
+        WHERE c.url NOT LIKE '/health%';
+    CREATE VIEW clean_clicks WITH (action = transform) AS SELECT ...;   -- PipelineDB 1.0's spelling
+    DROP CONTINUOUS TRANSFORM [IF EXISTS] public.clean_clicks;
+
+Each event of the stream that passes the WHERE (and, with a JOIN, each row it joins) is projected and
+recorded as one change of the transform's change stream (before absent, after the row), which sinks
+and views read as they read a view's changes. The SELECT is checked as a view's is (the same column,
+join and expression rules: pipelines.cv.frontend.views), and what makes a view a view is refused:
+aggregates, GROUP BY, window functions. PipelineDB's `outputfunc` (a trigger per row) is refused: its
+two uses, writing into another stream and into a table, are a view over the transform's output and
+a sink. A keyed stream is refused: its events are inserts and retractions of a set's rows, and an
+append-only output has no row to take a retraction back with.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pglast import ast
+from pglast.enums import SetOperation
+from pglast.stream import RawStream
+
+from pipelines.cv.frontend import views
+from pipelines.cv.model import MAX_VIEW_NAME, DefinitionError, Join, Output, Scope, StreamDef, TransformDef
+from pipelines.cv.sqltext.parsing import options_of, parse_rewritten, plain_identifier, reject_unsupported
+
+_CREATE = re.compile(r"\s*CREATE\s+(OR\s+REPLACE\s+)?CONTINUOUS\s+TRANSFORM\b", re.IGNORECASE)
+_PIPELINEDB = re.compile(r"\s*CREATE\s+VIEW\b", re.IGNORECASE)
+_DROP = re.compile(r"\s*DROP\s+CONTINUOUS\s+TRANSFORM\b", re.IGNORECASE)
+# Columns of a transform's read view besides its outputs.
+POSITION = "position"
+
+
+@dataclass(frozen=True)
+class DropTransform:
+    """DROP CONTINUOUS TRANSFORM [IF EXISTS] name, ...: names schema-qualified (`x` is `public.x`)."""
+
+    names: tuple[str, ...]
+    if_exists: bool
+
+
+def is_transform(statement: str) -> bool:
+    """True when the statement creates a transform, in either spelling (the rest is checked by `parse_transform`)."""
+    if _CREATE.match(statement):
+        return True
+    if not _PIPELINEDB.match(statement):
+        return False
+    try:
+        node = parse_rewritten(statement.rstrip().rstrip(";"))
+    except DefinitionError:
+        return False
+    return isinstance(node, ast.ViewStmt) and any(
+        o.defname == "action" and _word(o.arg) == "transform" for o in node.options or ()
+    )
+
+
+def parse_transform(statement: str, scope: Scope) -> TransformDef:
+    """The transform a CREATE CONTINUOUS TRANSFORM (or PipelineDB's CREATE VIEW ... WITH (action = transform)) declares.
+
+    Raises:
+        DefinitionError: Not valid, or not supported; the message names what.
+    """
+    text = statement.strip().rstrip(";").strip()
+    head = _CREATE.match(text)
+    if head is not None and head.group(1):
+        raise DefinitionError("CREATE OR REPLACE CONTINUOUS TRANSFORM: drop the transform and create it again")
+    rest = text[head.end() :] if head is not None else text[_PIPELINEDB.match(text).end() :]
+    node = parse_rewritten("CREATE VIEW" + rest)
+    if not isinstance(node, ast.ViewStmt):
+        raise DefinitionError("expected CREATE CONTINUOUS TRANSFORM name AS SELECT ...")
+    schema = plain_identifier(node.view.schemaname or "public", "CREATE CONTINUOUS TRANSFORM")
+    name = plain_identifier(node.view.relname, "CREATE CONTINUOUS TRANSFORM")
+    what = f"continuous transform {schema}.{name}"
+    if len(schema) + len(name) > MAX_VIEW_NAME:
+        raise DefinitionError(f"{what}: schema and transform names together may take {MAX_VIEW_NAME} characters")
+    options = _options(node.options, pipelinedb=head is None, what=what)
+    select = node.query
+    if not isinstance(select, ast.SelectStmt) or select.op != SetOperation.SETOP_NONE:
+        raise DefinitionError(f"{what}: the query must be a single SELECT (no UNION/INTERSECT/EXCEPT)")
+    if select.groupClause:
+        raise DefinitionError(f"{what}: GROUP BY: a transform aggregates nothing; a continuous view over it can")
+    reject_unsupported(
+        (
+            (select.withClause, "WITH"),
+            (select.havingClause, "HAVING"),
+            (select.sortClause, "ORDER BY"),
+            (select.limitCount, "LIMIT"),
+            (select.limitOffset, "OFFSET"),
+            (select.windowClause, "WINDOW"),
+            (select.distinctClause, "SELECT DISTINCT"),
+            (select.lockingClause, "FOR UPDATE/SHARE"),
+            (node.aliases, "column aliases"),
+        ),
+        what,
+        " in a continuous transform",
+    )
+    stream, join = _from_stream(select, scope, what)
+    if stream.into is not None:
+        raise DefinitionError(
+            f"{what}: stream {stream.name} feeds {stream.into} and keeps nothing of its own; read {stream.into}"
+        )
+    if stream.key is not None:
+        raise DefinitionError(
+            f"{what}: {stream.name} has a key: its events insert and retract a set's rows, and a transform's "
+            "output is append-only (nothing in it could take a retraction back); read an append-only stream"
+        )
+    names = views._Names(set(stream.column_names), join)
+    checked = [select.whereClause] + ([select.fromClause[0].quals] if join is not None else [])
+    outputs: list[Output] = []
+    for target in select.targetList:
+        if isinstance(target.val, ast.ColumnRef) and isinstance(target.val.fields[-1], ast.A_Star):
+            raise DefinitionError(f"{what}: SELECT * is not supported; name the columns")
+        out = views._output_name(target, what)
+        if out == POSITION:
+            raise DefinitionError(f"{what}: {POSITION} is the read view's own column; name the output otherwise")
+        if any(out == o.name for o in outputs):
+            raise DefinitionError(f"{what}: two output columns are named {out!r}")
+        outputs.append(Output(out, RawStream()(target.val)))
+        checked.append(target.val)
+    for node_ in checked:
+        if node_ is not None and views._aggregate_calls(node_, scope.user_aggregates):
+            raise DefinitionError(
+                f"{what}: aggregates are not allowed: a transform writes each event that passes; "
+                "aggregate in a continuous view over the stream (or over the transform's output)"
+            )
+    views._check_expression(tuple(n for n in checked if n is not None), names, what, scope.user_aggregates)
+    key = _key(options.get("key"), outputs, what)
+    where = select.whereClause
+    return TransformDef(
+        schema=schema,
+        name=name,
+        stream=stream.name,
+        outputs=tuple(outputs),
+        where_sql=RawStream()(where) if where is not None else None,
+        definition=text,
+        join=join,
+        key=key,
+    )
+
+
+def _from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[StreamDef, Join | None]:
+    """The declared stream a transform reads, and the table it joins each event with (the view's rules)."""
+    items = select.fromClause or ()
+    item = items[0] if len(items) == 1 else None
+    relation = item.larg if isinstance(item, ast.JoinExpr) else item
+    if not isinstance(relation, ast.RangeVar):
+        raise DefinitionError(
+            f"{what}: FROM must name one stream, maybe joined with one table: FROM stream [AS s] JOIN ..."
+        )
+    stream = scope.streams.get(relation.relname)
+    if relation.schemaname or stream is None:
+        known = ", ".join(sorted(scope.streams)) or "none"
+        raise DefinitionError(f"{what}: {RawStream()(relation)} is not a stream (streams: {known})")
+    if isinstance(item, ast.RangeVar):
+        if relation.alias is not None:
+            raise DefinitionError(f"{what}: an alias on the stream is only needed with a join; name its columns")
+        return stream, None
+    return stream, views._join(item, stream, relation.alias.aliasname if relation.alias else stream.name, what)
+
+
+def _word(arg: object) -> str | None:
+    """An option's value written as a word (`action = transform`) or a string (`action = 'transform'`)."""
+    if isinstance(arg, ast.String):
+        return arg.sval
+    if isinstance(arg, ast.TypeName) and len(arg.names) == 1 and not arg.typmods:
+        return arg.names[0].sval
+    return None
+
+
+def _options(defs: tuple | None, *, pipelinedb: bool, what: str) -> dict[str, str]:
+    """WITH (key = '...'); in PipelineDB's spelling also `action = transform`, and `outputfunc` refused."""
+    rest = []
+    for item in defs or ():
+        if pipelinedb and item.defname == "action":
+            continue  # is_transform has seen it is `transform`
+        if pipelinedb and item.defname == "outputfunc":
+            raise DefinitionError(
+                f"{what}: outputfunc is not supported: the transform's output is a change stream; a continuous "
+                "view reads it, or a sink (CREATE SINK) writes it to a topic"
+            )
+        rest.append(item)
+    return options_of(tuple(rest), {"key"}, what)
+
+
+def _key(text: str | None, outputs: list[Output], what: str) -> tuple[str, ...] | None:
+    """WITH (key = 'a, b'): output columns, each once; None without the option."""
+    if text is None:
+        return None
+    key = tuple(part.strip() for part in text.split(","))
+    known = {o.name for o in outputs}
+    for column in key:
+        if column not in known:
+            raise DefinitionError(
+                f"{what}: key column {column!r} is not an output column ({', '.join(o.name for o in outputs)})"
+            )
+    if len(set(key)) != len(key):
+        raise DefinitionError(f"{what}: key names a column twice")
+    return key
+
+
+def parse_drop_transform(statement: str) -> DropTransform | None:
+    """The DROP CONTINUOUS TRANSFORM a statement makes; None for any other statement.
+
+    Raises:
+        DefinitionError: A malformed DROP CONTINUOUS TRANSFORM, naming what.
+    """
+    head = _DROP.match(statement)
+    if head is None:
+        return None
+    what = "DROP CONTINUOUS TRANSFORM"
+    node = parse_rewritten("DROP VIEW" + statement[head.end() :].rstrip().rstrip(";"), what)
+    if not isinstance(node, ast.DropStmt):
+        raise DefinitionError(f"{what}: expected DROP CONTINUOUS TRANSFORM [IF EXISTS] name")
+    if node.behavior.name != "DROP_RESTRICT":
+        raise DefinitionError(f"{what}: CASCADE is not supported; drop its readers (sinks, views) first")
+    names = tuple(".".join(plain_identifier(p.sval, what) for p in parts) for parts in node.objects)
+    return DropTransform(tuple(n if "." in n else f"public.{n}" for n in names), bool(node.missing_ok))
