@@ -18,9 +18,11 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv import catalog
+from pipelines.cv.catalog.transforms import load_transforms
 from pipelines.cv.model import StreamDef, ViewDef
 from pipelines.cv.sqltext import arrays
 from pipelines.cv.views import compiler, stream_sql
+from pipelines.cv.views import transforms as transform_sql
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 
@@ -51,6 +53,20 @@ class ViewApplyError(StreamviewsError):
         super().__init__(f"view {view}: {describe_error(error)}")
         self.view = view
         self.error = error
+        self.__cause__ = error
+
+
+class TransformApplyError(StreamviewsError):
+    """A transform's statement failed: which transform, and PostgreSQL's error (as `__cause__`).
+
+    Not a ViewApplyError: a transform is never quarantined. Its output is a stream others read
+    exactly once, so when it cannot run whatever the events (a table gone) isolation holds its
+    stream back; an event it fails on (a division by zero) is dead-lettered.
+    """
+
+    def __init__(self, transform: str, error: psycopg.Error) -> None:
+        super().__init__(f"transform {transform}: {describe_error(error)}")
+        self.sqlstate = error.sqlstate
         self.__cause__ = error
 
 
@@ -90,6 +106,7 @@ class _Plan:
     shipped: tuple[int, ...] = ()  # append-only streams: the columns the views read, by position
     clear_tables: tuple[sql.Composed, ...] = ()  # empty the batch's temporary tables (before a next apply)
     quarantined: frozenset[str] = frozenset()  # views left out (cv.view_failures)
+    transforms: tuple[tuple[str, sql.Composed], ...] = ()  # (name, its statement), in name order
 
 
 @dataclass
@@ -129,6 +146,14 @@ class StreamMaintainer:
                     _maintain(conn, statements, params)
                 except psycopg.Error as e:
                     raise ViewApplyError(statements.view.qualified_name, e) from e
+            # Transforms after the views, in name order: every batch of the stream takes their position
+            # rows in this one order, and only such batches take them, before any view's position row
+            # at commit (which comes last in every writer's order): two runners cannot deadlock on them.
+            for name, statement in plan.transforms:
+                try:
+                    conn.execute(statement, params)
+                except psycopg.Error as e:
+                    raise TransformApplyError(name, e) from e
         if keyed:
             conn.execute("SELECT set_config('enable_hashagg', %s, true)", (previous,))
         return deltas
@@ -182,12 +207,21 @@ class StreamMaintainer:
         views = tuple(c for c in loaded if c.view.qualified_name not in quarantined)
         shipped: tuple[int, ...] = ()
         if stream.key is None:
-            read = set().union(*(stream_sql.referenced_columns(c.view) for c in views))
+            transforms = load_transforms(conn, streams, stream.name)  # append-only streams only (0026)
+            read = set().union(
+                *(stream_sql.referenced_columns(c.view) for c in views),
+                *(transform_sql.referenced_columns(t) for t in transforms),
+            )
             shipped = tuple(i for i, c in enumerate(stream.columns) if c.name in read) or (0,)
             source = stream_sql.batch_source(stream, tuple(stream.columns[i].name for i in shipped))
+            recorded = tuple(
+                (t.qualified_name, transform_sql.record(t, stream, tuple(stream.columns[i].name for i in shipped)))
+                for t in transforms
+            )
             temp_tables = []
             clear_tables = []
         else:
+            recorded = ()
             source = stream_sql.delta_table(stream)
             temp_tables = [stream_sql.create_delta_table(stream)]
             clear_tables = [sql.SQL("DELETE FROM {}").format(source)]
@@ -204,6 +238,7 @@ class StreamMaintainer:
             plan_version=version,
             views=[c.view.qualified_name for c in views],
             quarantined=sorted(quarantined),
+            transforms=[name for name, _ in recorded],
         )
         to_deltas = stream_sql.batch_to_deltas(stream) if stream.key is not None else None
         return _Plan(
@@ -216,6 +251,7 @@ class StreamMaintainer:
             shipped,
             tuple(clear_tables),
             quarantined,
+            recorded,
         )
 
 

@@ -322,3 +322,32 @@ class Scope:
     def without_stream(self, name: str) -> Scope:
         """This scope once stream `name` is dropped."""
         return replace(self, streams={k: v for k, v in self.streams.items() if k != name})
+
+
+@dataclass(frozen=True)
+class TransformDef:
+    """A continuous transform: each event of an append-only stream that passes, projected, as a change stream.
+
+    Its output is recorded in cv.view_changes under its name (before NULL, after the projected row),
+    where sinks and views read it as they read a view's changes (migration 0026).
+
+    Attributes:
+        outputs: The projected columns, in select-list order: `Output(name, expression)`.
+        where_sql: The filter over the stream's (and the joined table's) columns.
+        join: The table each event is enriched from, at ingest.
+        key: The output columns a change's key is made of (`WITH (key = 'a, b')`); None: its position.
+    """
+
+    schema: str
+    name: str
+    stream: str
+    outputs: tuple[Output, ...]
+    where_sql: str | None
+    definition: str
+    join: Join | None = None
+    key: tuple[str, ...] | None = None
+
+    @property
+    def qualified_name(self) -> str:
+        """`schema.name` as stored in the catalog (and as its change stream is named)."""
+        return f"{self.schema}.{self.name}"

@@ -26,9 +26,11 @@ from pipelines.cv.catalog import store
 from pipelines.cv.catalog.locks import Outcome, begin_change, bump, changing
 from pipelines.cv.catalog.sinks import apply_sink, drop_sink
 from pipelines.cv.catalog.streams import define_stream, drop_stream
+from pipelines.cv.catalog.transforms import define_transform, drop_transforms, transforms_of
 from pipelines.cv.catalog.views import alter_view, define_view, drop_view
 from pipelines.cv.frontend.changes import AlterView, Drop
 from pipelines.cv.frontend.statements import Script, ScriptStatement, drop_script, read_script
+from pipelines.cv.frontend.transforms import DropTransform, is_transform, parse_transform
 from pipelines.cv.model import DefinitionError, Scope
 from pipelines.errors import StreamviewsError
 
@@ -100,6 +102,10 @@ def _apply_one(conn: psycopg.Connection, item: ScriptStatement, scope: Scope) ->
         return alter_view(conn, item.change, scope), scope
     if isinstance(item.change, Drop):
         return _drop(conn, item.change, scope)
+    if isinstance(item.change, DropTransform):
+        return drop_transforms(conn, item.change), scope
+    if is_transform(item.statement.text):
+        return define_transform(conn, parse_transform(item.statement.text, scope), scope), scope
     return define_view(conn, item.view(scope), scope), scope
 
 
@@ -121,6 +127,8 @@ def _drop(conn: psycopg.Connection, change: Drop, scope: Scope) -> tuple[Outcome
         elif kind == "view":
             lines.append(drop_view(conn, qualified, stream).line)
         else:
+            if read_by := transforms_of(conn, qualified):  # a transform is not a view: say so apart
+                raise DefinitionError(f"stream {qualified} is read by transforms {', '.join(read_by)}; drop them first")
             lines.append(drop_stream(conn, qualified, scope.streams).line)
             scope = scope.without_stream(qualified)
     return Outcome("; ".join(lines), changed=dropped), scope

@@ -24,6 +24,7 @@ from pglast import ast
 from pipelines.cv.frontend.changes import AlterView, Drop, parse_change
 from pipelines.cv.frontend.sinks import DropSink, SinkDef, parse_sink
 from pipelines.cv.frontend.streams import parse_stream
+from pipelines.cv.frontend.transforms import DropTransform, parse_drop_transform
 from pipelines.cv.frontend.views import parse_view
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
 from pipelines.cv.sqltext.parsing import parse_rewritten
@@ -118,7 +119,7 @@ class ScriptStatement:
 
     statement: Statement
     stream: StreamDef | None = None
-    change: AlterView | Drop | None = None
+    change: AlterView | Drop | DropTransform | None = None
     sink: SinkDef | DropSink | None = None  # CREATE SINK / DROP SINK (pipelines.cv.frontend.sinks)
 
     def view(self, scope: Scope) -> ViewDef:
@@ -165,7 +166,7 @@ def read_script(text: str) -> Script:
             if (sink := parse_sink(statement.text)) is not None:
                 read.append(ScriptStatement(statement, sink=sink))
                 continue
-            change = parse_change(statement.text)
+            change = parse_change(statement.text) or parse_drop_transform(statement.text)
             stream = None
             if change is None and statement.label.startswith("CREATE STREAM"):
                 stream = parse(statement.text, NO_SCOPE)

@@ -162,6 +162,11 @@ def referenced_columns(view: ViewDef) -> set[str]:
         expressions.append(view.where_sql)
     if view.join is not None:
         expressions.append(view.join.on_sql)
+    return referenced_names(expressions)
+
+
+def referenced_names(expressions: list[str]) -> set[str]:
+    """The column names these expressions use (the last part of each column reference)."""
     names: set[str] = set()
     for expression in expressions:
         for node in walk(pglast.parse_sql(f"SELECT {expression}")[0].stmt.targetList):
