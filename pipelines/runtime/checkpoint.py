@@ -212,6 +212,17 @@ class Checkpoint(Generic[C, P]):
         with self.conn.transaction():
             return self.offsets.restart_topic(self.conn, topic, topic_id)
 
+    def forget_topic(self, topic: str) -> int:
+        """The topic was recreated and starts by a rule: its rows are deleted; returns how many."""
+        with self.conn.transaction():
+            return self.offsets.forget_topic(self.conn, topic)
+
+    def begin(self, offsets: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        """Store where never-committed partitions start; returns what is stored for them now (ours, or a rival's)."""
+        with self.conn.transaction():
+            self.offsets.begin(self.conn, offsets, self.topic_ids)
+            return self.offsets.read(self.conn, list(offsets))
+
     def record_topic_ids(self, ids: dict[str, str]) -> None:
         """Note the ids of topics whose offsets were stored before ids were kept."""
         with self.conn.transaction():

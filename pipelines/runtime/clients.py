@@ -21,7 +21,7 @@ from confluent_kafka import Consumer, Message, Producer, TopicCollection, TopicP
 from confluent_kafka.admin import AdminClient
 
 from pipelines.runtime.reread import read_back
-from pipelines.runtime.topics import ensure_topics
+from pipelines.runtime.topics import TopicConfigs, alter_topic_configs, ensure_topics
 from pipelines.settings import KafkaSettings, PipelineSettings
 
 TopicPartitionKey = tuple[str, int]
@@ -50,6 +50,7 @@ class ConsumerClient(Protocol):
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]: ...
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]: ...
     def close(self) -> None: ...
 
 
@@ -92,8 +93,12 @@ class KafkaClients(Protocol):
         """Kafka's id of each topic (KIP-516); raises KafkaException without an answer."""
         ...
 
-    def ensure_topics(self, partitions: dict[str, int]) -> None:
-        """Create each missing topic with its partition count (pipelines/runtime/topics.py)."""
+    def ensure_topics(self, partitions: dict[str, int], configs: TopicConfigs | None = None) -> None:
+        """Create each missing topic with its partition count and configs (pipelines/runtime/topics.py)."""
+        ...
+
+    def alter_topic_configs(self, configs: TopicConfigs) -> None:
+        """Set each topic's named configs (None: back to the broker's default); raises StreamviewsError."""
         ...
 
 
@@ -169,6 +174,10 @@ class ConfluentClients:
         described = admin.describe_topics(TopicCollection(topics), request_timeout=10)
         return {topic: str(future.result(10).topic_id) for topic, future in described.items()}
 
-    def ensure_topics(self, partitions: dict[str, int]) -> None:
+    def ensure_topics(self, partitions: dict[str, int], configs: TopicConfigs | None = None) -> None:
         """See `pipelines.runtime.topics.ensure_topics`."""
-        ensure_topics(self.kafka.bootstrap_servers, partitions)
+        ensure_topics(self.kafka.bootstrap_servers, partitions, configs)
+
+    def alter_topic_configs(self, configs: TopicConfigs) -> None:
+        """See `pipelines.runtime.topics.alter_topic_configs`."""
+        alter_topic_configs(self.kafka.bootstrap_servers, configs)

@@ -30,11 +30,12 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
 import psycopg
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, Message, TopicPartition
 
 from pipelines import metrics
 from pipelines.errors import StreamviewsError
@@ -44,6 +45,7 @@ from pipelines.runtime.clients import ConsumerClient, KafkaClients
 from pipelines.runtime.deadletter import DeadLetters
 from pipelines.runtime.events import InvalidEvent
 from pipelines.runtime.offsets import C, OffsetStore
+from pipelines.runtime.starts import Start, begin, needs_resolving
 from pipelines.runtime.topic_ids import check_topic_ids
 from pipelines.settings import PipelineSettings
 
@@ -132,6 +134,8 @@ class Pipeline(Generic[C, P]):
         self.dead_letters = DeadLetters(clients.producer(name), name)
         self.checkpoint = Checkpoint(offsets, sink, self.dead_letters, self.fetch_records)
         self.topics: tuple[str, ...] = ()
+        # Where each topic's partitions start when nothing is stored for them (pipelines/runtime/starts.py).
+        self.starts: dict[str, Start] = {}
         # Topics the sink held back (it could not apply their records), with when to read them again.
         self.held: dict[str, float] = {}
         self._hold_failures: dict[str, int] = {}
@@ -376,8 +380,12 @@ class Pipeline(Generic[C, P]):
     def _on_assign(self, consumer: ConsumerClient, partitions: list[TopicPartition]) -> None:
         self.settle(rewind=False)
         topics = sorted({tp.topic for tp in partitions})
-        check_topic_ids(self.clients, self.checkpoint, topics, self.metrics.topic_recreated)
+        ruled = partial(needs_resolving, self.starts)
+        check_topic_ids(self.clients, self.checkpoint, topics, self.metrics.topic_recreated, ruled)
         stored = self._stored_offsets([(tp.topic, tp.partition) for tp in partitions])
+        first = [(tp.topic, tp.partition) for tp in partitions if (tp.topic, tp.partition) not in stored]
+        if any(ruled(topic) for topic, _ in first):  # stored before anything is consumed: a restart starts there too
+            stored.update(self._retried(lambda: begin(consumer, self.checkpoint, first, self.starts)))
         for tp in partitions:
             key = (tp.topic, tp.partition)
             tp.offset = stored.get(key, OFFSET_BEGINNING)
@@ -409,11 +417,15 @@ class Pipeline(Generic[C, P]):
 
     def _stored_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         """Offsets from PostgreSQL, retried until it answers: without them we must not consume."""
+        return self._retried(lambda: self.checkpoint.stored_offsets(partitions))
+
+    def _retried(self, read: Callable[[], dict[tuple[str, int], int]]) -> dict[tuple[str, int], int]:
+        """Stored (or first) offsets, retried until PostgreSQL and Kafka answer."""
         delay = 0.5
         while True:
             try:
-                return self.checkpoint.stored_offsets(partitions)
-            except psycopg.Error as e:
+                return read()
+            except (psycopg.Error, KafkaException) as e:
                 log.warning("cannot read stored offsets; retrying", error=str(e), retry_in_s=delay)
                 self.sleep(delay)
                 delay = min(delay * 2, 10)

@@ -95,6 +95,21 @@ class OffsetStore(Protocol[C]):
         """The topic was recreated: its partitions start again from 0 under its new id; returns rows reset."""
         ...
 
+    def forget_topic(self, conn: C, topic: str) -> int:
+        """The topic was recreated and has a start rule (pipelines/runtime/starts.py): delete its rows, say how many.
+
+        Its partitions are then never committed, and resolved again; a batch of the old topic still
+        in flight finds its row gone and is Fenced.
+        """
+        ...
+
+    def begin(self, conn: C, offsets: dict[TopicPartition, int], topic_ids: dict[str, str]) -> None:
+        """Store where partitions never committed start (resolved by their start rule), with their topics' ids.
+
+        A partition that has a row already keeps it (another consumer resolved it first, or committed).
+        """
+        ...
+
     def record_topic_ids(self, conn: C, ids: dict[str, str]) -> None:
         """Note the ids of topics whose offsets were stored before ids were kept."""
         ...
@@ -216,6 +231,30 @@ class PostgresOffsets:
             " WHERE group_id = %s AND topic = %s",
             (topic_id, self.group_id, topic),
         ).rowcount
+
+    def forget_topic(self, conn: psycopg.Connection, topic: str) -> int:
+        """See `OffsetStore.forget_topic`."""
+        return conn.execute(
+            "DELETE FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s", (self.group_id, topic)
+        ).rowcount
+
+    def begin(self, conn: psycopg.Connection, offsets: dict[TopicPartition, int], topic_ids: dict[str, str]) -> None:
+        """See `OffsetStore.begin`."""
+        parts = sorted(offsets)
+        if not parts:
+            return
+        conn.execute(
+            "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset, topic_id)"
+            " SELECT %s, t, p, o, i FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::text[]) AS u (t, p, o, i)"
+            " ON CONFLICT DO NOTHING",
+            (
+                self.group_id,
+                [t for t, _ in parts],
+                [p for _, p in parts],
+                [offsets[tp] for tp in parts],
+                [topic_ids.get(t) for t, _ in parts],
+            ),
+        )
 
     def record_topic_ids(self, conn: psycopg.Connection, ids: dict[str, str]) -> None:
         """See `OffsetStore.record_topic_ids`."""

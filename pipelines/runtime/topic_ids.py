@@ -2,7 +2,9 @@
 
 Kafka gives every topic a unique id (KIP-516); the id of the topic a position was stored for is
 kept beside it (`ops.kafka_offsets.topic_id`, migration 0019). On partition assignment the pipeline
-compares them: a changed id restarts the group's partitions of that topic at 0.
+compares them: a changed id restarts the group's partitions of that topic at 0, or, for a topic with
+a start rule (pipelines/runtime/starts.py), forgets them: the new topic's first consumption follows
+the rule again.
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ log = get_logger("topic_ids")
 
 
 def check_topic_ids(
-    clients: KafkaClients, checkpoint: Checkpoint[Any, Any], topics: list[str], recreated: Callable[[str], None]
+    clients: KafkaClients,
+    checkpoint: Checkpoint[Any, Any],
+    topics: list[str],
+    recreated: Callable[[str], None],
+    has_start_rule: Callable[[str], bool] = lambda _topic: False,
 ) -> None:
     """Restart the group's offsets of each topic whose Kafka id changed; note the ids for new claims.
 
-    `recreated(topic)` is called for each (the pipeline counts it). Without an answer from Kafka or
-    PostgreSQL the check is skipped (logged): consuming goes on as before it existed.
+    `recreated(topic)` is called for each (the pipeline counts it). A topic that `has_start_rule`
+    (it starts elsewhere than its beginning) has its rows forgotten instead of restarted at 0. Without
+    an answer from Kafka or PostgreSQL the check is skipped (logged): consuming goes on as before.
     """
     try:
         ids = clients.topic_ids(topics)
@@ -37,10 +44,12 @@ def check_topic_ids(
     checkpoint.topic_ids.update(ids)
     for topic, topic_id in ids.items():
         if stored.get(topic, {topic_id}) != {topic_id}:
-            reset = checkpoint.restart_topic(topic, topic_id)
+            ruled = has_start_rule(topic)
+            reset = checkpoint.forget_topic(topic) if ruled else checkpoint.restart_topic(topic, topic_id)
             recreated(topic)
             log.warning(
-                "topic was recreated; reading it from its beginning",
+                "topic was recreated; "
+                + ("its start rule applies again" if ruled else "reading it from its beginning"),
                 topic=topic,
                 old_ids=sorted(stored[topic]),
                 new_id=topic_id,

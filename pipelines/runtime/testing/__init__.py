@@ -37,6 +37,7 @@ import psycopg
 from pipelines.runtime.checkpoint import ApplyOutcome
 from pipelines.runtime.consumer import BatchDecoder, Pipeline, per_record
 from pipelines.runtime.events import InvalidEvent
+from pipelines.runtime.starts import Start
 from pipelines.runtime.testing.database import Killed, MemoryConnection, MemoryDatabase, MemoryOffsets
 from pipelines.runtime.testing.kafka import MemoryBroker, MemoryConsumer, MemoryMessage
 from pipelines.settings import PipelineSettings
@@ -129,11 +130,12 @@ def memory_pipeline(
     name: str = "",
     decode: BatchDecoder[Rows] | None = None,
     batch_max: int = 100,
+    starts: dict[str, Start] | None = None,
 ) -> Pipeline[MemoryConnection, Rows]:
     """A real `Pipeline` over the doubles, subscribed to `topics` (one runner process: build another to restart).
 
     Its name (in its metrics) is `name`, by default `memory-<group_id>`; it decodes with `decode`, by
-    default each record's value as it is.
+    default each record's value as it is; `starts` are its topics' start rules (default: earliest).
     """
     settings = PipelineSettings(batch_max=batch_max, batch_wait_ms=1, report_interval_s=3600, expire_interval_s=3600)
     pipeline: Pipeline[MemoryConnection, Rows] = Pipeline(
@@ -145,6 +147,7 @@ def memory_pipeline(
         settings=settings,
     )
     pipeline.sleep = lambda _seconds: None  # its back-offs are not waited out
+    pipeline.starts = dict(starts or {})
     pipeline.subscribe(topics)
     return pipeline
 

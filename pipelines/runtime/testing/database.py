@@ -150,6 +150,18 @@ class MemoryOffsets:
             row.update(next_offset=0, topic_id=topic_id)
         return len(rows)
 
+    def forget_topic(self, conn: MemoryConnection, topic: str) -> int:
+        rows = self._rows(conn)
+        forgotten = [tp for tp in rows if tp[0] == topic]
+        for tp in forgotten:
+            del rows[tp]
+        return len(forgotten)
+
+    def begin(self, conn: MemoryConnection, offsets: dict[TopicPartitionKey, int], topic_ids: dict[str, str]) -> None:
+        rows = self._rows(conn)
+        for tp, offset in sorted(offsets.items()):
+            rows.setdefault(tp, {"next_offset": offset, "topic_id": topic_ids.get(tp[0]), "last_event_ms": None})
+
     def record_topic_ids(self, conn: MemoryConnection, ids: dict[str, str]) -> None:
         for (topic, _), row in self._rows(conn).items():
             if topic in ids and row["topic_id"] is None:

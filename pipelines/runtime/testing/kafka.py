@@ -9,7 +9,9 @@ from typing import Any, Literal
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
+from pipelines.errors import StreamviewsError
 from pipelines.runtime.clients import RebalanceCallback
+from pipelines.runtime.topics import TopicConfigs
 from pipelines.settings import PipelineSettings
 
 TopicPartitionKey = tuple[str, int]
@@ -63,6 +65,8 @@ class MemoryBroker:
         self.topics: dict[str, list[list[MemoryMessage]]] = {}
         self.ids: dict[str, str] = {}  # Kafka's topic ids (KIP-516)
         self.consumers: list[MemoryConsumer] = []
+        self.offset_requests = 0  # offsets-for-times asked (a start rule resolved)
+        self.configs: dict[str, dict[str, str]] = {}  # each topic's own configs (retention.ms, say)
 
     def create_topic(self, topic: str, partitions: int = 1) -> None:
         """Create the topic if it is missing."""
@@ -118,10 +122,24 @@ class MemoryBroker:
         """The ids of the topics that exist."""
         return {topic: self.ids[topic] for topic in topics if topic in self.ids}
 
-    def ensure_topics(self, partitions: dict[str, int]) -> None:
-        """Create the missing topics."""
+    def ensure_topics(self, partitions: dict[str, int], configs: TopicConfigs | None = None) -> None:
+        """Create the missing topics, with their configs."""
         for topic, count in partitions.items():
-            self.create_topic(topic, count)
+            if topic not in self.topics:
+                self.create_topic(topic, count)
+                self.configs[topic] = {k: v for k, v in (configs or {}).get(topic, {}).items() if v is not None}
+
+    def alter_topic_configs(self, configs: TopicConfigs) -> None:
+        """Set (None: delete) the named configs of existing topics."""
+        for topic, entries in configs.items():
+            if topic not in self.topics:
+                raise StreamviewsError(f"topics: cannot set the configs of {topic}: no such topic")
+            kept = self.configs.setdefault(topic, {})
+            for name, value in entries.items():
+                if value is None:
+                    kept.pop(name, None)
+                else:
+                    kept[name] = value
 
 
 class MemoryConsumer:
@@ -207,11 +225,21 @@ class MemoryConsumer:
     def get_watermark_offsets(
         self, partition: TopicPartition, timeout: float = -1, cached: bool = False
     ) -> tuple[int, int]:
-        """As librdkafka's cache: unknown (-1001) until the partition was first fetched."""
+        """Cached, as librdkafka's cache: unknown (-1001) until the partition was first fetched; else the broker's."""
         tp = (partition.topic, partition.partition)
-        if tp not in self.fetched:
+        if cached and tp not in self.fetched:
             return -1001, -1001
         return 0, len(self.broker.topics[tp[0]][tp[1]])
+
+    def offsets_for_times(self, partitions: list[TopicPartition], timeout: float = -1) -> list[TopicPartition]:
+        """Each partition's first record at or after its `offset` (ms), as Kafka's ListOffsets; -1: none."""
+        self.broker.offset_requests += 1
+        found = []
+        for tp in partitions:
+            log = self.broker.topics[tp.topic][tp.partition]
+            offset = next((m.offset() for m in log if m._timestamp_ms >= tp.offset), -1)
+            found.append(TopicPartition(tp.topic, tp.partition, offset))
+        return found
 
     def close(self) -> None:
         self.closed = True
