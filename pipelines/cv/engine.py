@@ -11,6 +11,9 @@ offsets they came from, or not at all.
 
 from __future__ import annotations
 
+import os
+import socket
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -140,12 +143,15 @@ class StreamMaintainer:
         else:
             shipped, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
             params = arrays.column_literals(shipped, [stream_columns[i] for i in plan.shipped])
+        spent: list[tuple[str, float]] = []  # (view, milliseconds), in name order
         if deltas:
             for statements in plan.per_view:
+                started = time.perf_counter()
                 try:
                     _maintain(conn, statements, params)
                 except psycopg.Error as e:
                     raise ViewApplyError(statements.view.qualified_name, e) from e
+                spent.append((statements.view.qualified_name, (time.perf_counter() - started) * 1000))
             # Transforms after the views, in name order: every batch of the stream takes their position
             # rows in this one order, and only such batches take them, before any view's position row
             # at commit (which comes last in every writer's order): two runners cannot deadlock on them.
@@ -156,6 +162,7 @@ class StreamMaintainer:
                     raise TransformApplyError(name, e) from e
         if keyed:
             conn.execute("SELECT set_config('enable_hashagg', %s, true)", (previous,))
+        _count(conn, self.stream_name, deltas, spent)
         return deltas
 
     def clear_batch(self, conn: psycopg.Connection) -> None:
@@ -323,6 +330,43 @@ def _maintain(conn: psycopg.Connection, statements: _ViewStatements, params: lis
             conn.execute(statements.fix_extremes, (kept,))
     for statement in statements.after:
         conn.execute(statement, ())
+
+
+# Who counts in cv.view_stats and cv.stream_stats (migration 0028): one row per process, so that two
+# runners never wait on each other's statistics rows.
+RUNNER_ID = f"{socket.gethostname()}:{os.getpid()}"
+_COUNT = sql.SQL(
+    "WITH spent AS (SELECT * FROM unnest(%(views)s::text[], %(ms)s::float8[]) AS t(view, ms)),"
+    " views AS (INSERT INTO cv.view_stats AS s (view, runner, executions, input_rows, exec_ms, last_update)"
+    "  SELECT view, %(runner)s, 1, %(deltas)s, ms, now() FROM spent"
+    "  ON CONFLICT (view, runner) DO UPDATE SET executions = s.executions + 1,"
+    "   input_rows = s.input_rows + excluded.input_rows, exec_ms = s.exec_ms + excluded.exec_ms,"
+    "   last_update = excluded.last_update)"
+    " INSERT INTO cv.stream_stats AS s (stream, runner, input_batches, input_rows, last_update)"
+    " VALUES (%(stream)s, %(runner)s, 1, %(rows)s, now())"
+    " ON CONFLICT (stream, runner) DO UPDATE SET input_batches = s.input_batches + 1,"
+    "  input_rows = s.input_rows + excluded.input_rows, last_update = excluded.last_update"
+)
+
+
+def _count(conn: psycopg.Connection, stream: str, deltas: int, spent: list[tuple[str, float]]) -> None:
+    """The batch in the statistics PipelineDB users read in SQL (pipelinedb.query_stats, stream_stats).
+
+    In the batch's own transaction: a batch rolled back counts nothing. One statement per stream.
+    The rows counted are the batch's changes that took effect (for a keyed stream, after netting
+    against its state): what the views read.
+    """
+    conn.execute(
+        _COUNT,
+        {
+            "views": [view for view, _ in spent],
+            "ms": [ms for _, ms in spent],
+            "runner": RUNNER_ID,
+            "deltas": deltas,
+            "stream": stream,
+            "rows": deltas,
+        },
+    )
 
 
 def _inserts_only(ops: Sequence[int], columns: list[Sequence[object]]) -> tuple[list[Sequence[object]], int]:

@@ -162,17 +162,22 @@ class StreamRunner:
             if version == self.version:
                 return
             streams = declared_streams(conn)
+            paused = frozenset(name for (name,) in conn.execute("SELECT stream FROM cv.paused_streams"))
         except psycopg.Error as e:
             log.warning("cannot read the catalog; will retry", error=str(e).strip())
             self._close()
             return
-        self.load(streams, version)
+        self.load(streams, version, paused)
 
-    def load(self, streams: dict[str, StreamDef], version: int) -> None:
-        """Decoders and topics for these streams; subscribe to exactly their topics."""
+    def load(self, streams: dict[str, StreamDef], version: int, paused: frozenset[str] = frozenset()) -> None:
+        """Decoders and topics for these streams; subscribe to exactly their topics.
+
+        A deactivated stream (`paused`, migration 0028) is not read, nor are the streams feeding it:
+        its offsets stay in PostgreSQL, and activating it reads on from there.
+        """
         sources = {}
         for stream in streams.values():
-            if not self.runs(stream):
+            if not self.runs(stream) or stream.name in paused or stream.into in paused:
                 continue
             known = self.sources.get(stream.topic)
             if known is not None and known.stream == stream:
@@ -193,6 +198,7 @@ class StreamRunner:
             "catalog loaded",
             catalog_version=version,
             streams={source.stream.name: source.stream.topic for source in sources.values()},
+            deactivated=sorted(paused),
         )
         self.pipeline.subscribe(sources)
 
