@@ -1,0 +1,133 @@
+"""CREATE / DROP CONTINUOUS TRANSFORM read by the front end: what a transform is, and what it refuses in one line.
+
+A transform is a per-event SELECT over one append-only stream, maybe joined with a table; whatever
+would make it a view (aggregates, GROUP BY, window functions) or make its output ambiguous is refused
+naming what, before any database is asked.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.cv.frontend.statements import NO_SCOPE, parse, read_script
+from pipelines.cv.frontend.transforms import DropTransform, is_transform, parse_drop_transform, parse_transform
+from pipelines.cv.model import DefinitionError, Join, Output, Scope
+
+CLICKS = "CREATE STREAM clicks (url text, uid bigint, ms int, ts timestamptz) WITH (topic = 'clicks')"
+LIKES = "CREATE STREAM likes (oid bigint, uid bigint) WITH (topic = 'likes', key = 'oid, uid')"
+CDC = "CREATE STREAM app_clicks (url text, uid bigint, ms int, ts timestamptz) WITH (topic = 'cdc', into = 'clicks')"
+SCOPE = Scope({s.name: s for s in (parse(t, NO_SCOPE) for t in (CLICKS, LIKES, CDC))}, frozenset({"mode_of"}))
+
+
+def transform(text: str):
+    return parse_transform(text, SCOPE)
+
+
+def test_a_filter_and_a_projection_over_a_stream():
+    t = transform(
+        "CREATE CONTINUOUS TRANSFORM public.slow AS SELECT url, ms / 1000.0 AS seconds FROM clicks WHERE ms > 100"
+    )
+    assert (t.schema, t.name, t.stream) == ("public", "slow", "clicks")
+    assert t.outputs == (Output("url", "url"), Output("seconds", "ms / 1000.0"))
+    assert t.where_sql == "ms > 100"
+    assert t.join is None
+    assert t.key is None
+    assert t.qualified_name == "public.slow"
+
+
+def test_the_issues_example_cleaned_and_enriched_events():
+    t = transform(
+        "CREATE CONTINUOUS TRANSFORM shop.clean WITH (key = 'url, uid') AS"
+        " SELECT c.url, c.uid, u.country FROM clicks AS c JOIN shop.users AS u ON u.id = c.uid"
+        " WHERE c.url NOT LIKE '/health%'"
+    )
+    assert t.join == Join("c", "shop.users", "u", False, "u.id = c.uid")
+    assert [o.name for o in t.outputs] == ["url", "uid", "country"]
+    assert t.key == ("url", "uid")
+
+
+def test_pipelinedbs_spelling_maps_onto_the_same_transform():
+    text = "CREATE VIEW slow WITH (action = transform) AS SELECT url FROM clicks WHERE ms > 100"
+    assert is_transform(text)
+    assert is_transform(text.replace("transform", "'transform'"))
+    assert not is_transform("CREATE VIEW v AS SELECT url FROM clicks")
+    assert not is_transform("CREATE CONTINUOUS VIEW v AS SELECT url, count(*) FROM clicks GROUP BY url")
+    t = transform(text)
+    assert (t.qualified_name, t.outputs, t.where_sql) == ("public.slow", (Output("url", "url"),), "ms > 100")
+
+
+@pytest.mark.parametrize(
+    ("query", "says"),
+    [
+        ("SELECT url, count(*) AS n FROM clicks", "aggregates are not allowed"),
+        ("SELECT url FROM clicks WHERE mode_of(uid) > 1", "aggregates are not allowed"),
+        ("SELECT url FROM clicks GROUP BY url", "GROUP BY: a transform aggregates nothing"),
+        ("SELECT url, row_number() OVER () AS n FROM clicks", "window functions are not supported"),
+        ("SELECT url FROM clicks HAVING true", "HAVING is not supported"),
+        ("SELECT DISTINCT url FROM clicks", "SELECT DISTINCT is not supported"),
+        ("SELECT url FROM clicks ORDER BY url", "ORDER BY is not supported"),
+        ("SELECT url FROM clicks LIMIT 1", "LIMIT is not supported"),
+        ("SELECT * FROM clicks", "SELECT * is not supported"),
+        ("SELECT url, ms AS url FROM clicks", "two output columns are named 'url'"),
+        ("SELECT url, ms + 1 FROM clicks", "needs a name"),
+        ("SELECT ms AS position FROM clicks", "position is the read view's own column"),
+        ("SELECT url AS _cv_x FROM clicks", "names starting with _cv_ are the engine's"),
+        ("SELECT nope FROM clicks", "nope is not a column of the stream"),
+        ("SELECT url FROM clicks WHERE uid IN (SELECT 1)", "subqueries are not supported"),
+        ("SELECT url FROM nowhere", "nowhere is not a stream"),
+        ("SELECT url FROM clicks AS c", "an alias on the stream is only needed with a join"),
+        ("SELECT oid FROM likes", "likes has a key"),
+        ("SELECT url FROM app_clicks", "feeds clicks and keeps nothing of its own"),
+        ("SELECT url FROM clicks UNION SELECT url FROM clicks", "a single SELECT"),
+        ("SELECT c.url FROM clicks c JOIN t ON true JOIN u ON true", "FROM must name one stream"),
+        ("SELECT x.url FROM clicks c JOIN t ON t.id = c.uid", "x is neither the stream nor the joined table"),
+        ("SELECT url FROM clicks WHERE ms > $1", "parameters ($n) are not supported"),
+    ],
+)
+def test_what_a_transform_refuses_in_one_line(query, says):
+    with pytest.raises(DefinitionError) as refused:
+        transform(f"CREATE CONTINUOUS TRANSFORM t AS {query}")
+    assert says in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("statement", "says"),
+    [
+        ("CREATE OR REPLACE CONTINUOUS TRANSFORM t AS SELECT url FROM clicks", "drop the transform and create"),
+        ("CREATE CONTINUOUS TRANSFORM t WITH (key = 'nope') AS SELECT url FROM clicks", "key column 'nope'"),
+        ("CREATE CONTINUOUS TRANSFORM t WITH (key = 'url, url') AS SELECT url FROM clicks", "names a column twice"),
+        ("CREATE CONTINUOUS TRANSFORM t WITH (ttl = '1 day') AS SELECT url FROM clicks", "unknown option 'ttl'"),
+        ('CREATE CONTINUOUS TRANSFORM "T" AS SELECT url FROM clicks', "not a plain lower-case identifier"),
+        (
+            "CREATE VIEW t WITH (action = transform, outputfunc = pipelinedb.insert_into_stream('s')) AS"
+            " SELECT url FROM clicks",
+            "outputfunc is not supported",
+        ),
+    ],
+)
+def test_options_and_names_a_transform_refuses(statement, says):
+    with pytest.raises(DefinitionError) as refused:
+        transform(statement)
+    assert says in str(refused.value)
+
+
+def test_drop_continuous_transform():
+    assert parse_drop_transform("DROP CONTINUOUS TRANSFORM IF EXISTS a, s.b;") == DropTransform(
+        ("public.a", "s.b"), True
+    )
+    assert parse_drop_transform("DROP CONTINUOUS VIEW a") is None
+    with pytest.raises(DefinitionError, match="CASCADE is not supported"):
+        parse_drop_transform("DROP CONTINUOUS TRANSFORM a CASCADE")
+
+
+def test_a_script_holds_transforms_beside_streams_and_views():
+    script = read_script(
+        f"{CLICKS};\nCREATE CONTINUOUS TRANSFORM t AS SELECT url FROM clicks;\nDROP CONTINUOUS TRANSFORM t;"
+    )
+    first, create, drop = script.statements
+    assert first.stream is not None
+    assert first.stream.name == "clicks"
+    assert create.change is None
+    assert is_transform(create.statement.text)
+    assert drop.change == DropTransform(("public.t",), False)
