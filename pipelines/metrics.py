@@ -1,9 +1,9 @@
 """Prometheus metrics of the long-running services: every family is defined here, once, with its HELP.
 
-Each service (the stream runner, the audit writer, the ctid puller) calls `serve()` at start, which
-serves `GET /metrics` on METRICS_HOST:METRICS_PORT from prometheus-client's HTTP server in a daemon
-thread; the code that knows a figure updates its family through this module. The registry is the
-process's default one: a process is one service, named by the `pipeline` label.
+Each service (the stream runner, the audit writer, the ctid puller, the sinks' relay) calls `serve()`
+at start, which serves `GET /metrics` on METRICS_HOST:METRICS_PORT from prometheus-client's HTTP
+server in a daemon thread; the code that knows a figure updates its family through this module. The
+registry is the process's default one: a process is one service, named by the `pipeline` label.
 
 The names are a contract: the alert rules and the dashboard (monitoring/) are written against them.
 
@@ -128,6 +128,32 @@ BULK_FAILURES = Counter(
     registry=None,
 )
 
+SINK_PUBLISHED = Counter(
+    "streamviews_sink_changes_published_total",
+    "Records a sink published to its topic and Kafka acknowledged (snapshot rows included; a record sent"
+    " again after a crash counts again).",
+    ("sink",),
+    registry=None,
+)
+SINK_LAG_CHANGES = Gauge(
+    "streamviews_sink_lag_changes",
+    "Changes of its view a sink has not relayed yet: the view's last position minus the sink's.",
+    ("sink",),
+    registry=None,
+)
+SINK_LAG_SECONDS = Gauge(
+    "streamviews_sink_lag_seconds",
+    "Seconds since the oldest change a sink has not relayed was committed (0 when caught up).",
+    ("sink",),
+    registry=None,
+)
+SINK_FAILED = Gauge(
+    "streamviews_sink_failed",
+    "1 while a sink's last attempt failed (its filter raised, Kafka refused): it is tried again later.",
+    ("sink",),
+    registry=None,
+)
+
 
 class Freshness(Collector):
     """`streamviews_freshness_seconds`: now minus the newest event time committed, per stream.
@@ -189,7 +215,8 @@ class ServiceFamilies(Collector):
 FRESHNESS = Freshness()
 RUNNER_FAMILIES = ServiceFamilies(SLOT_LAG, SLOT_ACTIVE, VIEW_QUARANTINED, STREAM_HELD)
 PULLER_FAMILIES = ServiceFamilies(PULLER_ROWS_BEHIND, PULLER_SECONDS_BEHIND, PULLER_ROWS_INDEXED, BULK_FAILURES)
-for _collector in (FRESHNESS, RUNNER_FAMILIES, PULLER_FAMILIES):
+SINK_FAMILIES = ServiceFamilies(SINK_PUBLISHED, SINK_LAG_CHANGES, SINK_LAG_SECONDS, SINK_FAILED)
+for _collector in (FRESHNESS, RUNNER_FAMILIES, PULLER_FAMILIES, SINK_FAMILIES):
     REGISTRY.register(_collector)
 
 
@@ -340,3 +367,22 @@ def set_puller_backlog(rows: int, seconds: float) -> None:
     """The ctid puller's backlog, as `CtidPuller.lag()` measures it."""
     PULLER_ROWS_BEHIND.set(rows)
     PULLER_SECONDS_BEHIND.set(seconds)
+
+
+def set_sinks(lags: Iterable[tuple[str, int, float, bool]]) -> None:
+    """Every sink as (name, changes behind, seconds behind, failed); the series of sinks gone are removed."""
+    seen = set()
+    for sink, changes, seconds, failed in lags:
+        seen.add(sink)
+        SINK_LAG_CHANGES.labels(sink).set(changes)
+        SINK_LAG_SECONDS.labels(sink).set(seconds)
+        SINK_FAILED.labels(sink).set(1 if failed else 0)
+    for sink in _sinks - seen:
+        for family in (SINK_LAG_CHANGES, SINK_LAG_SECONDS, SINK_FAILED, SINK_PUBLISHED):
+            with contextlib.suppress(KeyError):
+                family.remove(sink)
+    _sinks.clear()
+    _sinks.update(seen)
+
+
+_sinks: set[str] = set()  # the sinks exported by the last refresh

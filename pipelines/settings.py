@@ -254,11 +254,26 @@ class MetricsSettings(_Settings):
     # container that Prometheus scrapes from another one listens on 0.0.0.0.
     host: str = "127.0.0.1"
     # 0: no metrics endpoint. Each process needs its own port (the local stack gives the stream
-    # runner 9481, the audit writer 9482 and the ctid puller 9483).
+    # runner 9481, the audit writer 9482, the ctid puller 9483 and the sinks' relay 9484).
     port: int = Field(9480, ge=0, le=65535)
     # Seconds between refreshes of the gauges that are read rather than counted: consumer lag, the
     # puller's backlog. Replication slots are read every other refresh (a query, not a local look-up).
     refresh_s: float = Field(5.0, gt=0)
+
+
+class SinkSettings(_Settings):
+    """The sinks' relay (`python -m pipelines.cv.relay`): how much it reads at once, how it waits."""
+
+    model_config = SettingsConfigDict(env_prefix="SINK_", extra="ignore", frozen=True, populate_by_name=True)
+
+    # Changes of one sink read, produced and acknowledged per PostgreSQL transaction: its position
+    # advances once per page.
+    page: int = Field(5_000, gt=0)
+    # Seconds the relay waits for a `streamviews_changes` notification before it looks anyway (a
+    # notification lost with a broken connection costs at most this much delay).
+    wake_s: float = Field(5.0, gt=0)
+    # Seconds before a sink that failed (its filter raised, Kafka refused) is tried again.
+    retry_s: float = Field(30.0, gt=0)
 
 
 class AuditSettings(_Settings):

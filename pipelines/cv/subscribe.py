@@ -31,10 +31,13 @@ SAFETY_WAKE_S = 30.0
 PAGE = 1000
 
 # One change as its JSON line, built by PostgreSQL: json (not jsonb) keeps the keys in this order,
-# and numbers are written exactly as stored.
+# and numbers are written exactly as stored. A sink of format `changes` publishes the same object.
+CHANGE_JSON = (
+    "json_build_object('view', view, 'position', position, 'key', key, 'before', before,"
+    " 'after', after, 'delta', delta, 'committed_at', committed_at)"
+)
 _CHANGES = (
-    "SELECT position, json_build_object('view', view, 'position', position, 'key', key, 'before', before,"
-    " 'after', after, 'delta', delta, 'committed_at', committed_at)::text"
+    f"SELECT position, {CHANGE_JSON}::text"  # noqa: S608 (a constant)
     " FROM cv.view_changes_readable WHERE view = %s AND position > %s ORDER BY position LIMIT %s"
 )
 

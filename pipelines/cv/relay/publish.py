@@ -1,0 +1,155 @@
+"""Producing a sink's records and waiting for every delivery report: the relay's Kafka side.
+
+The producer is idempotent (`enable.idempotence`, `acks=all`): a record retried inside the producer
+is written once and in order. Records are keyed by the group key's JSON, so one group's records go
+to one partition in position order (partitioner murmur2_random, the Java clients' own: a Kafka
+Streams or ksqlDB consumer partitions the same keys the same way). Each carries the headers
+`streamviews.position`, `streamviews.view` and `streamviews.sink`.
+
+A record Kafka refuses for what it is (too large for the topic) goes to `<topic>.dlq` with the
+reason in `dlq.*` headers (as a stream's dead letters do, pipelines.runtime.deadletter) and the
+sink moves on; a delivery that fails for Kafka's sake (brokers away, a timeout) fails the page,
+which is produced again later from the same position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from pipelines.cv.relay.records import Record
+from pipelines.errors import StreamviewsError
+from pipelines.logs import get_logger
+from pipelines.runtime.deadletter import dead_letter_topic
+
+log = get_logger("sinks")
+
+# Errors that say the record itself cannot be written, whatever the retries: it is dead-lettered.
+RECORD_ERRORS = frozenset(
+    {
+        KafkaError.MSG_SIZE_TOO_LARGE,
+        KafkaError.RECORD_LIST_TOO_LARGE,
+        KafkaError.INVALID_RECORD,
+    }
+)
+# The largest value a dead letter carries (the broker's default limit is 1 MiB).
+DEAD_LETTER_VALUE_MAX = 512 * 1024
+# A full local queue waits for deliveries this long between attempts, this many times.
+_QUEUE_FULL_WAIT_S = 1.0
+_QUEUE_FULL_ATTEMPTS = 60
+
+
+class DeliveryError(StreamviewsError):
+    """Records of a page were not acknowledged; the page is produced again from its start later."""
+
+    transient = True
+
+
+def producer_config(bootstrap_servers: str, client_id: str) -> dict[str, object]:
+    """The relay's producer: idempotent, every replica's acknowledgement, Java's key partitioning."""
+    return {
+        "bootstrap.servers": bootstrap_servers,
+        "client.id": client_id,
+        "enable.idempotence": True,
+        "acks": "all",
+        "partitioner": "murmur2_random",
+        "linger.ms": 5,
+        "compression.type": "lz4",
+        "delivery.timeout.ms": 60_000,
+    }
+
+
+@dataclass
+class _Page:
+    """Delivery reports of one page: records refused for what they are, and Kafka's own failures."""
+
+    refused: list[tuple[Record, str]] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+class Publisher:
+    """Produces pages of records for sinks; `publish` returns once Kafka acknowledged all of them."""
+
+    def __init__(self, producer: Producer) -> None:
+        self._producer = producer
+
+    def publish(self, sink: str, view: str, topic: str, records: Iterable[Record], timeout: float = 60) -> int:
+        """Produce `records` to `topic` in order and wait for every delivery; how many were dead-lettered.
+
+        Raises:
+            DeliveryError: Some record was neither acknowledged nor dead-lettered (Kafka's failure).
+        """
+        page = _Page()
+        for record in records:
+            headers = _headers(sink, view, record.position)
+            try:
+                self._produce(topic, record.key, record.value, headers, page, record)
+            except KafkaException as e:
+                error = e.args[0]
+                if error.code() not in RECORD_ERRORS:
+                    raise DeliveryError(f"sink {sink}: cannot produce to {topic}: {error.str()}") from e
+                page.refused.append((record, error.str()))
+        self._wait(sink, page, timeout)
+        if page.refused:
+            self._dead_letter(sink, view, topic, page, timeout)
+        return len(page.refused)
+
+    def _produce(
+        self,
+        topic: str,
+        key: bytes,
+        value: bytes | None,
+        headers: list[tuple[str, bytes]],
+        page: _Page,
+        record: Record | None,
+    ) -> None:
+        def delivered(err: KafkaError | None, _msg: object) -> None:
+            if err is None:
+                return
+            if record is not None and err.code() in RECORD_ERRORS:
+                page.refused.append((record, err.str()))
+            else:
+                page.failed.append(err.str())
+
+        for _ in range(_QUEUE_FULL_ATTEMPTS):
+            try:
+                self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=delivered)
+                self._producer.poll(0)
+                return
+            except BufferError:
+                self._producer.poll(_QUEUE_FULL_WAIT_S)
+        raise DeliveryError(f"cannot produce to {topic}: the producer queue stayed full")
+
+    def _wait(self, sink: str, page: _Page, timeout: float) -> None:
+        remaining = self._producer.flush(timeout)
+        if page.failed:
+            raise DeliveryError(f"sink {sink}: {len(page.failed)} records not delivered, first: {page.failed[0]}")
+        if remaining:
+            raise DeliveryError(f"sink {sink}: {remaining} records still undelivered after {timeout} s")
+
+    def _dead_letter(self, sink: str, view: str, topic: str, page: _Page, timeout: float) -> None:
+        """The refused records to `<topic>.dlq`: their key and `dlq.*` headers, the value when it fits."""
+        refused, page.refused = page.refused, []
+        for record, reason in refused:
+            log.warning("sink record dead-lettered", sink=sink, topic=topic, position=record.position, reason=reason)
+            headers = [
+                *_headers(sink, view, record.position),
+                ("dlq.reason", b"refused"),
+                ("dlq.detail", reason.encode()),
+                ("dlq.topic", topic.encode()),
+            ]
+            # A value too large for its topic would be for the dead-letter topic too: then only its
+            # key and position go (the change itself stays in cv.view_changes while retention keeps it).
+            value = record.value if record.value is None or len(record.value) <= DEAD_LETTER_VALUE_MAX else None
+            self._produce(dead_letter_topic(topic), record.key, value, headers, page, None)
+        self._wait(sink, page, timeout)
+
+
+def _headers(sink: str, view: str, position: int) -> list[tuple[str, bytes]]:
+    return [
+        ("streamviews.position", str(position).encode()),
+        ("streamviews.view", view.encode()),
+        ("streamviews.sink", sink.encode()),
+    ]

@@ -1,0 +1,107 @@
+"""What a sink publishes, built by PostgreSQL: each change (or snapshot row) as a Kafka key and value.
+
+One query per page of a sink's changes, filtered by its `where` (pipelines.cv.catalog.sinks
+`change_filter`) and shaped by its format, so that JSON is written once, by PostgreSQL, exactly as
+`streamviews subscribe` writes it:
+
+- `upsert`: key = the group key's JSON (`{"url": "/a"}`), value = the row after the change (the view's
+  columns), or no value (a tombstone) when the group is gone;
+- `changes`: value = the subscribe line, `{"view", "position", "key", "before", "after", "delta",
+  "committed_at"}` (pipelines.cv.subscribe.CHANGE_JSON);
+- `changes` with `envelope = 'debezium'`: `{"before", "after", "op", "ts_ms", "source": {"view",
+  "position"}}`, op `c` (new group), `u`, `d` (gone), or `r` for a snapshot row.
+
+A page is read by position (`position > after ORDER BY position LIMIT page`) and filtered after, so
+the page's last position is known even when the filter keeps none of it: the sink moves past the
+changes it filtered out. A snapshot is the view's rows read as changes of one position (the view's
+last) with no before, through the same query, so it is filtered and shaped the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import sql
+
+from pipelines.cv.catalog.sinks import SinkState, change_filter
+from pipelines.cv.model import ViewDef
+from pipelines.cv.subscribe import CHANGE_JSON
+from pipelines.cv.views.change_capture import projection
+from pipelines.cv.views.compiler import storage_table
+from pipelines.cv.views.view_types import ViewTypes
+
+_DEBEZIUM = (
+    "json_build_object('before', before, 'after', after,"
+    " 'op', CASE WHEN snapshot THEN 'r' WHEN before IS NULL THEN 'c' WHEN after IS NULL THEN 'd' ELSE 'u' END,"
+    " 'ts_ms', (extract(epoch FROM committed_at) * 1000)::bigint,"
+    " 'source', json_build_object('view', view, 'position', position))"
+)
+
+# The changes of one page: cv.view_changes' columns, and whether it is a snapshot row.
+_PAGE = sql.SQL(
+    "SELECT c.*, false AS snapshot FROM cv.view_changes AS c"
+    " WHERE c.view = %(view)s AND c.position > %(after)s ORDER BY c.position LIMIT %(page)s"
+)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record to produce: its position, key and value (None: a tombstone), and its commit time."""
+
+    position: int
+    key: bytes
+    value: bytes | None
+    committed_at: float  # epoch seconds
+
+
+def value_sql(state: SinkState) -> sql.SQL:
+    """The record's value over a change's columns, as the sink's format says (text; NULL: a tombstone)."""
+    if state.format == "upsert":
+        return sql.SQL("after::text")
+    if state.envelope == "debezium":
+        return sql.SQL(f"{_DEBEZIUM}::text")
+    return sql.SQL(f"{CHANGE_JSON}::text")
+
+
+def _shaped(state: SinkState, page: sql.Composable) -> sql.Composed:
+    """The page's changes that pass the filter, plus its last one (which may not), as records in position order.
+
+    Columns: position, passes, key text, value text, committed_at in epoch seconds.
+    """
+    return sql.SQL(
+        "WITH page AS ({page}),"
+        " f AS (SELECT c.*, {passes} AS passes FROM page AS c)"
+        " SELECT position, passes, key::text, CASE WHEN passes THEN {value} END,"
+        " extract(epoch FROM committed_at)::float8"
+        " FROM f WHERE passes OR position = (SELECT max(position) FROM page) ORDER BY position"
+    ).format(page=page, passes=change_filter(state.view, state.where), value=value_sql(state))
+
+
+def page_query(state: SinkState) -> sql.Composed:
+    """The next page of the sink's changes (parameters: view, after, page)."""
+    return _shaped(state, _PAGE)
+
+
+def snapshot_query(state: SinkState, view: ViewDef, types: ViewTypes) -> sql.Composed:
+    """The view's rows as changes at position %(last)s with no before (parameters: view, last).
+
+    The rows are projected from the view's storage exactly as its capture triggers project changed
+    rows (pipelines.cv.views.change_capture), so a snapshot row's key and value are what a change
+    of that group would carry.
+    """
+    rows = sql.SQL(
+        "SELECT %(view)s::text AS view, %(last)s::bigint AS position, n.key, NULL::jsonb AS before, n.row AS after,"
+        " NULL::jsonb AS delta, now() AS committed_at, true AS snapshot"
+        " FROM (WITH cv_rows AS (SELECT * FROM {storage}) {projection}) AS n"
+    ).format(storage=storage_table(view), projection=sql.SQL(projection(view, types)))
+    return _shaped(state, rows)
+
+
+def records(rows: list[tuple]) -> tuple[list[Record], int | None]:
+    """The rows of `page_query` / `snapshot_query` as records to produce, and the last position read."""
+    out = [
+        Record(position, key.encode(), None if value is None else value.encode(), committed_at)
+        for position, passes, key, value, committed_at in rows
+        if passes
+    ]
+    return out, (rows[-1][0] if rows else None)
