@@ -216,6 +216,12 @@ class PipelineSettings(_Settings):
     # Seconds a view's recorded changes are kept (views WITH (changes = true), migration 0020):
     # pruned by the retention sweep, so `streamviews subscribe --from P` can resume within this time.
     changes_retention_s: float = Field(86_400.0, gt=0)
+    # Views over views (pipelines/cv/feeds.py): whether this runner feeds them (several may: each
+    # page is taken once), the most upstream changes one transaction applies to the views reading
+    # them, and the seconds between checks when no NOTIFY woke the feeds.
+    feeds: bool = True
+    feed_page: int = Field(10_000, gt=0)
+    feed_poll_s: float = Field(1.0, gt=0)
     # Seconds between progress log lines.
     report_interval_s: float = Field(10.0, gt=0)
     # Isolation (pipelines/cv/isolation.py). A topic whose stream cannot be applied at all is held

@@ -126,6 +126,31 @@ class StreamMaintainer:
         `ops` holds +1 (insert) or -1 (delete) per change, `columns` one sequence per stream column,
         all in batch order: for one key, the last change wins.
         """
+        plan = self._begin(conn)
+        stream_columns = plan.stream.columns
+        if plan.to_deltas is not None:
+            literals = [arrays.ops_literal(ops), *arrays.column_literals(columns, stream_columns)]
+            return self._run(conn, plan, literals, [])
+        shipped, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
+        params = arrays.column_literals(shipped, [stream_columns[i] for i in plan.shipped])
+        return self._run(conn, plan, None, params, deltas)
+
+    def apply_feed(self, conn: psycopg.Connection, after: int, upto: int) -> int:
+        """Apply a feed stream's batch: its upstream view's changes after position `after` up to `upto`.
+
+        The changes are read where they are recorded (cv.view_changes), in the same statement that
+        applies them (pipelines.cv.views.stream_sql.changes_batch): nothing travels through Python.
+        """
+        plan = self._begin(conn)
+        if not plan.stream.is_feed:
+            raise ValueError(f"stream {self.stream_name} is not fed by a view")
+        params: list[object] = [plan.stream.feed_of, after, upto]
+        if plan.to_deltas is not None:
+            return self._run(conn, plan, params, [])
+        return self._run(conn, plan, None, params, upto - after)
+
+    def _begin(self, conn: psycopg.Connection) -> _Plan:
+        """The stream's lock (shared), its plan, and the session's temporary tables."""
         catalog.lock_stream(conn, self.stream_name, shared=True)
         plan = self._current_plan(conn)
         session = conn.info.backend_pid
@@ -133,16 +158,21 @@ class StreamMaintainer:
             for statement in plan.temp_tables:
                 conn.execute(statement)
             self._sessions_ready.add(session)
-        stream_columns = plan.stream.columns
-        keyed = plan.to_deltas is not None
+        return plan
+
+    def _run(
+        self,
+        conn: psycopg.Connection,
+        plan: _Plan,
+        delta_params: list[object] | None,
+        params: list[object],
+        deltas: int = 0,
+    ) -> int:
+        """The batch into deltas (keyed streams: `delta_params`), then each view's maintenance over them."""
+        keyed = delta_params is not None
         if keyed:
             previous = conn.execute(SORTED_AGGREGATION).fetchone()[0]
-            literals = [arrays.ops_literal(ops), *arrays.column_literals(columns, stream_columns)]
-            deltas = conn.execute(plan.to_deltas, literals).rowcount
-            params: list[object] = []  # the views read the deltas' temporary table
-        else:
-            shipped, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
-            params = arrays.column_literals(shipped, [stream_columns[i] for i in plan.shipped])
+            deltas = conn.execute(plan.to_deltas, delta_params).rowcount
         spent: list[tuple[str, float]] = []  # (view, milliseconds), in name order
         if deltas:
             for statements in plan.per_view:
@@ -221,6 +251,8 @@ class StreamMaintainer:
             )
             shipped = tuple(i for i, c in enumerate(stream.columns) if c.name in read) or (0,)
             source = stream_sql.batch_source(stream, tuple(stream.columns[i].name for i in shipped))
+            if stream.is_feed:  # output_of: the views read the upstream's changes where they are recorded
+                source = stream_sql.changes_source(stream)
             recorded = tuple(
                 (t.qualified_name, transform_sql.record(t, stream, tuple(stream.columns[i].name for i in shipped)))
                 for t in transforms
@@ -247,7 +279,8 @@ class StreamMaintainer:
             quarantined=sorted(quarantined),
             transforms=[name for name, _ in recorded],
         )
-        to_deltas = stream_sql.batch_to_deltas(stream) if stream.key is not None else None
+        feed_batch = stream_sql.changes_batch(stream) if stream.is_feed else None
+        to_deltas = stream_sql.batch_to_deltas(stream, feed_batch) if stream.key is not None else None
         return _Plan(
             version,
             stream,

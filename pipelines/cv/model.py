@@ -138,6 +138,14 @@ class StreamDef:
     max_event_bytes: int = 65_536
     into: str | None = None  # feed the rows of this stream into that stream (its state and views)
     consumer_group: str | None = None  # the runner group consuming it (None: the supervised runner's)
+    # A view read as a stream (pipelines.cv.frontend.view_sources): the view whose change stream feeds
+    # it; such a stream has no topic of its own, the runner's feeds (pipelines.cv.feeds) apply it.
+    feed_of: str | None = None
+
+    @property
+    def is_feed(self) -> bool:
+        """True for a view read as a stream: fed from PostgreSQL (cv.view_changes), never from Kafka."""
+        return self.feed_of is not None
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -314,6 +322,9 @@ class Scope:
     streams: Mapping[str, StreamDef]
     user_aggregates: frozenset[str]
     count_distinct_nulls: bool = True
+    # Every continuous view as another view may read it (`FROM schema.view`), by name: the keyed
+    # feed stream of its current rows (pipelines.cv.frontend.view_sources). Empty: no view is read.
+    views: Mapping[str, StreamDef] = field(default_factory=dict)
 
     def with_stream(self, stream: StreamDef) -> Scope:
         """This scope once `stream` is defined (or redefined)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from pipelines import metrics
 from pipelines.cv import catalog
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.engine import declared_streams
+from pipelines.cv.feeds import ViewFeeds
 from pipelines.cv.model import DefinitionError, StreamDef
 from pipelines.cv.sink import Origin, StreamChanges, ViewChanges, ViewSink
 from pipelines.errors import StreamviewsError
@@ -119,8 +121,34 @@ class StreamRunner:
         self._slots_refresh_s = 2 * metrics_refresh_s
 
     def run(self) -> None:
-        """Load the catalog, then consume until SIGTERM/SIGINT, reloading whenever the catalog changes."""
-        self.pipeline.run(tick=self.tick)
+        """Load the catalog, then consume until SIGTERM/SIGINT, reloading whenever the catalog changes.
+
+        Views over views are fed beside the Kafka loop, in a thread of their own (pipelines.cv.feeds):
+        their changes come from PostgreSQL, not from a poll, and a chain should not wait for the next
+        Kafka batch (nor a Kafka batch for a chain); it works in the database, so the GIL is not what
+        it shares. Every runner process feeds them unless PIPELINE_FEEDS=false: the reader positions
+        are fenced, so several runners take each page once.
+        """
+        stop = threading.Event()
+        feeds = None
+        if self.settings.feeds:
+            feeds = threading.Thread(target=self._feeds().run, args=(stop,), name="view-feeds", daemon=True)
+            feeds.start()
+        try:
+            self.pipeline.run(tick=self.tick)
+        finally:
+            stop.set()
+            if feeds is not None:
+                feeds.join(timeout=10)
+
+    def _feeds(self) -> ViewFeeds:
+        return ViewFeeds(
+            self.postgres.conninfo(),
+            page=self.settings.feed_page,
+            poll_s=self.settings.feed_poll_s,
+            view_retry_s=self.settings.view_retry_s,
+            group_id=self.group_id,
+        )
 
     def tick(self) -> None:
         """Between polls: the catalog, and now and then the replication slots' gauges."""

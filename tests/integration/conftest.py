@@ -26,6 +26,7 @@ from elasticsearch import Elasticsearch
 
 from pipelines.cv import catalog
 from pipelines.cv.engine import StreamMaintainer
+from pipelines.cv.model import DefinitionError
 from pipelines.settings import (
     AuditSettings,
     ConnectSettings,
@@ -179,8 +180,8 @@ def throwaway_views(
         yield
     finally:
         with pg("sv_owner", autocommit=True) as conn:
-            for (view,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{schema}.%",)).fetchall():
-                catalog.drop(conn, [view], "view")
+            views = [v for (v,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{schema}.%",))]
+            drop_in_dependency_order(conn, views)
             declared = catalog.load_streams(conn, skip_broken=True)
             topics = {declared[stream].topic for stream in streams if stream in declared}
             for stream in streams:
@@ -188,6 +189,20 @@ def throwaway_views(
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
             still_read = {s.topic for s in catalog.load_streams(conn, skip_broken=True).values()}
         delete_topics({name for topic in topics - still_read for name in (topic, f"{topic}.dlq")})
+
+
+def drop_in_dependency_order(conn: psycopg.Connection, views: list[str]) -> None:
+    """Drop these views, each after the views that read it (a view read by another refuses its DROP)."""
+    while views:
+        left = []
+        for view in views:
+            try:
+                catalog.drop(conn, [view], "view")
+            except DefinitionError:
+                left.append(view)  # read by a view still there: dropped on a later pass
+        if len(left) == len(views):
+            catalog.drop(conn, left[:1], "view")  # raises what keeps it
+        views = left
 
 
 def delete_topics(topics: Iterable[str]) -> None:

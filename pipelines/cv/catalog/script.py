@@ -16,6 +16,7 @@ in time starts the whole script again (`changing`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Literal
 
@@ -29,6 +30,7 @@ from pipelines.cv.catalog.streams import define_stream, drop_stream
 from pipelines.cv.catalog.transforms import define_transform, drop_transforms, transforms_of
 from pipelines.cv.catalog.views import alter_view, define_view, drop_view
 from pipelines.cv.frontend.changes import AlterView, Drop
+from pipelines.cv.frontend.view_sources import stream_named
 from pipelines.cv.frontend.statements import Script, ScriptStatement, drop_script, read_script
 from pipelines.cv.frontend.transforms import DropTransform, is_transform, parse_transform
 from pipelines.cv.model import DefinitionError, Scope
@@ -106,7 +108,12 @@ def _apply_one(conn: psycopg.Connection, item: ScriptStatement, scope: Scope) ->
         return drop_transforms(conn, item.change), scope
     if is_transform(item.statement.text):
         return define_transform(conn, parse_transform(item.statement.text, scope), scope), scope
-    return define_view(conn, item.view(scope), scope), scope
+    view = item.view(scope)
+    outcome = define_view(conn, view, scope)
+    # What the next statements read against: this view as a view may read it, the feed it reads.
+    return outcome, dataclasses.replace(
+        scope.with_stream(stream_named(view.stream, scope.streams, scope.views)), views=store.readable_views(conn)
+    )
 
 
 def _drop(conn: psycopg.Connection, change: Drop, scope: Scope) -> tuple[Outcome, Scope]:
@@ -125,7 +132,7 @@ def _drop(conn: psycopg.Connection, change: Drop, scope: Scope) -> tuple[Outcome
         if kind == "sink":
             lines.append(drop_sink(conn, qualified, scope).line)
         elif kind == "view":
-            lines.append(drop_view(conn, qualified, stream).line)
+            lines.append(drop_view(conn, qualified, stream, scope).line)
         else:
             if read_by := transforms_of(conn, qualified):  # a transform is not a view: say so apart
                 raise DefinitionError(f"stream {qualified} is read by transforms {', '.join(read_by)}; drop them first")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import psycopg
 
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
+from pipelines.cv.frontend.view_sources import from_definition, is_feed_topic, rows_stream
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
 from pipelines.cv.views import general
 from pipelines.cv.views.view_types import ViewTypes
@@ -73,12 +74,14 @@ def _parsed_streams(conn: psycopg.Connection) -> dict[str, StreamDef | Definitio
         if _state is not None and _state[0] == state:
             return _state[1]
     parsed = {}
-    for name, definition in conn.execute("SELECT name, definition FROM cv.streams ORDER BY name").fetchall():
+    for name, topic, definition in conn.execute("SELECT name, topic, definition FROM cv.streams ORDER BY name"):
         with _lock:
             known = _texts.get(definition)
         if known is None:
-            try:
-                known = parse(definition, NO_SCOPE)  # a stream reads no other definition
+            try:  # a stream reads no other definition; a view read as a stream keeps its shape
+                known = (
+                    from_definition(name, topic, definition) if is_feed_topic(topic) else parse(definition, NO_SCOPE)
+                )
             except DefinitionError as e:
                 known = e
             with _lock:
@@ -118,4 +121,28 @@ def scope(conn: psycopg.Connection, streams: Mapping[str, StreamDef] | None = No
     """
     if streams is None:
         streams = load_streams(conn, skip_broken=True)
-    return Scope(streams, general.user_aggregates(conn))
+    return Scope(streams, general.user_aggregates(conn), views=readable_views(conn))
+
+
+# Each continuous view's read view columns (name, type) in order, and its storage's key (its group
+# columns, its one unique index): what a view reading it as a keyed stream sees. A view whose read
+# view is missing (dropped by a definition under way in this transaction) is left out.
+_VIEW_SHAPES = """
+SELECT v.name,
+       array_agg(a.attname::text ORDER BY a.attnum),
+       array_agg(format_type(a.atttypid, a.atttypmod) ORDER BY a.attnum),
+       (SELECT array_agg(k.attname::text ORDER BY k.attnum) FROM pg_index AS i
+          JOIN pg_attribute AS k ON k.attrelid = i.indrelid AND k.attnum = ANY (i.indkey)
+         WHERE i.indrelid = to_regclass('cv.' || quote_ident(replace(v.name, '.', '__'))) AND i.indisunique)
+  FROM cv.views AS v JOIN pg_attribute AS a ON a.attrelid = to_regclass(v.name) AND a.attnum > 0 AND NOT a.attisdropped
+ GROUP BY v.name
+"""
+
+
+def readable_views(conn: psycopg.Connection) -> dict[str, StreamDef]:
+    """Every continuous view as another view may read it: the keyed feed stream of its rows, by view name."""
+    views = {}
+    for name, columns, types, key in conn.execute(_VIEW_SHAPES).fetchall():
+        if key:
+            views[name] = rows_stream(name, tuple(zip(columns, types, strict=True)), tuple(key))
+    return views

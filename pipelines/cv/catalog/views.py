@@ -23,10 +23,11 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv.catalog import change_streams, store
+from pipelines.cv.catalog import change_streams, store, view_feeds
 from pipelines.cv.catalog.locks import Outcome, drop_read_view, lock_stream_for_change, lock_tables
 from pipelines.cv.catalog.view_checks import check_ttl, check_units, check_window
 from pipelines.cv.frontend.changes import AlterView, with_options
+from pipelines.cv.frontend.view_sources import stream_named
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef, storage_name
 from pipelines.cv.views import compiler, extremes, general, read_views, view_types
 from pipelines.cv.views.sql_text import CV_SCHEMA
@@ -42,7 +43,7 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> Outcom
 
     `scope` is what `view` was read against: the stored definition it replaces is read against it too.
     """
-    stream = scope.streams[view.stream]
+    stream = stream_named(view.stream, scope.streams, scope.views)
     what = f"continuous view {view.qualified_name}"
     if stream.into is not None:
         raise DefinitionError(
@@ -57,6 +58,8 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> Outcom
             f"{view.qualified_name} already exists with another definition; CREATE OR REPLACE CONTINUOUS VIEW "
             "rebuilds it, or drop it first"
         )
+    if stream.is_feed:  # a view over a view: no cycle, and its feed stream made
+        view_feeds.prepare(conn, view, stream, scope)
     check_ttl(conn, view)
     check_window(conn, view)
     check_units(conn, view, stream)
@@ -70,7 +73,9 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> Outcom
         outcome = f"view {view.qualified_name} created; {_create(conn, view, stream, types)}"
     else:
         old = store.stored_view(row[0], row[1], scope)
+        shape = view_feeds.shape(conn, view.qualified_name)
         outcome = _replace(conn, old.view, old.types, view, stream, types)
+        view_feeds.check_shape_kept(conn, view, shape)
         conn.execute(
             "UPDATE cv.views SET definition = %s, types = %s WHERE name = %s",
             (view.definition, Jsonb(types.to_json()), view.qualified_name),
@@ -101,6 +106,8 @@ def _create(conn: psycopg.Connection, view: ViewDef, stream: StreamDef, types: V
     _create_read_view(conn, view, types)
     change_streams.follow_option(conn, view, types)  # before the backfill, which is then recorded
     if stream.key is None:
+        if stream.is_feed:
+            return f"starts from now (the changes of {stream.feed_of} from here on)"
         return "starts from now (append-only stream: no state to backfill from)"
     for statement in compiler.backfill_from_state(view, stream, types):
         conn.execute(statement, ())
@@ -223,9 +230,11 @@ def _has_index_on(conn: psycopg.Connection, view: ViewDef) -> bool:
     )
 
 
-def drop_view(conn: psycopg.Connection, name: str, stream: str) -> Outcome:
+def drop_view(conn: psycopg.Connection, name: str, stream: str, scope: Scope) -> Outcome:
     """DROP CONTINUOUS VIEW of view `name` over `stream`: its read view, its tables, the aggregates only it kept."""
     what = f"DROP CONTINUOUS VIEW {name}"
+    if over := view_feeds.views_over(conn, name):
+        raise DefinitionError(f"{what}: {', '.join(over)} read it; drop them first")
     if taking := change_streams.readers(conn, name):
         raise DefinitionError(f"{what}: {', '.join(taking)} read its changes; drop them first")
     schema, _, view = name.partition(".")
@@ -233,7 +242,8 @@ def drop_view(conn: psycopg.Connection, name: str, stream: str) -> Outcome:
     drop_view_relations(conn, schema, view)
     conn.execute("DELETE FROM cv.views WHERE name = %s", (name,))
     general.drop_unused(conn)
-    return Outcome(f"view {name} dropped")
+    feed = view_feeds.drop_if_unused(conn, stream, scope)
+    return Outcome(f"view {name} dropped" + (f" (and {feed}, which only it read)" if feed else ""))
 
 
 def view_tables(conn: psycopg.Connection, schema: str, view: str) -> list[sql.Identifier]:

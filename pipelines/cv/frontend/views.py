@@ -21,6 +21,7 @@ from pglast.stream import RawStream
 
 from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
 from pipelines.cv.frontend.buckets import NAMED, bucket_unit
+from pipelines.cv.frontend.view_sources import refuse_combine, refuse_feed_by_name, source_of
 from pipelines.cv.frontend.windows import split_window, step_group
 from pipelines.cv.model import (
     BOOLEAN_WORDS,
@@ -72,7 +73,8 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         what,
         " in a continuous view",
     )
-    stream, join = _from_stream(select, scope.streams, what)
+    refuse_combine(select, what)
+    stream, join = _from_stream(select, scope, what)
     columns = set(stream.column_names)
     names = _Names(columns, join)
     if join is not None:
@@ -179,9 +181,13 @@ class _KeptCalls:
         return ast.ColumnRef(fields=(ast.String(sval=call_placeholder(len(self.calls) - 1)),))
 
 
-def _from_stream(select: ast.SelectStmt, streams: Mapping[str, StreamDef], what: str) -> tuple[StreamDef, Join | None]:
-    """The stream a view reads, and the table it joins each event with, if any."""
+def _from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[StreamDef, Join | None]:
+    """The stream a view reads (a declared one, or a view read as one), and the table it joins each event with."""
+    streams = scope.streams
     items = select.fromClause or ()
+    feed = source_of(items[0], streams, scope.views, what) if len(items) == 1 else None
+    if feed is not None:
+        return feed, None
     if len(items) != 1 or not isinstance(items[0], (ast.RangeVar, ast.JoinExpr)):
         raise DefinitionError(f"{what}: FROM must name one stream, maybe joined with one table (no subqueries)")
     item = items[0]
@@ -190,8 +196,12 @@ def _from_stream(select: ast.SelectStmt, streams: Mapping[str, StreamDef], what:
         raise DefinitionError(f"{what}: FROM must start with the stream: FROM stream [AS s] JOIN table ...")
     stream = streams.get(relation.relname)
     if relation.schemaname or stream is None:
-        known = ", ".join(sorted(streams)) or "none"
-        raise DefinitionError(f"{what}: {RawStream()(relation)} is not a stream (streams: {known})")
+        known = ", ".join(sorted(s.name for s in streams.values() if not s.is_feed)) or "none"
+        raise DefinitionError(
+            f"{what}: {RawStream()(relation)} is not a stream (streams: {known}) nor a continuous view"
+        )
+    if stream.is_feed:
+        refuse_feed_by_name(stream, what)
     alias = relation.alias.aliasname if relation.alias is not None else stream.name
     if isinstance(item, ast.RangeVar):
         if relation.alias is not None:

@@ -52,7 +52,7 @@ def create_delta_table(stream: StreamDef) -> sql.Composed:
     )
 
 
-def batch_to_deltas(stream: StreamDef) -> sql.Composed:
+def batch_to_deltas(stream: StreamDef, batch: sql.Composable | None = None) -> sql.Composed:
     """One statement: a batch (parallel arrays: op, then each column) into deltas.
 
     Keyed streams replay each key's changes against its stored presence and keep the *effective*
@@ -64,14 +64,18 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
     aggregate as they were, but its like + unlike of a pair does reach monotonic aggregates (hll) again:
     replays are for the offsets to prevent. The stored rows of the batch's keys are locked in key
     order first.
+
+    `batch` (columns op, the stream's columns, seq) replaces the parameters' arrays: a feed stream's
+    batch is read from its upstream's change stream (`changes_batch`).
     """
     names = [ident(c.name) for c in stream.columns]
     # Each column is one array literal (pipelines.cv.arrays): PostgreSQL parses it in C, where
     # psycopg's array dumpers would spend a Python call per value in the committing thread.
     arrays = [sql.SQL("%t::{}[]").format(raw(c.type)) for c in stream.columns]
-    batch = sql.SQL("SELECT * FROM unnest(%t::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
-        comma_list(arrays), comma_list(names)
-    )
+    if batch is None:
+        batch = sql.SQL("SELECT * FROM unnest(%t::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
+            comma_list(arrays), comma_list(names)
+        )
     if stream.key is None:
         return sql.SQL("INSERT INTO {} (_cv_sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
             delta_table(stream), comma_list(names), comma_list(names), batch
@@ -178,3 +182,46 @@ def referenced_names(expressions: list[str]) -> set[str]:
 def backfill_source(stream: StreamDef) -> sql.Composed:
     """The current state seen as deltas: what a new view over a keyed stream starts from."""
     return sql.SQL("(SELECT 1::int2 AS _cv_sign, * FROM {})").format(state_table(stream))
+
+
+# A feed stream's changes: the upstream view's recorded changes after one position up to another
+# (parameters: the view, both positions), each row typed back from its JSON by the view's row type.
+_CHANGES = "FROM cv.view_changes AS v WHERE v.view = %t AND v.position > %t::bigint AND v.position <= %t::bigint"
+
+
+def _row(stream: StreamDef, json: str) -> sql.Composed:
+    """The upstream's row typed from a change's JSON (`json`, an expression over `v`); NULL stays NULL."""
+    assert stream.feed_of is not None
+    return sql.SQL("CASE WHEN {0} IS NOT NULL THEN jsonb_populate_record(NULL::{1}, {0}) END").format(
+        sql.SQL(json), raw(stream.feed_of)
+    )
+
+
+def changes_batch(stream: StreamDef) -> sql.Composed:
+    """A keyed feed stream's batch (op, columns, seq): per change, -1 with its old row, then +1 with its new.
+
+    Replayed against the feed's state (`batch_to_deltas`), a change retracts what the old row added
+    and adds the new row: a rollup over the upstream's current rows stays exact.
+    """
+    names = comma_list([sql.SQL("(c.r).{}").format(ident(c.name)) for c in stream.columns])
+    return sql.SQL(
+        "SELECT c.op, {names}, c.seq FROM ("
+        "SELECT op, r, 2 * v.position + side AS seq FROM (SELECT * {changes}) AS v"
+        " CROSS JOIN LATERAL (VALUES (-1::int2, 0, v.before IS NOT NULL, {before}),"
+        " (1::int2, 1, v.after IS NOT NULL, {after})) AS s(op, side, present, r)"
+        " WHERE present) AS c"
+    ).format(names=names, changes=sql.SQL(_CHANGES), before=_row(stream, "v.before"), after=_row(stream, "v.after"))
+
+
+def changes_source(stream: StreamDef) -> sql.Composed:
+    """An output_of feed stream's batch as deltas of sign +1: (old), (new) and (delta) of each change.
+
+    `(delta)` holds the group columns and, for outputs that are a count or a sum, their change
+    (cv.view_changes.delta); its other columns are NULL.
+    """
+    return sql.SQL("(SELECT 1::int2 AS _cv_sign, {} AS old, {} AS new, {} AS delta {})").format(
+        _row(stream, "v.before"),
+        _row(stream, "v.after"),
+        _row(stream, "v.key || coalesce(v.delta, '{}')"),
+        sql.SQL(_CHANGES),
+    )

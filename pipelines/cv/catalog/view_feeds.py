@@ -1,0 +1,153 @@
+"""Views read by other views: their feed streams made and dropped, cycles and shape changes refused.
+
+A view over a view (pipelines.cv.frontend.view_sources) reads a *feed stream*: a row of cv.streams
+with no topic, fed by the upstream view's change stream. The first view over it makes it, in the
+definition's transaction:
+
+1. the upstream's stream lock and the feed's are taken (pipelines.cv.catalog.locks, in name order),
+   so no batch of the upstream commits meanwhile;
+2. the feed stream's row and, for the keyed rows feed, its state table;
+3. the feed becomes a reader of the upstream's changes (`change_streams.add_reader`, which turns its
+   recording on): its start position is the upstream's last position now;
+4. the rows feed's state is filled from the upstream's read view, read under the same lock: the
+   state and the start position describe the same moment, so the new view's backfill from the
+   state and the changes after the position add up to the upstream's rows, exactly.
+
+`output_of` starts from now (its stream is append-only: PipelineDB's output streams too). The last
+view of a feed dropped drops the feed (its reader removed, the upstream's recording stopped if
+nobody else wants it). A view whose feed would lead back to itself is refused (a cycle), and so is a
+CREATE OR REPLACE of an upstream that would change the columns or groups its readers were made for.
+"""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from pipelines.cv.catalog import change_streams, store
+from pipelines.cv.catalog.locks import lock_stream_for_change, lock_tables
+from pipelines.cv.frontend.view_sources import FEED_TOPIC_PREFIX, from_definition, is_feed_topic
+from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
+from pipelines.cv.views import read_views, stream_sql
+from pipelines.cv.views.sql_text import comma_list, ident
+from pipelines.logs import get_logger
+from pipelines.settings import ROLE_WRITER
+
+log = get_logger("cv.catalog")
+
+
+def reader_name(feed: str) -> str:
+    """The feed's name among the upstream's change readers (cv.change_readers.reader)."""
+    return f"stream {feed}"
+
+
+def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Scope) -> None:
+    """Before `view` over a feed stream is created or replaced: no cycle, and the feed exists (made if not)."""
+    what = f"continuous view {view.qualified_name}"
+    assert feed.feed_of is not None
+    chain = _upstreams(conn, feed.feed_of)
+    if view.qualified_name in chain:
+        path = " -> ".join([view.qualified_name, *chain[: chain.index(view.qualified_name) + 1]])
+        raise DefinitionError(f"{what}: it would read itself ({path}): a cycle")
+    if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (feed.name,)).fetchone():
+        return
+    upstream = _stored(conn, feed.feed_of, scope)
+    for name in sorted({upstream.view.stream, feed.name}):
+        lock_stream_for_change(conn, name, what)
+    conn.execute(
+        "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)", (feed.name, feed.topic, feed.definition)
+    )
+    start = change_streams.add_reader(conn, upstream.view, upstream.types, reader_name(feed.name))
+    if feed.key is not None:
+        conn.execute(stream_sql.create_state_table(feed))
+        state = stream_sql.state_table(feed)
+        conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(state, ident(ROLE_WRITER)))
+        columns = comma_list([ident(c.name) for c in feed.columns])
+        conn.execute(
+            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+                state, columns, columns, read_views.read_view(upstream.view)
+            )
+        )
+    log.info("view feed created", feed=feed.name, upstream=feed.feed_of, start_position=start)
+
+
+def _stored(conn: psycopg.Connection, name: str, scope: Scope) -> store.CompiledView:
+    row = conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (name,)).fetchone()
+    if row is None:
+        raise DefinitionError(f"no continuous view named {name}")
+    return store.stored_view(row[0], row[1], scope)
+
+
+def _upstreams(conn: psycopg.Connection, view: str) -> list[str]:
+    """`view` and the views it reads through feeds, nearest first (the chain up to a declared stream)."""
+    chain = [view]
+    while len(chain) <= 100:  # a chain is acyclic (each definition checked this); the bound is a guard
+        row = conn.execute(
+            "SELECT s.name, s.topic, s.definition FROM cv.views AS v JOIN cv.streams AS s ON s.name = v.stream"
+            " WHERE v.name = %s",
+            (chain[-1],),
+        ).fetchone()
+        if row is None or not is_feed_topic(row[1]):
+            break
+        upstream = from_definition(*row).feed_of
+        assert upstream is not None
+        if upstream in chain:
+            break
+        chain.append(upstream)
+    return chain
+
+
+def feeds_of(conn: psycopg.Connection, view: str) -> list[StreamDef]:
+    """The feed streams reading view `view` (its rows, its output_of), by name."""
+    rows = conn.execute(
+        "SELECT name, topic, definition FROM cv.streams WHERE starts_with(topic, %s) ORDER BY name",
+        (FEED_TOPIC_PREFIX,),
+    ).fetchall()
+    return [feed for feed in (from_definition(*row) for row in rows) if feed.feed_of == view]
+
+
+def views_over(conn: psycopg.Connection, view: str) -> list[str]:
+    """The views that read view `view` (FROM it, or FROM output_of it)."""
+    feeds = [feed.name for feed in feeds_of(conn, view)]
+    rows = conn.execute("SELECT name FROM cv.views WHERE stream = ANY(%s) ORDER BY name", (feeds,)).fetchall()
+    return [name for (name,) in rows]
+
+
+def shape(conn: psycopg.Connection, name: str) -> StreamDef | None:
+    """View `name`'s rows as a view reading it sees them (columns, types, groups); None when it has none."""
+    return store.readable_views(conn).get(name)
+
+
+def check_shape_kept(conn: psycopg.Connection, view: ViewDef, before: StreamDef | None) -> None:
+    """After `view` was replaced: the views reading it still find the columns and groups they were made for."""
+    if not feeds_of(conn, view.qualified_name):
+        return
+    now = shape(conn, view.qualified_name)
+    if before is None or now is None or (before.columns, before.key) != (now.columns, now.key):
+        readers = ", ".join(views_over(conn, view.qualified_name))
+        raise DefinitionError(
+            f"continuous view {view.qualified_name}: {readers} read it; keep its output columns, their types and "
+            "its groups, or drop those views first"
+        )
+
+
+def drop_if_unused(conn: psycopg.Connection, feed_name: str, scope: Scope) -> str | None:
+    """After a view over `feed_name` was dropped: the feed too, when no view reads it any more."""
+    if conn.execute("SELECT 1 FROM cv.views WHERE stream = %s", (feed_name,)).fetchone():
+        return None
+    row = conn.execute("SELECT name, topic, definition FROM cv.streams WHERE name = %s", (feed_name,)).fetchone()
+    if row is None or not is_feed_topic(row[1]):
+        return None
+    feed = from_definition(*row)
+    assert feed.feed_of is not None
+    upstream = _stored(conn, feed.feed_of, scope)
+    what = f"DROP of the feed {feed.name}"
+    for name in sorted({upstream.view.stream, feed.name}):
+        lock_stream_for_change(conn, name, what)
+    change_streams.remove_reader(conn, upstream.view, reader_name(feed.name))
+    if feed.key is not None:
+        lock_tables(conn, what, [stream_sql.state_table(feed)], holder="a session")
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stream_sql.state_table(feed)))
+    conn.execute("DELETE FROM cv.streams WHERE name = %s", (feed.name,))
+    log.info("view feed dropped", feed=feed.name, upstream=feed.feed_of)
+    return feed.name

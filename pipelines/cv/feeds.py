@@ -1,0 +1,219 @@
+"""Views over views kept up to date: each feed stream's upstream changes applied, exactly once.
+
+A view that reads another view (`FROM public.per_minute`, `FROM output_of('public.per_minute')`)
+reads a feed stream (pipelines.cv.frontend.view_sources), whose batches are the upstream's recorded
+changes (cv.view_changes). They never pass through Kafka: they are in the same database, already
+committed in order, so the feed reads them where they are. For each feed, one transaction:
+
+1. takes the feed stream's lock shared (as a Kafka batch takes its stream's);
+2. moves the feed's reader position (cv.change_readers) from where it read it to the page's end,
+   fenced by `position = start`: a runner that finds it moved (another runner took the page) rolls
+   back having done nothing;
+3. applies the changes after start up to the page's end through the engine
+   (`StreamMaintainer.apply_feed`), which reads them in the statement that applies them;
+4. commits: the views' rows, their own recorded changes (a next level reads those) and the position
+   together, so a crash replays nothing twice and loses nothing (exactly once by construction).
+
+Feeds are taken upstream first (minute -> hour -> day), each reading the positions anew, so one pass
+carries a change down a whole chain. A pass runs when `NOTIFY streamviews_changes` (migration 0020)
+wakes the loop, and at least every `PIPELINE_FEED_POLL_S`. Failures stop only what failed: a view
+whose maintenance fails is quarantined (cv.view_failures, retried and rebuilt from the feed's state
+as a Kafka stream's views are: pipelines/cv/isolation.py) and the feed goes on without it; any other
+failure of a feed is logged and the feed retried later, doubling its wait, while the other feeds and
+the Kafka streams go on. `streamviews status` shows each feed's lag.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from pipelines.cv import catalog, isolation
+from pipelines.cv.engine import StreamDropped, StreamMaintainer, ViewApplyError, describe_error
+from pipelines.logs import get_logger
+
+log = get_logger("cv.feeds")
+
+CHANNEL = "streamviews_changes"
+MAX_RETRY_S = 60.0
+HOUSEKEEPING_S = 5.0
+# Every feed stream with its reader, the upstream's last position, and the stream the upstream reads
+# (a feed too, when the upstream is itself a view over a view: it goes first).
+PENDING_SQL = """
+SELECT s.name, r.view, r.position, p.last, u.stream
+  FROM cv.streams AS s
+  JOIN cv.change_readers AS r ON r.reader = 'stream ' || s.name
+  JOIN cv.view_change_positions AS p ON p.view = r.view
+  JOIN cv.views AS u ON u.name = r.view
+ WHERE starts_with(s.topic, 'view:')
+"""
+FENCE_SQL = (
+    "UPDATE cv.change_readers SET position = %s, taken_at = now() WHERE view = %s AND reader = %s AND position = %s"
+)
+
+
+@dataclass(frozen=True)
+class Feed:
+    """A feed stream to bring up to date: its upstream view and where its reader is."""
+
+    stream: str
+    upstream: str
+    position: int
+    last: int
+
+    @property
+    def reader(self) -> str:
+        """Its name among the upstream's change readers."""
+        return f"stream {self.stream}"
+
+
+@dataclass
+class _Backoff:
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+class PageTaken(Exception):
+    """Another runner moved the reader position first: this page is its."""
+
+
+@dataclass
+class ViewFeeds:
+    """Applies every feed stream's pending upstream changes; `run` loops until stopped."""
+
+    conninfo: str
+    page: int = 10_000
+    poll_s: float = 1.0
+    view_retry_s: float = 30.0
+    group_id: str = ""
+    maintainers: dict[str, StreamMaintainer] = field(default_factory=dict)
+    backoff: dict[str, _Backoff] = field(default_factory=dict)
+    _next_housekeeping: float = 0.0
+
+    def run(self, stop: threading.Event) -> None:
+        """Until `stop` is set: a pass whenever changes were recorded (or every poll interval)."""
+        conn: psycopg.Connection | None = None
+        while not stop.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.conninfo, autocommit=True)
+                    conn.execute(f"LISTEN {CHANNEL}")
+                if self.step(conn):
+                    continue  # more may be pending (a page's end, a level below): no wait
+                self.housekeeping(conn)
+                for _ in conn.notifies(timeout=self.poll_s, stop_after=1):
+                    pass
+            except psycopg.Error as e:
+                log.warning("view feeds: database unavailable; will retry", error=describe_error(e))
+                if conn is not None:
+                    conn.close()
+                conn = None
+                stop.wait(self.poll_s)
+        if conn is not None:
+            conn.close()
+
+    def pending(self, conn: psycopg.Connection) -> list[Feed]:
+        """Every feed, upstream first: a feed whose upstream reads another feed comes after that one."""
+        rows = conn.execute(PENDING_SQL).fetchall()
+        feeds = {name: (Feed(name, upstream, position, last), reads) for name, upstream, position, last, reads in rows}
+
+        def depth(name: str, seen: frozenset[str] = frozenset()) -> int:
+            reads = feeds[name][1]
+            return 0 if reads not in feeds or reads in seen else 1 + depth(reads, seen | {name})
+
+        return [feeds[name][0] for name in sorted(feeds, key=lambda n: (depth(n), n))]
+
+    def step(self, conn: psycopg.Connection) -> int:
+        """One pass over the feeds, upstream first, each read anew; the changes applied."""
+        applied = 0
+        now = time.monotonic()
+        for name in [feed.stream for feed in self.pending(conn)]:
+            if self.backoff.get(name, _Backoff()).retry_at > now:
+                continue
+            feed = next((f for f in self.pending(conn) if f.stream == name), None)
+            if feed is None or feed.position >= feed.last:
+                continue
+            try:
+                applied += self.apply_page(conn, feed)
+            except psycopg.OperationalError:
+                raise  # the database: the whole loop waits and reconnects
+            except Exception as e:  # this feed's: the others go on
+                self._failed(feed, e)
+            else:
+                self.backoff.pop(name, None)
+        return applied
+
+    def apply_page(self, conn: psycopg.Connection, feed: Feed) -> int:
+        """One page of a feed's changes in one transaction; the changes taken (0: another runner took them)."""
+        upto = min(feed.last, feed.position + self.page)
+        maintainer = self._maintainer(feed.stream)
+        while True:
+            try:
+                with conn.transaction():
+                    catalog.lock_stream(conn, feed.stream, shared=True)
+                    moved = conn.execute(FENCE_SQL, (upto, feed.upstream, feed.reader, feed.position)).rowcount
+                    if not moved:
+                        raise PageTaken
+                    maintainer.apply_feed(conn, feed.position, upto)
+                return upto - feed.position
+            except PageTaken:
+                maintainer.forget_sessions()
+                return 0
+            except StreamDropped:
+                maintainer.forget_sessions()
+                return 0
+            except ViewApplyError as e:
+                maintainer.forget_sessions()
+                self._quarantine(conn, feed, e)  # then the page again, without that view
+            except BaseException:
+                maintainer.forget_sessions()
+                raise
+
+    def housekeeping(self, conn: psycopg.Connection) -> None:
+        """Now and then: time buckets past the views' ttl deleted, quarantined views retried."""
+        now = time.monotonic()
+        if now < self._next_housekeeping:
+            return
+        self._next_housekeeping = now + HOUSEKEEPING_S
+        names = tuple(feed.stream for feed in self.pending(conn))
+        isolation.retry_quarantined(conn, names, self.group_id, self.view_retry_s)
+        for name in names:
+            try:
+                with conn.transaction():
+                    deleted = self._maintainer(name).expire(conn)
+            except StreamDropped:
+                continue
+            if deleted:
+                log.info("expired time buckets", stream=name, rows=deleted)
+
+    def _quarantine(self, conn: psycopg.Connection, feed: Feed, error: ViewApplyError) -> None:
+        with conn.transaction():
+            conn.execute(
+                "SELECT cv.quarantine_view(%s, %s, %s, %s, make_interval(secs => %s))",
+                (error.view, getattr(error.error, "sqlstate", None), str(error), Jsonb({}), self.view_retry_s),
+            )
+        log.error("view quarantined", view=error.view, feed=feed.stream, reason=str(error))
+
+    def _failed(self, feed: Feed, error: Exception) -> None:
+        backoff = self.backoff.setdefault(feed.stream, _Backoff())
+        delay = min(self.poll_s * 2**backoff.failures, MAX_RETRY_S)
+        backoff.failures += 1
+        backoff.retry_at = time.monotonic() + delay
+        log.error(
+            "view feed failed; retrying later",
+            feed=feed.stream,
+            upstream=feed.upstream,
+            position=feed.position,
+            error=describe_error(error),
+            retry_in_s=delay,
+        )
+
+    def _maintainer(self, name: str) -> StreamMaintainer:
+        maintainer = self.maintainers.get(name)
+        if maintainer is None:
+            maintainer = self.maintainers[name] = StreamMaintainer(name)
+        return maintainer
