@@ -39,6 +39,7 @@ class StreamStatus:
     held: str | None = None  # why the runner holds the stream back (cv.stream_failures), if it does
     failed_views: list[ViewFailure] = field(default_factory=list)
     change_positions: dict[str, int] = field(default_factory=dict)  # views recording changes: last position
+    transform_positions: dict[str, int] = field(default_factory=dict)  # its transforms: last position (0026)
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (times in ISO 8601)."""
@@ -55,6 +56,7 @@ class StreamStatus:
             "held": self.held,
             "failed_views": [f.as_json() for f in self.failed_views],
             "change_positions": self.change_positions,
+            "transforms": self.transform_positions,
         }
 
 
@@ -94,6 +96,11 @@ FAILURES_SQL = (
     " FROM cv.view_gaps ORDER BY 1, 2, 5"
 )
 # The views that record their changes, and the last position recorded (migration 0020).
+# Each stream's continuous transforms, and the last position of their output (migration 0026).
+TRANSFORMS_SQL = (
+    "SELECT t.stream, t.name, p.last FROM cv.transforms AS t JOIN cv.view_change_positions AS p ON p.view = t.name"
+    " ORDER BY 2"
+)
 CHANGES_SQL = (
     "SELECT v.stream, p.view, p.last FROM cv.view_change_positions AS p JOIN cv.views AS v ON v.name = p.view"
     " WHERE p.recording ORDER BY 2"
@@ -173,6 +180,7 @@ def status_table(group: str, statuses: list[StreamStatus]) -> str:
     rows = []
     failures = []
     changes = [(view, s.stream, last) for s in statuses for view, last in sorted(s.change_positions.items())]
+    transforms = [(name, s.stream, last) for s in statuses for name, last in sorted(s.transform_positions.items())]
     for s in statuses:
         failures += [
             (f.view, f.state, f.since.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"), f.reason[:100], f.advice())
@@ -193,6 +201,8 @@ def status_table(group: str, statuses: list[StreamStatus]) -> str:
         text += "\n\nviews not maintained\n" + table(("VIEW", "STATE", "SINCE", "REASON", "WHAT TO DO"), failures)
     if changes:
         text += "\n\nchange streams\n" + table(("VIEW", "STREAM", "LAST POSITION"), changes)
+    if transforms:
+        text += "\n\ncontinuous transforms\n" + table(("TRANSFORM", "STREAM", "LAST POSITION"), transforms)
     return text
 
 
@@ -241,4 +251,7 @@ def runner_status(
     for stream, view, last in conn.execute(CHANGES_SQL):
         if stream in by_name:
             by_name[stream].change_positions[view] = last
+    for stream, name, last in conn.execute(TRANSFORMS_SQL):
+        if stream in by_name:
+            by_name[stream].transform_positions[name] = last
     return statuses

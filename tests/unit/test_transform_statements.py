@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from pipelines.cv import status
 from pipelines.cv.frontend.statements import NO_SCOPE, parse, read_script
 from pipelines.cv.frontend.transforms import DropTransform, is_transform, parse_drop_transform, parse_transform
 from pipelines.cv.model import DefinitionError, Join, Output, Scope
@@ -131,3 +132,12 @@ def test_a_script_holds_transforms_beside_streams_and_views():
     assert create.change is None
     assert is_transform(create.statement.text)
     assert drop.change == DropTransform(("public.t",), False)
+
+
+def test_status_lists_each_streams_transforms_with_their_last_position():
+    clicks = status.StreamStatus("clicks", "clicks", partitions=1, lag=0, transform_positions={"public.clean": 7})
+    text = status.status_table("g", [clicks])
+    assert "continuous transforms" in text
+    assert ["public.clean", "clicks", "7"] in [line.split() for line in text.splitlines()]
+    assert clicks.as_json()["transforms"] == {"public.clean": 7}
+    assert "continuous transforms" not in status.status_table("g", [status.StreamStatus("clicks", "clicks")])
