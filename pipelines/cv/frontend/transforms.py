@@ -154,8 +154,10 @@ def _from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[Strea
         )
     stream = scope.streams.get(relation.relname)
     if relation.schemaname or stream is None:
-        known = ", ".join(sorted(scope.streams)) or "none"
+        known = ", ".join(sorted(s.name for s in scope.streams.values() if not s.is_feed)) or "none"
         raise DefinitionError(f"{what}: {RawStream()(relation)} is not a stream (streams: {known})")
+    if stream.is_feed:  # a view read as a stream: its batches are not the events a transform's SQL reads
+        raise DefinitionError(f"{what}: {stream.name} is fed by view {stream.feed_of}; a transform reads a stream")
     if isinstance(item, ast.RangeVar):
         if relation.alias is not None:
             raise DefinitionError(f"{what}: an alias on the stream is only needed with a join; name its columns")
