@@ -35,6 +35,7 @@ from psycopg import sql
 from pipelines.cdc.captured_tables import move_captured_tables
 from pipelines.cdc.connectors import CONNECTORS_DIR
 from pipelines.cv import catalog
+from pipelines.cv.catalog import stream_inserts
 from pipelines.errors import DatabaseSetupError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import (
@@ -102,6 +103,8 @@ def setup_database(admin: PostgresSettings) -> None:
             (audit.schema_name, audit.retention_days),
         )
     with psycopg.connect(admin.conninfo(user=ROLE_OWNER), autocommit=True) as conn:
+        with conn.transaction():  # `INSERT INTO <stream>` for streams declared before it existed (0030)
+            stream_inserts.ensure_relations(conn, catalog.load_streams(conn, skip_broken=True).values())
         for path in sorted((SQL_DIR / "views").glob("*.sql")):
             catalog.define(conn, path.read_text())  # each file all or nothing
         for path in sorted((SQL_DIR / "functions").glob("*.sql")):

@@ -212,11 +212,24 @@ class ServiceFamilies(Collector):
                 yield metric
 
 
+INBOX_PUBLISHED = Counter(
+    "streamviews_inbox_rows_published_total",
+    "Rows written to streams with SQL (INSERT, COPY) and published to their topics, per stream.",
+    ("stream",),
+    registry=None,
+)
+INBOX_WAITING = Gauge(
+    "streamviews_inbox_rows_waiting",
+    "Rows in cv.stream_inbox not yet published: committed ones, and those whose transaction is still open.",
+    registry=None,
+)
+
 FRESHNESS = Freshness()
 RUNNER_FAMILIES = ServiceFamilies(SLOT_LAG, SLOT_ACTIVE, VIEW_QUARANTINED, STREAM_HELD)
 PULLER_FAMILIES = ServiceFamilies(PULLER_ROWS_BEHIND, PULLER_SECONDS_BEHIND, PULLER_ROWS_INDEXED, BULK_FAILURES)
 SINK_FAMILIES = ServiceFamilies(SINK_PUBLISHED, SINK_LAG_CHANGES, SINK_LAG_SECONDS, SINK_FAILED)
-for _collector in (FRESHNESS, RUNNER_FAMILIES, PULLER_FAMILIES, SINK_FAMILIES):
+INBOX_FAMILIES = ServiceFamilies(INBOX_PUBLISHED, INBOX_WAITING)
+for _collector in (FRESHNESS, RUNNER_FAMILIES, PULLER_FAMILIES, SINK_FAMILIES, INBOX_FAMILIES):
     REGISTRY.register(_collector)
 
 

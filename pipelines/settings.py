@@ -282,6 +282,23 @@ class SinkSettings(_Settings):
     retry_s: float = Field(30.0, gt=0)
 
 
+class InboxSettings(_Settings):
+    """The inbox relay (`python -m pipelines.cv.inbox`): rows written to streams with SQL, to their topics."""
+
+    model_config = SettingsConfigDict(env_prefix="INBOX_", extra="ignore", frozen=True, populate_by_name=True)
+
+    # Rows produced per Kafka transaction (and deleted from cv.stream_inbox per PostgreSQL statement).
+    page: int = Field(10_000, gt=0)
+    # Seconds the relay waits for a `streamviews_inbox` notification when the inbox is empty.
+    wake_s: float = Field(5.0, gt=0)
+    # Seconds between looks while rows wait for an older transaction to end before they may go.
+    pending_wait_s: float = Field(0.05, gt=0)
+    # Seconds a Kafka transaction may take to initialise, commit or abort.
+    commit_timeout_s: float = Field(30.0, gt=0)
+    # The producer's transactional.id: a relay started under it fences the one before.
+    transactional_id: str = "streamviews-inbox"
+
+
 class AuditSettings(_Settings):
     """The audit log: where its tables live, its Elasticsearch indices, the puller's pace, retention."""
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import psycopg
 from psycopg import sql
 
+from pipelines.cv.catalog import stream_inserts
 from pipelines.cv.catalog.locks import Outcome, lock_stream_for_change, lock_tables
 from pipelines.cv.model import DefinitionError, StreamDef
 from pipelines.cv.views import stream_sql
@@ -66,6 +67,7 @@ def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[
             "UPDATE cv.streams SET topic = %s, definition = %s WHERE name = %s",
             (stream.topic, stream.definition, stream.name),
         )
+        stream_inserts.create_relation(conn, stream)
         log.info("stream redefined", stream=stream.name, topic=stream.topic)
         return Outcome(f"stream {stream.name} updated (how its events are read)")
     conn.execute(
@@ -79,6 +81,7 @@ def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[
                 stream_sql.state_table(stream), sql.Identifier(ROLE_WRITER)
             )
         )
+    stream_inserts.create_relation(conn, stream)
     log.info("stream defined", stream=stream.name, topic=stream.topic, key=stream.key, into=stream.into)
     return Outcome(f"stream {stream.name} created" + (f" (into {stream.into})" if stream.into else ""))
 
@@ -94,5 +97,7 @@ def drop_stream(conn: psycopg.Connection, name: str, streams: Mapping[str, Strea
     lock_stream_for_change(conn, name, what)
     lock_tables(conn, what, [stream_sql.state_table_of(name)], holder="a session")
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stream_sql.state_table_of(name)))
+    if unpublished := stream_inserts.drop_stream_rows(conn, name):
+        log.warning("rows inserted into the dropped stream were not published", stream=name, rows=unpublished)
     conn.execute("DELETE FROM cv.streams WHERE name = %s", (name,))
     return Outcome(f"stream {name} dropped")

@@ -1,0 +1,328 @@
+"""The inbox relay: rows written to streams with SQL, published to the streams' topics exactly once.
+
+Run: `python -m pipelines.cv.inbox` (supervised by `make up` as `inbox`), as sv_writer.
+
+`INSERT INTO <stream>` / `COPY <stream> FROM STDIN` append rows to cv.stream_inbox in the writing
+transaction (migration 0030, pipelines.cv.catalog.stream_inserts). Each step of the relay:
+
+1. take the rows it may publish (`cv.inbox_ready`: those of transactions older than every running
+   one, in (xid, id) order, so a transaction committing later never lands behind its position);
+2. in ONE Kafka transaction, produce each to its stream's topic (encoded as the stream reads its
+   events: a JSON object, or a CSV record in column order; the stream's `kafka_key`, or its key
+   columns, as the record key; the INSERT's time as the record's timestamp) and the position of the
+   last one, `{"xid", "id"}`, to the progress topic PROGRESS_TOPIC;
+3. commit the Kafka transaction, then delete the rows up to that position from the inbox.
+
+Exactly once: a crash between 3's two halves leaves rows that Kafka already holds. At start (and
+after being fenced) the relay first calls init_transactions, which aborts whatever transaction an
+earlier incarnation left open and fences it off, then reads the last committed position from the
+progress topic and deletes the rows up to it. The stream runner reads topics read_committed (the
+client's default), so it sees each row once, or not at all until its transaction commits.
+
+A relay serves the streams of one consumer group (`--group G`: those declared with consumer_group
+G; by default those declared without), with a transactional id and a progress key of that group's.
+DROP STREAM deletes the stream's rows not yet published (pipelines.cv.catalog.stream_inserts).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from pipelines import metrics
+from pipelines.cv import catalog
+from pipelines.cv.catalog import stream_inserts
+from pipelines.cv.model import StreamDef
+from pipelines.logs import configure_logging, get_logger
+from pipelines.runtime.topics import ensure_topics
+from pipelines.settings import InboxSettings, KafkaSettings, MetricsSettings, PipelineSettings, PostgresSettings
+
+log = get_logger("inbox")
+
+PROGRESS_TOPIC = "streamviews.inbox.progress"
+CHANNEL = "streamviews_inbox"
+# The longest pause after the database or Kafka was lost, between attempts.
+MAX_BACKOFF_S = 10.0
+
+
+@dataclass(frozen=True)
+class Position:
+    """A row of the inbox, by the order the relay publishes in: its transaction's xid, then its id."""
+
+    xid: int
+    id: int
+
+    def encode(self) -> bytes:
+        """As the progress topic holds it (the xid as text: JSON numbers lose 64-bit precision in some readers)."""
+        return json.dumps({"xid": str(self.xid), "id": self.id}).encode()
+
+    @classmethod
+    def decode(cls, value: bytes) -> Position:
+        """Read back from the progress topic."""
+        fields = json.loads(value)
+        return cls(int(fields["xid"]), int(fields["id"]))
+
+
+def encode_value(stream: StreamDef, row: Mapping[str, Any]) -> bytes:
+    """The row as the stream reads its events: a JSON object, or a CSV record of its columns in order."""
+    if stream.format == "csv":
+        out = io.StringIO()
+        csv.writer(out, lineterminator="").writerow(_csv_field(row.get(c.name)) for c in stream.columns)
+        return out.getvalue().encode()
+    return json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _csv_field(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dict | list):
+        return json.dumps(value)
+    return str(value)
+
+
+def encode_key(stream: StreamDef, row: Mapping[str, Any]) -> bytes | None:
+    """The record key: the `kafka_key` column's value as text (what the stream requires), else the key columns."""
+    if stream.kafka_key is not None:
+        value = row.get(stream.kafka_key)
+        return None if value is None else (value if isinstance(value, str) else json.dumps(value)).encode()
+    if stream.key is not None:  # one key's rows to one partition, in order
+        return json.dumps([row.get(c) for c in stream.key], separators=(",", ":")).encode()
+    return None
+
+
+class InboxRelay:
+    """Publishes the inbox to the streams' topics, a Kafka transaction per page; `run()` until stopped."""
+
+    def __init__(
+        self,
+        postgres: PostgresSettings,
+        kafka: KafkaSettings,
+        settings: InboxSettings,
+        partitions: int,
+        group_id: str | None = None,
+    ) -> None:
+        self.conninfo, self.kafka, self.settings = postgres.conninfo(), kafka, settings
+        self.partitions = partitions  # of a stream's topic the relay has to create (the runner's default)
+        # Like the stream runner, a relay serves the streams of one consumer group: by default those
+        # declared without `consumer_group`; with a group, those declared with it (a test's own).
+        self.group_id = group_id
+        self.transactional_id = settings.transactional_id + (f"-{group_id}" if group_id else "")
+        self.progress_key = self.transactional_id.encode()
+        self.running = True
+        self._producer: Producer | None = None
+        self._streams: dict[str, StreamDef] = {}
+        self._catalog_version: int | None = None
+        self._topics: set[str] = set()
+
+    def stop(self) -> None:
+        """Finish the page in hand, then return from run()."""
+        self.running = False
+
+    def run(self) -> None:
+        """Relay until stopped; a lost database or broker is retried with backoff, nothing skipped."""
+        backoff = 0.5
+        while self.running:
+            try:
+                with psycopg.connect(self.conninfo, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    self.recover(conn)
+                    backoff = 0.5
+                    while self.running:
+                        if not self.step(conn):
+                            self._wait(conn)
+            except (psycopg.OperationalError, KafkaException) as e:
+                log.warning("relay interrupted; starting again", error=str(e).strip(), retry_in_s=backoff)
+                self._producer = None  # init_transactions again: fences and recovers
+                time.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+
+    def recover(self, conn: psycopg.Connection) -> Position | None:
+        """Fence earlier incarnations, then forget the rows Kafka already holds; the position they end at."""
+        producer = self._transactional_producer()
+        self._current_streams(conn)
+        position = last_published(self.kafka, self.progress_key)
+        if position is not None:
+            deleted = self._delete_upto(conn, position)
+            if deleted:
+                log.info(
+                    "rows already published deleted from the inbox", rows=deleted, xid=position.xid, id=position.id
+                )
+        self._producer = producer
+        return position
+
+    def step(self, conn: psycopg.Connection) -> int:
+        """One page: produced in one Kafka transaction with its position, then deleted here. Rows published."""
+        streams = self._current_streams(conn)
+        rows = conn.execute(
+            "SELECT xid::text::bigint, id, stream, payload, inserted_at FROM cv.inbox_ready(%s, %s)",
+            (sorted(streams), self.settings.page),
+        ).fetchall()
+        if not rows:
+            return 0
+        producer = self._producer or self._transactional_producer()
+        last = Position(rows[-1][0], rows[-1][1])
+        published: dict[str, int] = {}
+        dropped = 0
+        producer.begin_transaction()
+        try:
+            for _, _, name, row, inserted_at in rows:
+                stream = streams.get(name)
+                if stream is None:
+                    dropped += 1
+                    continue
+                self._ensure_topic(stream)
+                producer.produce(
+                    stream.topic,
+                    value=encode_value(stream, row),
+                    key=encode_key(stream, row),
+                    timestamp=int(inserted_at.timestamp() * 1000),
+                )
+                producer.poll(0)
+                published[name] = published.get(name, 0) + 1
+            producer.produce(PROGRESS_TOPIC, key=self.progress_key, value=last.encode())
+            producer.commit_transaction(self.settings.commit_timeout_s)
+        except KafkaException as e:
+            self._abort(producer, e)
+            raise
+        self._delete_upto(conn, last)
+        for name, n in published.items():
+            metrics.INBOX_PUBLISHED.labels(name).inc(n)
+        if dropped:
+            metrics.INBOX_PUBLISHED.labels("(dropped stream)").inc(dropped)
+            log.warning("rows of streams dropped since they were written; not published", rows=dropped)
+        return len(rows)
+
+    def _delete_upto(self, conn: psycopg.Connection, position: Position) -> int:
+        """The rows of this relay's streams up to `position` (published) out of the inbox; how many."""
+        return conn.execute(
+            "DELETE FROM cv.stream_inbox WHERE stream = ANY(%s) AND (xid, id) <= (%s::text::xid8, %s)",
+            (sorted(self._streams), str(position.xid), position.id),
+        ).rowcount
+
+    def _abort(self, producer: Producer, error: KafkaException) -> None:
+        """A failed transaction: aborted when it can be; a fenced or fatal producer is replaced (and recovers)."""
+        kafka_error = error.args[0] if error.args else None
+        if isinstance(kafka_error, KafkaError) and kafka_error.txn_requires_abort():
+            producer.abort_transaction(self.settings.commit_timeout_s)
+        self._producer = None
+
+    def _wait(self, conn: psycopg.Connection) -> None:
+        """Until rows may be ready: a notification, or soon when some wait for older transactions to end."""
+        pending = conn.execute("SELECT EXISTS (SELECT FROM cv.stream_inbox)").fetchone()[0]
+        metrics.INBOX_WAITING.set(conn.execute("SELECT count(*) FROM cv.stream_inbox").fetchone()[0] if pending else 0)
+        timeout = self.settings.pending_wait_s if pending else self.settings.wake_s
+        for _ in conn.notifies(timeout=timeout, stop_after=1):
+            pass
+
+    def _current_streams(self, conn: psycopg.Connection) -> dict[str, StreamDef]:
+        version = catalog.catalog_version(conn)
+        if version != self._catalog_version:
+            self._streams = {
+                name: stream
+                for name, stream in catalog.load_streams(conn, skip_broken=True).items()
+                if stream.consumer_group == self.group_id and stream_inserts.writable(stream)
+            }
+            self._catalog_version = version
+        return self._streams
+
+    def _ensure_topic(self, stream: StreamDef) -> None:
+        if stream.topic not in self._topics:
+            ensure_topics(self.kafka.bootstrap_servers, {stream.topic: stream.partitions or self.partitions})
+            self._topics.add(stream.topic)
+
+    def _transactional_producer(self) -> Producer:
+        ensure_topics(
+            self.kafka.bootstrap_servers, {PROGRESS_TOPIC: 1}, {PROGRESS_TOPIC: {"cleanup.policy": "compact"}}
+        )
+        producer = Producer(
+            {
+                "bootstrap.servers": self.kafka.bootstrap_servers,
+                "client.id": f"{self.kafka.client_id}-inbox",
+                "transactional.id": self.transactional_id,
+                "linger.ms": 5,
+            }
+        )
+        producer.init_transactions(self.settings.commit_timeout_s)  # fences any earlier incarnation
+        return producer
+
+
+def last_published(kafka: KafkaSettings, key: bytes, timeout: float = 30.0) -> Position | None:
+    """The position the relay's last committed Kafka transaction ended at (None: it never published).
+
+    Read committed, so a transaction aborted or fenced left nothing here; the topic is compacted, so
+    its tail holds the latest position, read up to the end (the last stable offset).
+
+    Raises:
+        KafkaException: The end was not reached in time: going on without it could publish twice.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": "streamviews-inbox-recovery",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(PROGRESS_TOPIC, 0), timeout=timeout)
+        if high <= low:
+            return None
+        consumer.assign([TopicPartition(PROGRESS_TOPIC, 0, max(low, high - 1000))])
+        position = None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    return position
+                raise KafkaException(message.error())
+            if message.key() == key and message.value():
+                position = Position.decode(message.value())
+        raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{PROGRESS_TOPIC}: its end not reached in {timeout} s"))
+    finally:
+        consumer.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `python -m pipelines.cv.inbox`."""
+    args = argv or []
+    if args and (len(args) != 2 or args[0] != "--group"):
+        print(
+            "usage: python -m pipelines.cv.inbox [--group GROUP] (settings come from the environment)", file=sys.stderr
+        )
+        return 2
+    group_id = args[1] if args else None
+    configure_logging()
+    postgres, kafka, settings, metrics_settings = (
+        PostgresSettings(),
+        KafkaSettings(),
+        InboxSettings(),
+        MetricsSettings(),
+    )
+    log.info("settings", postgres=postgres.describe(), inbox=settings.describe(), metrics=metrics_settings.describe())
+    metrics.serve(metrics_settings, "inbox", metrics.INBOX_FAMILIES)
+    relay = InboxRelay(postgres, kafka, settings, PipelineSettings().topic_partitions, group_id)
+    signal.signal(signal.SIGTERM, lambda *_: relay.stop())
+    signal.signal(signal.SIGINT, lambda *_: relay.stop())
+    relay.run()
+    log.info("inbox relay stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
