@@ -20,8 +20,16 @@ import pytest
 
 from pipelines.cv import catalog
 from pipelines.cv.model import DefinitionError
-from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique, wait_for
-from tests.integration.test_isolation import produce
+from tests.integration.conftest import (
+    apply_rows,
+    as_stream_table,
+    start_runner,
+    stop_runner,
+    throwaway_views,
+    unique,
+    wait_for,
+)
+from tests.integration.test_isolation import dead_letters, produce
 from tests.integration.test_pipeline_recovery import committed, high_watermarks, start_pipeline, stop
 
 NOW = datetime.now(UTC).replace(microsecond=0)
@@ -262,3 +270,46 @@ def exactly_once_through_a_kill(pg, kafka, stack, schema: str, stream: str, scen
             changes = recorded(owner, name)
             assert [c[0] for c in changes] == list(range(1, len(changes) + 1)), f"{name}: positions have a gap"
             assert outputs(changes) == oracle(owner, name, stream, given), f"{name}: lost or repeated events"
+
+
+def test_isolation_dead_letters_an_event_the_transform_fails_on_and_holds_the_stream_when_it_cannot_run(
+    pg, kafka, stack, topic_factory
+):
+    topic, schema, group = topic_factory("it-transform-iso"), unique("cti"), unique("it-transform-iso")
+    stream = f"{schema}_m"
+    with_users(pg, schema)
+    definitions = f"""
+        CREATE STREAM {stream} (n bigint, uid bigint, x integer) WITH (topic = '{topic}', consumer_group = '{group}');
+        CREATE CONTINUOUS TRANSFORM {schema}.ratios AS
+            SELECT m.n, 100 / m.x AS q, u.country FROM {stream} AS m LEFT JOIN {schema}.users AS u ON u.id = m.uid;
+    """
+    name = f"{schema}.ratios"
+    with throwaway_views(pg, schema, [stream], definitions, schema_exists=True):
+        runner = start_runner(stack, group)
+        try:
+            produce(kafka, topic, [{"n": i, "uid": i % 5, "x": 0 if i == 30 else 1 + i % 4} for i in range(60)])
+            [letter] = dead_letters(kafka, topic, expected=1)
+            assert letter["dlq.reason"] == "apply_error"
+            assert f"transform {name}" in letter["dlq.detail"]
+            with pg("sv_owner", autocommit=True) as owner:
+                wait_for(lambda: len(recorded(owner, name)) == 59, timeout=60, what="the 59 other events")
+                changes = recorded(owner, name)
+                assert [c[0] for c in changes] == list(range(1, 60))  # the failed attempt left no position
+                assert sorted(after["n"] for _, _, _, after in changes) == [i for i in range(60) if i != 30]
+
+                owner.execute(f"ALTER TABLE {schema}.users RENAME TO gone")  # the transform cannot run at all
+                produce(kafka, topic, [{"n": 100, "uid": 1, "x": 1}])
+                held = wait_for(
+                    lambda: owner.execute(
+                        "SELECT reason FROM cv.stream_failures WHERE stream = %s", (stream,)
+                    ).fetchone(),
+                    timeout=60,
+                    what="the stream to be held",
+                )
+                assert f"transform {name}" in held[0]
+                assert len(recorded(owner, name)) == 59
+                owner.execute(f"ALTER TABLE {schema}.gone RENAME TO users")  # fixed: the held batch applies
+                wait_for(lambda: len(recorded(owner, name)) == 60, timeout=60, what="the held event once fixed")
+        finally:
+            stop_runner(runner)
+            drop_transforms(pg, schema)
