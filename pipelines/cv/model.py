@@ -25,6 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Literal
 
 from pipelines.errors import StreamviewsError
@@ -138,6 +139,9 @@ class StreamDef:
     max_event_bytes: int = 65_536
     into: str | None = None  # feed the rows of this stream into that stream (its state and views)
     consumer_group: str | None = None  # the runner group consuming it (None: the supervised runner's)
+    start_offset: str = "earliest"  # where its first consumption starts: earliest, latest or a timestamptz
+    retention: str | None = None  # its topic's retention.ms, as an interval (None: the broker's default)
+    retention_bytes: str | None = None  # its topic's retention.bytes per partition, as a size ('10 GB')
     # A view read as a stream (pipelines.cv.frontend.view_sources): the view whose change stream feeds
     # it; such a stream has no topic of its own, the runner's feeds (pipelines.cv.feeds) apply it.
     feed_of: str | None = None
@@ -146,6 +150,13 @@ class StreamDef:
     def is_feed(self) -> bool:
         """True for a view read as a stream: fed from PostgreSQL (cv.view_changes), never from Kafka."""
         return self.feed_of is not None
+
+    @property
+    def start_at(self) -> str | int:
+        """The start rule as the runtime takes it: 'earliest', 'latest', or the timestamp in epoch ms."""
+        if self.start_offset in ("earliest", "latest"):
+            return self.start_offset
+        return int(datetime.fromisoformat(self.start_offset).timestamp() * 1000)
 
     @property
     def column_names(self) -> tuple[str, ...]:

@@ -34,6 +34,7 @@ from confluent_kafka import KafkaException, Message
 
 from pipelines import metrics
 from pipelines.cv import catalog
+from pipelines.cv.catalog.streams import declared_topic_configs
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.engine import declared_streams
 from pipelines.cv.feeds import ViewFeeds
@@ -46,6 +47,7 @@ from pipelines.runtime.consumer import UNDECODABLE, Decoded, Pipeline
 from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.runtime.events import InvalidEvent
 from pipelines.runtime.offsets import OffsetStore, PostgresOffsets
+from pipelines.runtime.topics import TopicConfigs
 from pipelines.settings import (
     STREAM_RUNNER_GROUP,
     KafkaSettings,
@@ -115,6 +117,7 @@ class StreamRunner:
             metrics_refresh_s=metrics_refresh_s,
         )
         self.sources: dict[str, Source] = {}  # by topic
+        self.topic_configs: TopicConfigs = {}  # the configs this runner set on each topic (a stream's retention)
         self.version: int | None = None
         self._conn: psycopg.Connection | None = None
         self._next_check = self._next_slots = 0.0
@@ -228,6 +231,7 @@ class StreamRunner:
             streams={source.stream.name: source.stream.topic for source in sources.values()},
             deactivated=sorted(paused),
         )
+        self.pipeline.starts = {topic: source.stream.start_at for topic, source in sources.items()}
         self.pipeline.subscribe(sources)
 
     def runs(self, stream: StreamDef) -> bool:
@@ -273,11 +277,37 @@ class StreamRunner:
             partitions[dead_letter_topic(source.stream.topic)] = count
         if not partitions:
             return
+        configs = self._topic_configs([source.stream for source in sources])
         try:
-            self.clients.ensure_topics(partitions)
+            self.clients.ensure_topics(partitions, configs)
+            self._alter_topic_configs(configs)
         except (StreamviewsError, KafkaException) as e:
             # Subscribing still works: a topic that appears later is picked up by the consumer.
-            log.warning("cannot create topics; consuming those that exist", error=str(e))
+            log.warning("cannot create topics or set their configs; consuming those that exist", error=str(e))
+
+    def _topic_configs(self, streams: list[StreamDef]) -> TopicConfigs:
+        """The retention each stream declares, as PostgreSQL reads its interval and size (none: no answer)."""
+        if not any(s.retention or s.retention_bytes for s in streams) and not self.topic_configs:
+            return {}
+        try:
+            return declared_topic_configs(self._catalog_connection(), streams)
+        except psycopg.Error as e:
+            log.warning("cannot read the streams' retention; topics keep theirs", error=str(e).strip())
+            return {}
+
+    def _alter_topic_configs(self, configs: TopicConfigs) -> None:
+        """Set the configs that changed since this runner last set them; a stream that never declared any is left alone.
+
+        A retention RESET while no runner ran is not seen: the topic keeps what was last set (docs/streams.md).
+        """
+        changed = {
+            topic: config
+            for topic, config in configs.items()
+            if self.topic_configs.get(topic, {}) != config and (topic in self.topic_configs or any(config.values()))
+        }
+        if changed:
+            self.clients.alter_topic_configs(changed)
+        self.topic_configs.update(changed)
 
     def _catalog_connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:

@@ -5,6 +5,10 @@ The lag of a partition counts from the group's next offset, as stored in Postgre
 Freshness is the age of the newest event committed: the latest Kafka timestamp the group stored with
 its offsets (`last_event_at`, in the batch's own transaction), against the database's clock. It is
 read from PostgreSQL alone, so it needs no metrics endpoint, and it grows while a stream is idle.
+
+How far back each topic reaches (what a backfill or a new consumer can still read, as its retention
+left it): the offsets it retains (low to high watermark) and the Kafka timestamp of its oldest
+retained record, read back from each partition's low watermark.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from pipelines.cv.cli_common import KAFKA_TIMEOUT_S, CommandError, kafka_message, kafka_topics, table
 from pipelines.cv.model import DefinitionError
 from pipelines.runtime.checkpoint import partition_lag
+from pipelines.runtime.reread import RecordsNotFetched, read_back
 from pipelines.settings import KafkaSettings
 
 
@@ -40,6 +45,8 @@ class StreamStatus:
     failed_views: list[ViewFailure] = field(default_factory=list)
     change_positions: dict[str, int] = field(default_factory=dict)  # views recording changes: last position
     transform_positions: dict[str, int] = field(default_factory=dict)  # its transforms: last position (0026)
+    retained: int | None = None  # offsets the topic still holds (high - low watermark, summed)
+    oldest_event: datetime | None = None  # the Kafka timestamp of its oldest retained record
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (times in ISO 8601)."""
@@ -57,6 +64,8 @@ class StreamStatus:
             "failed_views": [f.as_json() for f in self.failed_views],
             "change_positions": self.change_positions,
             "transforms": self.transform_positions,
+            "retained_offsets": self.retained,
+            "oldest_retained_event": self.oldest_event.isoformat() if self.oldest_event else None,
         }
 
 
@@ -171,6 +180,7 @@ def stream_statuses(
                 p: partition_lag(low, high, committed.get(topic, {}).get(p)) for p, (low, high) in marks[topic].items()
             }
             status.lag = sum(status.lag_by_partition.values())
+            status.retained = sum(high - low for low, high in marks[topic].values())
         statuses.append(status)
     return statuses
 
@@ -203,7 +213,35 @@ def status_table(group: str, statuses: list[StreamStatus]) -> str:
         text += "\n\nchange streams\n" + table(("VIEW", "STREAM", "LAST POSITION"), changes)
     if transforms:
         text += "\n\ncontinuous transforms\n" + table(("TRANSFORM", "STREAM", "LAST POSITION"), transforms)
+    reach = [
+        (s.stream, s.topic, s.retained, s.oldest_event.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"))
+        for s in statuses
+        if s.oldest_event is not None
+    ]
+    if reach:
+        text += "\n\nretained history (how far back a backfill reaches)\n"
+        text += table(("STREAM", "TOPIC", "RETAINED OFFSETS", "OLDEST EVENT"), reach)
     return text
+
+
+def oldest_events(kafka: KafkaSettings, marks: dict[str, dict[int, tuple[int, int]]]) -> dict[str, datetime]:
+    """Per topic, the Kafka timestamp of its oldest retained record (its partitions' records at the low watermark).
+
+    A topic whose records are not read back in time (or that has none) is left out: status still answers.
+    """
+    ranges = {(t, p): (low, low + 1) for t, parts in marks.items() for p, (low, high) in parts.items() if high > low}
+    try:
+        records = read_back(kafka.bootstrap_servers, f"{kafka.client_id}-status", ranges, timeout_s=KAFKA_TIMEOUT_S)
+    except RecordsNotFetched:
+        return {}
+    oldest: dict[str, datetime] = {}
+    for (topic, _), messages in records.items():
+        for message in messages:
+            ms = message.timestamp()[1]
+            if ms >= 0:
+                at = datetime.fromtimestamp(ms / 1000, UTC)
+                oldest[topic] = min(oldest.get(topic, at), at)
+    return oldest
 
 
 def age(seconds: float | None) -> str:
@@ -240,7 +278,11 @@ def runner_status(
     dead = conn.execute(
         "SELECT topic, reason, count FROM ops.dead_letters WHERE group_id = %s AND topic = ANY(%s)", (group, topics)
     ).fetchall()
-    statuses = stream_statuses(streams, watermarks(admin, kafka, set(topics)), offsets, dead, now)
+    marks = watermarks(admin, kafka, set(topics))
+    statuses = stream_statuses(streams, marks, offsets, dead, now)
+    oldest = oldest_events(kafka, marks)
+    for s in statuses:
+        s.oldest_event = oldest.get(s.topic)
     by_name = {s.stream: s for s in statuses}
     for stream, reason in conn.execute("SELECT stream, reason FROM cv.stream_failures WHERE group_id = %s", (group,)):
         if stream in by_name:

@@ -26,10 +26,10 @@ from psycopg import errors
 from pipelines.cv.catalog import store
 from pipelines.cv.catalog.locks import Outcome, begin_change, bump, changing
 from pipelines.cv.catalog.sinks import apply_sink, drop_sink
-from pipelines.cv.catalog.streams import define_stream, drop_stream
+from pipelines.cv.catalog.streams import alter_stream, define_stream, drop_stream
 from pipelines.cv.catalog.transforms import define_transform, drop_transforms, transforms_of
 from pipelines.cv.catalog.views import alter_view, define_view, drop_view
-from pipelines.cv.frontend.changes import AlterView, Drop
+from pipelines.cv.frontend.changes import AlterStream, AlterView, Drop
 from pipelines.cv.frontend.view_sources import stream_named
 from pipelines.cv.frontend.statements import Script, ScriptStatement, drop_script, read_script
 from pipelines.cv.frontend.transforms import DropTransform, is_transform, parse_transform
@@ -102,6 +102,9 @@ def _apply_one(conn: psycopg.Connection, item: ScriptStatement, scope: Scope) ->
         return apply_sink(conn, item.sink, scope), scope
     if isinstance(item.change, AlterView):
         return alter_view(conn, item.change, scope), scope
+    if isinstance(item.change, AlterStream):
+        outcome, stream = alter_stream(conn, item.change, scope.streams)
+        return outcome, scope.with_stream(stream)
     if isinstance(item.change, Drop):
         return _drop(conn, item.change, scope)
     if isinstance(item.change, DropTransform):

@@ -3,6 +3,8 @@
     ALTER CONTINUOUS VIEW social.object_likes_hourly SET (ttl = '7 days');
     ALTER CONTINUOUS VIEW social.object_likes_hourly RESET (ttl);
     ALTER CONTINUOUS VIEW social.object_likes_hourly SET (changes = true);  -- its change stream
+    ALTER STREAM clicks SET (retention = '7 days', retention_bytes = '10 GB');  -- its topic's
+    ALTER STREAM clicks RESET (retention_bytes);
     DROP CONTINUOUS VIEW [IF EXISTS] social.object_likes_hourly;
     DROP STREAM [IF EXISTS] clicks;
 
@@ -21,8 +23,9 @@ from pglast import ast
 from pglast.enums import AlterTableType
 from pglast.stream import RawStream
 
+from pipelines.cv.frontend.streams import ALTERABLE_STREAM_OPTIONS, STREAM_OPTIONS
 from pipelines.cv.model import DefinitionError
-from pipelines.cv.sqltext.parsing import parse_rewritten, plain_identifier, string_literal
+from pipelines.cv.sqltext.parsing import options_of, parse_rewritten, plain_identifier, string_literal
 
 _CHANGE = re.compile(r"\s*(ALTER|DROP)\s+(STREAM|CONTINUOUS\s+VIEW)\b", re.IGNORECASE)
 ALTERABLE = frozenset({"ttl", "changes"})
@@ -33,6 +36,15 @@ class AlterView:
     """ALTER CONTINUOUS VIEW name SET (option = 'value', ...) or RESET (option, ...)."""
 
     name: str  # schema.view
+    set_options: dict[str, str]
+    reset_options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class AlterStream:
+    """ALTER STREAM name SET (option = 'value', ...) or RESET (option, ...): options of its topic only."""
+
+    name: str
     set_options: dict[str, str]
     reset_options: tuple[str, ...]
 
@@ -53,7 +65,7 @@ class Drop:
     if_exists: bool
 
 
-def parse_change(statement: str) -> AlterView | Drop | None:
+def parse_change(statement: str) -> AlterView | AlterStream | Drop | None:
     """The ALTER or DROP a statement makes; None for any other statement (a CREATE).
 
     Raises:
@@ -76,28 +88,64 @@ def parse_change(statement: str) -> AlterView | Drop | None:
         if kind == "view":
             names = tuple(n if "." in n else f"public.{n}" for n in names)
         return Drop(kind, names, bool(node.missing_ok))
+    if isinstance(node, ast.AlterTableStmt) and noun == "STREAM":
+        if node.relation.schemaname:
+            raise DefinitionError(f"{what}: a stream's name has no schema")
+        name = plain_identifier(node.relation.relname, what)
+        return AlterStream(name, *_set_reset(node, ALTERABLE_STREAM_OPTIONS, what))
     if isinstance(node, ast.AlterTableStmt) and noun == "CONTINUOUS VIEW":
         relation = node.relation
         name = f"{plain_identifier(relation.schemaname or 'public', what)}.{plain_identifier(relation.relname, what)}"
-        set_options: dict[str, str] = {}
-        reset: list[str] = []
-        for cmd in node.cmds:
-            if cmd.subtype not in (AlterTableType.AT_SetRelOptions, AlterTableType.AT_ResetRelOptions):
-                raise DefinitionError(f"{what}: only SET (ttl = '...', changes = true) and RESET (...) are supported")
-            for option in cmd.def_ or ():
-                if option.defname not in ALTERABLE:
-                    known = ", ".join(sorted(ALTERABLE))
-                    raise DefinitionError(f"{what}: option {option.defname!r} cannot be changed; known: {known}")
-                if cmd.subtype == AlterTableType.AT_ResetRelOptions:
-                    reset.append(option.defname)
-                elif isinstance(option.arg, ast.String):
-                    set_options[option.defname] = option.arg.sval
-                else:
-                    raise DefinitionError(f"{what}: option {option.defname} takes a quoted string")
-        return AlterView(name, set_options, tuple(reset))
+        return AlterView(name, *_set_reset(node, ALTERABLE, what))
     raise DefinitionError(
-        f"{what}: supported: ALTER CONTINUOUS VIEW ... SET/RESET (ttl, changes), DROP STREAM, DROP CONTINUOUS VIEW"
+        f"{what}: supported: ALTER CONTINUOUS VIEW ... SET/RESET (ttl, changes), "
+        "ALTER STREAM ... SET/RESET (retention, retention_bytes), DROP STREAM, DROP CONTINUOUS VIEW"
     )
+
+
+def _set_reset(
+    node: ast.AlterTableStmt, alterable: frozenset[str], what: str
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The options an ALTER ... SET (...) / RESET (...) sets and resets, each among `alterable`."""
+    set_options: dict[str, str] = {}
+    reset: list[str] = []
+    known = ", ".join(sorted(alterable))
+    for cmd in node.cmds:
+        if cmd.subtype not in (AlterTableType.AT_SetRelOptions, AlterTableType.AT_ResetRelOptions):
+            raise DefinitionError(f"{what}: only SET (option = '...') and RESET (option) are supported, of {known}")
+        for option in cmd.def_ or ():
+            if option.defname not in alterable:
+                raise DefinitionError(f"{what}: option {option.defname!r} cannot be changed; known: {known}")
+            if cmd.subtype == AlterTableType.AT_ResetRelOptions:
+                reset.append(option.defname)
+            elif isinstance(option.arg, ast.String):
+                set_options[option.defname] = option.arg.sval
+            else:
+                raise DefinitionError(f"{what}: option {option.defname} takes a quoted string")
+    return set_options, tuple(reset)
+
+
+def stream_with_options(definition: str, set_options: dict[str, str], reset: tuple[str, ...]) -> str:
+    """A CREATE STREAM statement with options set and reset: its WITH (...) rewritten, the rest kept as written."""
+    head = re.match(r"\s*CREATE\s+STREAM\b", definition, re.IGNORECASE)
+    assert head is not None, definition
+    text = definition.strip().rstrip(";").rstrip()
+    node = parse_rewritten("CREATE TABLE" + text[head.end() :], "ALTER STREAM")
+    assert isinstance(node, ast.CreateStmt)
+    stored = options_of(node.options, STREAM_OPTIONS, "ALTER STREAM", integers=True)
+    options = {k: v for k, v in stored.items() if k not in reset} | set_options
+    # WITH (...) ends a CREATE STREAM: cut at its WITH, the last keyword outside parentheses.
+    depth, cut = 0, len(text)
+    for token in pglast.parser.scan(text):
+        if token.name == "ASCII_40":  # (
+            depth += 1
+        elif token.name == "ASCII_41":  # )
+            depth -= 1
+        elif depth == 0 and token.name in ("WITH", "WITH_LA"):
+            cut = token.start
+    body = text[:cut].rstrip()
+    options_sql = ", ".join(f"{k} = {string_literal(v)}" for k, v in options.items())
+    return f"{body}\nWITH ({options_sql})" if options else body  # on a line of its own: after a -- comment too
 
 
 def with_options(definition: str, options: dict[str, str]) -> str:

@@ -21,7 +21,7 @@ from typing import Literal
 
 from pglast import ast
 
-from pipelines.cv.frontend.changes import AlterView, Drop, parse_change
+from pipelines.cv.frontend.changes import AlterStream, AlterView, Drop, parse_change
 from pipelines.cv.frontend.sinks import DropSink, SinkDef, parse_sink
 from pipelines.cv.frontend.streams import parse_stream
 from pipelines.cv.frontend.transforms import DropTransform, parse_drop_transform
@@ -119,7 +119,7 @@ class ScriptStatement:
 
     statement: Statement
     stream: StreamDef | None = None
-    change: AlterView | Drop | DropTransform | None = None
+    change: AlterView | AlterStream | Drop | DropTransform | None = None
     sink: SinkDef | DropSink | None = None  # CREATE SINK / DROP SINK (pipelines.cv.frontend.sinks)
 
     def view(self, scope: Scope) -> ViewDef:

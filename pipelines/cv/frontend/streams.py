@@ -24,6 +24,13 @@ The options of WITH (...) (quoted strings, or plain integers for the numbers):
 - `consumer_group`: the runner group that consumes the stream (default: the supervised runner's,
   `streamviews-streams`). A stream with its own group runs only in `streamviews run --group <it>`:
   heavy streams isolated in processes of their own, benchmarks and tests that bring their runner.
+- `start_offset`: where the stream's first consumption of its topic starts: 'earliest' (default,
+  every retained event), 'latest' (events produced from then on), or a timestamp with its time zone
+  ('2026-11-26 12:00:00+00': the first event whose Kafka timestamp is at or after it). Resolved once
+  and stored with the offsets; restarts resume from those (pipelines/runtime/starts.py).
+- `retention`, `retention_bytes`: the topic's retention.ms (an interval, '7 days') and retention.bytes
+  per partition (a size, '10 GB'), applied by the runner when it creates the topic and when the
+  stream is altered (ALTER STREAM s SET / RESET); checked by PostgreSQL when the stream is defined.
 - `into`: another stream that this one's rows are fed into (its state and views), e.g. Debezium
   changes of an application table into the stream its Kafka producers write. Such a stream has no
   `key` of its own; whether the two streams fit is checked when the catalog defines it.
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from datetime import datetime
 
 import pglast
 from pglast import ast
@@ -59,8 +67,13 @@ STREAM_OPTIONS = frozenset(
         "max_event_bytes",
         "into",
         "consumer_group",
+        "start_offset",
+        "retention",
+        "retention_bytes",
     }
 )
+# The options ALTER STREAM SET / RESET may change: they decide nothing of the state or its views.
+ALTERABLE_STREAM_OPTIONS = frozenset({"retention", "retention_bytes"})
 FORMATS: tuple[StreamFormat, ...] = ("json", "csv", "debezium")
 MAX_IDENTIFIER_BYTES = 63  # PostgreSQL's NAMEDATALEN - 1: longer names are truncated, silently
 MAX_PARTITIONS = 1000
@@ -153,6 +166,7 @@ def parse_stream(node: ast.CreateStmt, text: str) -> StreamDef:
     consumer_group = options.get("consumer_group")
     if consumer_group is not None and not re.fullmatch(r"[A-Za-z0-9._-]{1,200}", consumer_group):
         raise DefinitionError(f"{what}: consumer_group {consumer_group!r} is not a Kafka group name ([A-Za-z0-9._-])")
+    start_offset = _start_offset(options.get("start_offset", "earliest"), what)
     stream = StreamDef(
         name,
         topic,
@@ -171,11 +185,30 @@ def parse_stream(node: ast.CreateStmt, text: str) -> StreamDef:
         max_event_bytes=65_536 if max_event_bytes is None else max_event_bytes,
         into=into,
         consumer_group=consumer_group,
+        start_offset=start_offset,
+        retention=options.get("retention"),
+        retention_bytes=options.get("retention_bytes"),
     )
     # Compiling the decoder evaluates every DEFAULT and compiles every CHECK: one it cannot evaluate
     # fails the definition now, not the first event.
     StreamDecoder(stream)
     return stream
+
+
+def _start_offset(text: str, what: str) -> str:
+    """'earliest', 'latest', or a timestamp with its time zone (a stream's start must not hang on a session's zone)."""
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        at = None
+    if at is None or at.tzinfo is None:
+        raise DefinitionError(
+            f"{what}: start_offset {text!r} is not 'earliest', 'latest' or a timestamp with its time zone, "
+            "e.g. '2026-11-26 12:00:00+00'"
+        )
+    return text.strip()
 
 
 def _check_identifier_lengths(text: str, what: str) -> None:
