@@ -1,19 +1,25 @@
-"""Streams in the catalog: created, redefined (how their events are read) and dropped, in the caller's transaction.
+"""Streams in the catalog: created, redefined, altered and dropped, in the caller's transaction.
 
 A stream's row in cv.streams holds its statement; a keyed stream also gets its state table
 (`cv.state_<stream>`), which its views are backfilled from. Locks are taken in
 pipelines.cv.catalog.locks' order.
+
+ALTER STREAM s SET / RESET (retention, retention_bytes) rewrites the statement's WITH (...): the
+runner, reloading the catalog, applies the topic's configs (`topic_configs`, as PostgreSQL reads the
+interval and the size).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import psycopg
 from psycopg import sql
 
 from pipelines.cv.catalog import stream_inserts
 from pipelines.cv.catalog.locks import Outcome, lock_stream_for_change, lock_tables
+from pipelines.cv.frontend.changes import AlterStream, stream_with_options
+from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import DefinitionError, StreamDef
 from pipelines.cv.views import stream_sql
 from pipelines.logs import get_logger
@@ -51,9 +57,73 @@ def _check_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[
         )
 
 
+def topic_configs(conn: psycopg.Connection, stream: StreamDef) -> dict[str, str | None]:
+    """The topic configs a stream declares: retention.ms and retention.bytes (None: not declared).
+
+    Raises:
+        DefinitionError: PostgreSQL does not read the interval or the size, or it is not positive.
+    """
+    what = f"stream {stream.name}"
+    configs: dict[str, str | None] = {"retention.ms": None, "retention.bytes": None}
+    for option, config, cast in (
+        ("retention", "retention.ms", "(extract(epoch FROM %s::interval) * 1000)::bigint"),
+        ("retention_bytes", "retention.bytes", "pg_size_bytes(%s)"),
+    ):
+        text = getattr(stream, option)
+        if text is None:
+            continue
+        try:
+            with conn.transaction():
+                (value,) = conn.execute(f"SELECT {cast}", (text,)).fetchone()
+        except psycopg.Error as e:
+            message = " ".join((e.diag.message_primary or str(e)).split())
+            raise DefinitionError(f"{what}: {option} {text!r} is not read by PostgreSQL: {message}") from e
+        if value <= 0:
+            raise DefinitionError(f"{what}: {option} must be positive, not {text!r}")
+        configs[config] = str(value)
+    return configs
+
+
+def declared_topic_configs(conn: psycopg.Connection, streams: Iterable[StreamDef]) -> dict[str, dict[str, str | None]]:
+    """Per topic, the configs its stream declares; a stream whose options no longer read is logged and left out."""
+    configs = {}
+    for stream in streams:
+        if stream.retention is None and stream.retention_bytes is None:
+            configs[stream.topic] = {"retention.ms": None, "retention.bytes": None}
+            continue
+        try:
+            configs[stream.topic] = topic_configs(conn, stream)
+        except DefinitionError as e:
+            log.error("stream's retention not applied", stream=stream.name, error=str(e))
+    return configs
+
+
+def alter_stream(
+    conn: psycopg.Connection, change: AlterStream, streams: Mapping[str, StreamDef]
+) -> tuple[Outcome, StreamDef]:
+    """ALTER STREAM SET / RESET of its topic's options: its statement rewritten, its state and views untouched."""
+    stored = streams.get(change.name)
+    if stored is None:
+        raise DefinitionError(f"ALTER STREAM: no stream named {change.name}")
+    definition = stream_with_options(stored.definition, change.set_options, change.reset_options)
+    stream = parse(definition, NO_SCOPE)
+    assert isinstance(stream, StreamDef)
+    topic_configs(conn, stream)
+    if (stream.retention, stream.retention_bytes) == (stored.retention, stored.retention_bytes):
+        return Outcome(f"stream {stream.name} unchanged", changed=False), stored
+    lock_stream_for_change(conn, stream.name, f"ALTER STREAM {stream.name}")
+    conn.execute("UPDATE cv.streams SET definition = %s WHERE name = %s", (definition, stream.name))
+    log.info("stream altered", stream=stream.name, retention=stream.retention, retention_bytes=stream.retention_bytes)
+    declared = [
+        f"{o} {v!r}" for o, v in (("retention", stream.retention), ("retention_bytes", stream.retention_bytes)) if v
+    ]
+    return Outcome(f"stream {stream.name} altered: {', '.join(declared) or 'the broker default retention'}"), stream
+
+
 def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[str, StreamDef]) -> Outcome:
     """CREATE STREAM, in the caller's transaction, against the `streams` defined so far."""
     _check_stream(conn, stream, streams)
+    topic_configs(conn, stream)
     stored = streams.get(stream.name)
     if stored is not None:
         if " ".join(stored.definition.split()) == " ".join(stream.definition.split()):
