@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -112,6 +113,7 @@ class InboxRelay:
         settings: InboxSettings,
         partitions: int,
         group_id: str | None = None,
+        heartbeat_file: str = "",
     ) -> None:
         self.conninfo, self.kafka, self.settings = postgres.conninfo(), kafka, settings
         self.partitions = partitions  # of a stream's topic the relay has to create (the runner's default)
@@ -120,6 +122,7 @@ class InboxRelay:
         self.group_id = group_id
         self.transactional_id = settings.transactional_id + (f"-{group_id}" if group_id else "")
         self.progress_key = self.transactional_id.encode()
+        self.heartbeat_file = heartbeat_file  # touched every loop: the container's health check
         self.running = True
         self._producer: Producer | None = None
         self._streams: dict[str, StreamDef] = {}
@@ -140,6 +143,8 @@ class InboxRelay:
                     self.recover(conn)
                     backoff = 0.5
                     while self.running:
+                        if self.heartbeat_file:
+                            Path(self.heartbeat_file).touch()
                         if not self.step(conn):
                             self._wait(conn)
             except (psycopg.OperationalError, KafkaException) as e:
@@ -316,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     log.info("settings", postgres=postgres.describe(), inbox=settings.describe(), metrics=metrics_settings.describe())
     metrics.serve(metrics_settings, "inbox", metrics.INBOX_FAMILIES)
-    relay = InboxRelay(postgres, kafka, settings, PipelineSettings().topic_partitions, group_id)
+    pipeline = PipelineSettings()
+    relay = InboxRelay(postgres, kafka, settings, pipeline.topic_partitions, group_id, pipeline.heartbeat_file)
     signal.signal(signal.SIGTERM, lambda *_: relay.stop())
     signal.signal(signal.SIGINT, lambda *_: relay.stop())
     relay.run()
