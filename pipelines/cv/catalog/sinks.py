@@ -129,6 +129,7 @@ class SinkState:
 
     name: str
     view: str
+    stream: str | None  # the view's stream (None for a change stream that is not a view's)
     topic: str
     format: str
     envelope: str | None
@@ -148,13 +149,14 @@ class SinkState:
 
 
 _STATES = """
-SELECT s.name, s.view, s.topic, s.format, s.envelope, s.where_sql, s.partitions, s.snapshot_done,
+SELECT s.name, s.view, v.stream, s.topic, s.format, s.envelope, s.where_sql, s.partitions, s.snapshot_done,
        r.position, p.last,
        (SELECT c.committed_at FROM cv.view_changes AS c WHERE c.view = s.view AND c.position = r.position + 1),
        s.failed_at, s.error
   FROM cv.sinks AS s
   JOIN cv.change_readers AS r ON r.view = s.view AND r.reader = 'sink ' || s.name
   JOIN cv.view_change_positions AS p ON p.view = s.view
+  LEFT JOIN cv.views AS v ON v.name = s.view
  ORDER BY s.name
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 from confluent_kafka import Producer
@@ -16,16 +17,22 @@ NAME = "sinks"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the relay until SIGTERM or SIGINT."""
-    if argv:
-        print("usage: python -m pipelines.cv.relay (settings come from the environment)", file=sys.stderr)
-        return 2
+    """`python -m pipelines.cv.relay [--group G]`: relay the sinks until SIGTERM or SIGINT."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.cv.relay", description="Relay sinks to Kafka.")
+    parser.add_argument(
+        "--group",
+        default=None,
+        help="relay the sinks of views over streams declared with this consumer_group"
+        " (default: those over streams declared without one)",
+    )
+    args = parser.parse_args(argv)
     configure_logging()
     settings, pipeline, kafka, postgres = SinkSettings(), PipelineSettings(), KafkaSettings(), PostgresSettings()
     metrics_settings = MetricsSettings()
     log.info(
         "settings",
         sinks=settings.describe(),
+        group=args.group or "default",
         kafka=kafka.describe(),
         postgres=postgres.describe(),
         metrics=metrics_settings.describe(),
@@ -33,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     metrics.serve(metrics_settings, NAME, metrics.SINK_FAMILIES)
     producer = Producer(producer_config(kafka.bootstrap_servers, f"{kafka.client_id}-{NAME}"))
     try:
-        Relay(postgres.conninfo(), Publisher(producer), kafka.bootstrap_servers, settings, pipeline).run()
+        relay = Relay(postgres.conninfo(), Publisher(producer), kafka.bootstrap_servers, settings, pipeline, args.group)
+        relay.run()
     finally:
         producer.flush(30)
     return 0

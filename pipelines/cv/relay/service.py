@@ -23,6 +23,13 @@ position are read in one REPEATABLE READ transaction (they commit together), the
 then the position set to that last one with `snapshot_done`, in one transaction. Changes between
 the sink's creation and its snapshot are in the snapshot already.
 
+Which relay relays a sink: the sinks of views over streams declared without a `consumer_group`
+belong to the default relay (the supervised one); `--group G` relays those over streams declared
+with `consumer_group = 'G'`, as a runner of group G runs those streams (a test's own relay, say).
+Within one group, a relay relays a sink while it holds the sink's session advisory lock
+(SINK_LOCK, hashtext(name)): several relays share the sinks, each sink relayed by one at a time,
+and a relay that dies (its connection gone) leaves its sinks to the others at their next pass.
+
 The relay wakes on `NOTIFY streamviews_changes` (migration 0020), and every SINK_WAKE_S in case a
 notification was lost. A sink whose page fails (its filter raises on some change, Kafka refuses
 the topic) is marked failed in cv.sinks (`streamviews status` shows it) and tried again after
@@ -55,6 +62,8 @@ log = get_logger("sinks")
 
 # The longest pause after the database was lost, between attempts to connect again.
 MAX_BACKOFF_S = 10.0
+# Advisory-lock class of sinks: (SINK_LOCK, hashtext(sink name)), held by the relay relaying it.
+SINK_LOCK = 0x5349  # "SI"
 
 
 class Relay:
@@ -67,9 +76,11 @@ class Relay:
         bootstrap_servers: str,
         settings: SinkSettings,
         pipeline: PipelineSettings,
+        group: str | None = None,
     ) -> None:
         self.conninfo, self.publisher, self.bootstrap_servers = conninfo, publisher, bootstrap_servers
-        self.settings, self.pipeline = settings, pipeline
+        self.settings, self.pipeline, self.group = settings, pipeline, group
+        self._owned: set[str] = set()  # sinks whose advisory lock this relay's connection holds
         self.running = True
         self._retry_at: dict[str, float] = {}  # failed sinks: when to try them again (monotonic)
         self._topics: set[str] = set()  # topics made sure of since start
@@ -92,6 +103,7 @@ class Relay:
                     psycopg.connect(self.conninfo, prepare_threshold=None) as conn,
                 ):
                     listener.execute(f"LISTEN {CHANNEL}")
+                    self._owned.clear()  # a new connection holds no lock yet
                     delay = 0.5
                     while self.running:
                         busy = self.relay_once(conn)
@@ -106,7 +118,7 @@ class Relay:
 
     def relay_once(self, conn: psycopg.Connection) -> bool:
         """One page (or snapshot) of every sink that is due; True when some sink has more to relay now."""
-        states = sink_states(conn)
+        states = self._mine(conn, sink_states(conn))
         conn.rollback()
         now_wall = time.time()
         metrics.set_sinks(
@@ -139,6 +151,26 @@ class Relay:
                 log.info("sink runs again", sink=state.name)
         self._report()
         return busy
+
+    def _mine(self, conn: psycopg.Connection, states: list[SinkState]) -> list[SinkState]:
+        """The sinks of this relay's group whose lock it holds (taken now when free); others' locks let go."""
+        streams = store.load_streams(conn, skip_broken=True)
+        mine = []
+        for state in states:
+            stream = streams.get(state.stream or "")
+            if (stream.consumer_group if stream is not None else None) != self.group:
+                continue
+            if state.name not in self._owned:
+                taken = conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (SINK_LOCK, state.name))
+                if not taken.fetchone()[0]:
+                    continue  # another relay of the group relays it
+                self._owned.add(state.name)
+                log.info("sink taken", sink=state.name, view=state.view, topic=state.topic)
+            mine.append(state)
+        for gone in self._owned - {s.name for s in states}:  # dropped
+            conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (SINK_LOCK, gone))
+            self._owned.discard(gone)
+        return mine
 
     def _relay_sink(self, conn: psycopg.Connection, state: SinkState) -> bool:
         """The sink's snapshot, or its next page; True when it has more to relay now."""
