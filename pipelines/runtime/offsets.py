@@ -150,17 +150,7 @@ class PostgresOffsets:
         # then finds the row taken, which fences it like a moved offset would.
         unclaimed = [tp for tp in parts if start[tp] is None and tp not in stored]
         if unclaimed:
-            claimed = conn.execute(
-                "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset, topic_id)"
-                " SELECT %s, t, p, 0, i FROM unnest(%s::text[], %s::int[], %s::text[]) AS u (t, p, i)"
-                " ON CONFLICT DO NOTHING",
-                (
-                    self.group_id,
-                    [t for t, _ in unclaimed],
-                    [p for _, p in unclaimed],
-                    [topic_ids.get(t) for t, _ in unclaimed],
-                ),
-            ).rowcount
+            claimed = self._insert(conn, dict.fromkeys(unclaimed, 0), topic_ids)
             if claimed != len(unclaimed):
                 raise Fenced(f"checkpoint: another consumer started {unclaimed} first")
             stored.update(dict.fromkeys(unclaimed))
@@ -240,10 +230,13 @@ class PostgresOffsets:
 
     def begin(self, conn: psycopg.Connection, offsets: dict[TopicPartition, int], topic_ids: dict[str, str]) -> None:
         """See `OffsetStore.begin`."""
+        if offsets:
+            self._insert(conn, offsets, topic_ids)
+
+    def _insert(self, conn: psycopg.Connection, offsets: dict[TopicPartition, int], topic_ids: dict[str, str]) -> int:
+        """Rows for partitions that have none, at these offsets, with their topics' ids; returns how many."""
         parts = sorted(offsets)
-        if not parts:
-            return
-        conn.execute(
+        return conn.execute(
             "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset, topic_id)"
             " SELECT %s, t, p, o, i FROM unnest(%s::text[], %s::int[], %s::bigint[], %s::text[]) AS u (t, p, o, i)"
             " ON CONFLICT DO NOTHING",
@@ -254,7 +247,7 @@ class PostgresOffsets:
                 [offsets[tp] for tp in parts],
                 [topic_ids.get(t) for t, _ in parts],
             ),
-        )
+        ).rowcount
 
     def record_topic_ids(self, conn: psycopg.Connection, ids: dict[str, str]) -> None:
         """See `OffsetStore.record_topic_ids`."""
