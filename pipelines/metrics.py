@@ -148,7 +148,7 @@ SINK_LAG_SECONDS = Gauge(
     registry=None,
 )
 SINK_FAILED = Gauge(
-    "streamviews_sink_failed",
+    "streamviews_sink_failure_active",
     "1 while a sink's last attempt failed (its filter raised, Kafka refused): it is tried again later.",
     ("sink",),
     registry=None,

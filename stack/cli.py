@@ -125,6 +125,7 @@ def check_ports_free(settings: StackSettings) -> None:
         "STREAMS_METRICS_PORT": settings.streams_metrics_port,
         "AUDIT_METRICS_PORT": settings.audit_metrics_port,
         "CTID_PULLER_METRICS_PORT": settings.ctid_puller_metrics_port,
+        "SINKS_METRICS_PORT": settings.sinks_metrics_port,
         "INBOX_METRICS_PORT": settings.inbox_metrics_port,
         # Debian's own prometheus.service, where systemd started it, listens on 9090 too.
         "PROMETHEUS_PORT": settings.prometheus_port,

@@ -66,6 +66,8 @@ SERVICES = (
     Service("streams", None, ("streams.log",), module="pipelines.cv.runner"),
     Service("audit", None, ("audit.log",), module="pipelines.audit.writer"),
     Service("ctid_puller", None, ("ctid_puller.log",), pg_role=ROLE_INDEXER, module="pipelines.audit.puller"),
+    # Each sink's view changes to its Kafka topic (CREATE SINK, pipelines/cv/relay/).
+    Service("sinks", None, ("sinks.log",), module="pipelines.cv.relay"),
     # Rows written to streams with SQL (INSERT INTO <stream>) to their topics (pipelines/cv/inbox.py).
     Service("inbox", None, ("inbox.log",), module="pipelines.cv.inbox"),
 )

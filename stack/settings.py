@@ -60,6 +60,7 @@ class StackSettings(BaseSettings):
     streams_metrics_port: int = 9481
     audit_metrics_port: int = 9482
     ctid_puller_metrics_port: int = 9483
+    sinks_metrics_port: int = 9484
     inbox_metrics_port: int = 9485
     prometheus_port: int = 9090
 

@@ -7,7 +7,7 @@
     streamviews list --sql                     # their definitions
     streamviews drop object_likes              # a view (unqualified: public.object_likes) ...
     streamviews drop clicks                    # ... or a stream that has no views left
-    streamviews status                         # per stream: lag, freshness, last commit, dead letters
+    streamviews status                         # per stream: lag, freshness, last commit, dead letters; sinks
     streamviews status --json --group my-group
     streamviews subscribe public.url_stats --from 0  # a view's changes as JSON lines, then new ones
     streamviews run [--group G] [--streams a,b]  # the stream runner (see `streamviews run --help`)
@@ -44,6 +44,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from pipelines.cv import catalog
+from pipelines.cv.catalog.sinks import sink_states
 from pipelines.cv.cli_common import (
     FAILURE,
     KAFKA_TIMEOUT_S,
@@ -62,7 +63,7 @@ from pipelines.cv.cli_common import (
 )
 from pipelines.cv.frontend.statements import Script, read_script
 from pipelines.cv.model import DefinitionError
-from pipelines.cv.status import runner_status, status_table
+from pipelines.cv.status import runner_status, sinks_json, sinks_table, status_table
 from pipelines.cv.subscribe import follow, listen, qualified, start_position
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
@@ -219,10 +220,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings, kafka = PostgresSettings(), KafkaSettings()
     with database(settings, settings.user) as conn:
         statuses = runner_status(conn, kafka_admin(kafka), kafka, group, args.streams)
+        sinks = sink_states(conn)
     if args.json:
-        print(json.dumps({"group": group, "streams": [s.as_json() for s in statuses]}, indent=2))
+        print(
+            json.dumps(
+                {"group": group, "streams": [s.as_json() for s in statuses], "sinks": sinks_json(sinks)}, indent=2
+            )
+        )
     else:
-        print(status_table(group, statuses))
+        print(status_table(group, statuses) + sinks_table(sinks))
     return 0
 
 

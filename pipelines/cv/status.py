@@ -6,6 +6,9 @@ Freshness is the age of the newest event committed: the latest Kafka timestamp t
 its offsets (`last_event_at`, in the batch's own transaction), against the database's clock. It is
 read from PostgreSQL alone, so it needs no metrics endpoint, and it grows while a stream is idle.
 
+Each sink (CREATE SINK): its topic and format, the position it relayed, how far behind its view it
+is (changes, and the age of the oldest change it has not relayed), and whether it failed, and why.
+
 How far back each topic reaches (what a backfill or a new consumer can still read, as its retention
 left it): the offsets it retains (low to high watermark) and the Kafka timestamp of its oldest
 retained record, read back from each partition's low watermark.
@@ -21,6 +24,7 @@ import psycopg
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from pipelines.cv.catalog.sinks import SinkState
 from pipelines.cv.cli_common import KAFKA_TIMEOUT_S, CommandError, kafka_message, kafka_topics, table
 from pipelines.cv.model import DefinitionError
 from pipelines.runtime.checkpoint import partition_lag
@@ -222,6 +226,51 @@ def status_table(group: str, statuses: list[StreamStatus]) -> str:
         text += "\n\nretained history (how far back a backfill reaches)\n"
         text += table(("STREAM", "TOPIC", "RETAINED OFFSETS", "OLDEST EVENT"), reach)
     return text
+
+
+def sink_lag_s(state: SinkState, now: datetime | None = None) -> float:
+    """Seconds since the oldest change the sink has not relayed was committed; 0 when it is caught up."""
+    if state.oldest_untaken is None or not state.lag_changes:
+        return 0.0
+    return round(max(((now or datetime.now(UTC)) - state.oldest_untaken).total_seconds(), 0.0), 3)
+
+
+def sinks_json(states: list[SinkState]) -> list[dict[str, Any]]:
+    """Each sink for machines: topic, format, position, lag (changes, seconds), failure."""
+    return [
+        {
+            "sink": s.name,
+            "view": s.view,
+            "topic": s.topic,
+            "format": s.format if s.envelope is None else f"{s.format} ({s.envelope})",
+            "position": s.position,
+            "lag_changes": s.lag_changes,
+            "lag_seconds": sink_lag_s(s),
+            "snapshot_done": s.snapshot_done,
+            "failed": s.error,
+        }
+        for s in states
+    ]
+
+
+def sinks_table(states: list[SinkState]) -> str:
+    """The sinks for people, after the streams' table ("" when there is none)."""
+    if not states:
+        return ""
+    rows = [
+        (
+            row["sink"],
+            row["view"],
+            row["topic"],
+            row["format"],
+            row["position"] if row["snapshot_done"] else "snapshot pending",
+            row["lag_changes"],
+            f"{row['lag_seconds']:.1f}s",
+            f"failed: {row['failed'][:80]}" if row["failed"] else "ok",
+        )
+        for row in sinks_json(states)
+    ]
+    return "\n\nsinks\n" + table(("SINK", "VIEW", "TOPIC", "FORMAT", "POSITION", "LAG", "LAG TIME", "STATE"), rows)
 
 
 def oldest_events(kafka: KafkaSettings, marks: dict[str, dict[int, tuple[int, int]]]) -> dict[str, datetime]:

@@ -21,7 +21,7 @@ from tests.integration.conftest import unique, wait_for
 from tests.integration.test_declared_streams import define, produce, streamviews
 from tests.unit.test_monitoring_config import ALERTS, dashboard_queries, promql
 
-PIPELINE_TARGETS = {"streams", "audit", "ctid_puller", "inbox"}
+PIPELINE_TARGETS = {"streams", "audit", "ctid_puller", "sinks", "inbox"}
 
 
 def prometheus_get(stack, path: str, **params: str) -> Any:

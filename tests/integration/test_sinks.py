@@ -13,6 +13,7 @@ from pipelines.cv import catalog
 from pipelines.cv.catalog import change_streams
 from pipelines.cv.catalog.sinks import sink_states
 from pipelines.cv.model import DefinitionError
+from pipelines.cv.status import sinks_json, sinks_table
 from tests.integration.conftest import throwaway_views, unique
 
 
@@ -94,3 +95,29 @@ def test_the_view_a_sink_reads_cannot_be_dropped_and_drop_by_name_finds_the_sink
     # `streamviews drop NAME` resolves a sink's name as it does a view's or a stream's.
     assert catalog.drop(owner, [sink]) == [f"sink {sink} dropped (its topic is kept)"]
     assert change_streams.readers(owner, view) == []
+
+
+def test_status_shows_each_sink_its_topic_format_position_lag_and_failure(owner, streams):
+    view, sink = streams["view"], unique("shown")
+    catalog.define(owner, f"CREATE SINK {sink} FROM {view} WITH (topic = 'shown', format = 'changes')")
+    try:
+        owner.execute("UPDATE cv.sinks SET snapshot_done = true, error = 'division by zero' WHERE name = %s", (sink,))
+        (state,) = [s for s in sink_states(owner) if s.name == sink]
+        (row,) = sinks_json([state])
+        assert row == {
+            "sink": sink,
+            "view": view,
+            "topic": "shown",
+            "format": "changes",
+            "position": state.position,
+            "lag_changes": 0,
+            "lag_seconds": 0.0,
+            "snapshot_done": True,
+            "failed": "division by zero",
+        }
+        text = sinks_table([state])
+        assert "SINK" in text
+        assert f"{sink}  " in text
+        assert "failed: division by zero" in text
+    finally:
+        catalog.define(owner, f"DROP SINK {sink}")

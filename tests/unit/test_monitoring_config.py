@@ -48,6 +48,10 @@ CONTRACT = {
     "streamviews_topic_recreations_total",
     "streamviews_view_quarantine_active",
     "streamviews_stream_hold_active",
+    "streamviews_sink_changes_published_total",
+    "streamviews_sink_lag_changes",
+    "streamviews_sink_lag_seconds",
+    "streamviews_sink_failure_active",
 }
 HISTOGRAMS = {"streamviews_batch_size_events", "streamviews_commit_duration_seconds"}
 # What every target has without us: Prometheus's own series and prometheus-client's process metrics.

@@ -111,6 +111,7 @@ def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivile
         "program:kafka",
         "program:postgres",
         "program:prometheus",
+        "program:sinks",
         "program:streams",
     ]
     for section in programs:
@@ -128,7 +129,7 @@ def test_each_pipeline_connects_as_its_own_least_privileged_role(context):
     def role(program: str) -> str:
         return re.search(r'PGUSER="(\w+)"', parser[f"program:{program}"]["environment"]).group(1)
 
-    assert role("streams") == role("audit") == role("inbox") == "sv_writer"
+    assert role("streams") == role("audit") == role("inbox") == role("sinks") == "sv_writer"
     assert role("ctid_puller") == "sv_indexer"
 
 
@@ -163,6 +164,7 @@ def test_prometheus_listens_on_loopback_keeps_its_data_in_the_state_dir_and_scra
         "streams": ["127.0.0.1:9481"],
         "audit": ["127.0.0.1:9482"],
         "ctid_puller": ["127.0.0.1:9483"],
+        "sinks": ["127.0.0.1:9484"],
         "inbox": ["127.0.0.1:9485"],
     }
 

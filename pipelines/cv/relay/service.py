@@ -51,6 +51,7 @@ from pipelines.cv.catalog.sinks import SinkState, sink_states
 from pipelines.cv.frontend.sinks import reader_name
 from pipelines.cv.relay.publish import Publisher
 from pipelines.cv.relay.records import page_query, records, snapshot_query
+from pipelines.cv.status import sink_lag_s
 from pipelines.cv.subscribe import CHANNEL
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
@@ -120,16 +121,7 @@ class Relay:
         """One page (or snapshot) of every sink that is due; True when some sink has more to relay now."""
         states = self._mine(conn, sink_states(conn))
         conn.rollback()
-        now_wall = time.time()
-        metrics.set_sinks(
-            (
-                s.name,
-                s.lag_changes,
-                max(now_wall - s.oldest_untaken.timestamp(), 0.0) if s.oldest_untaken and s.lag_changes else 0.0,
-                s.failed_at is not None,
-            )
-            for s in states
-        )
+        metrics.set_sinks((s.name, s.lag_changes, sink_lag_s(s), s.failed_at is not None) for s in states)
         busy = False
         for state in states:
             if not self.running:
