@@ -120,11 +120,18 @@ class StreamMaintainer:
     _plan: _Plan | None = None
     _sessions_ready: set[int] = field(default_factory=set)
 
-    def apply(self, conn: psycopg.Connection, ops: Sequence[int], columns: Sequence[Sequence[object]]) -> int:
+    def apply(
+        self,
+        conn: psycopg.Connection,
+        ops: Sequence[int],
+        columns: Sequence[Sequence[object]],
+        only: frozenset[str] | None = None,
+    ) -> int:
         """Apply a batch in the current transaction; returns the number of deltas (real changes).
 
         `ops` holds +1 (insert) or -1 (delete) per change, `columns` one sequence per stream column,
-        all in batch order: for one key, the last change wins.
+        all in batch order: for one key, the last change wins. `only`: apply it to these views alone,
+        no transform (a view's backfill from history, pipelines/cv/backfill.py; append-only streams).
         """
         plan = self._begin(conn)
         stream_columns = plan.stream.columns
@@ -133,7 +140,11 @@ class StreamMaintainer:
             return self._run(conn, plan, literals, [])
         shipped, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
         params = arrays.column_literals(shipped, [stream_columns[i] for i in plan.shipped])
-        return self._run(conn, plan, None, params, deltas)
+        return self._run(conn, plan, None, params, deltas, only)
+
+    def planned_views(self, conn: psycopg.Connection) -> frozenset[str]:
+        """The views a batch applied now would maintain (quarantined ones left out), under the stream's lock."""
+        return frozenset(c.view.qualified_name for c in self._begin(conn).views)
 
     def apply_feed(self, conn: psycopg.Connection, after: int, upto: int) -> int:
         """Apply a feed stream's batch: its upstream view's changes after position `after` up to `upto`.
@@ -167,6 +178,7 @@ class StreamMaintainer:
         delta_params: list[object] | None,
         params: list[object],
         deltas: int = 0,
+        only: frozenset[str] | None = None,
     ) -> int:
         """The batch into deltas (keyed streams: `delta_params`), then each view's maintenance over them."""
         keyed = delta_params is not None
@@ -176,6 +188,8 @@ class StreamMaintainer:
         spent: list[tuple[str, float]] = []  # (view, milliseconds), in name order
         if deltas:
             for statements in plan.per_view:
+                if only is not None and statements.view.qualified_name not in only:
+                    continue
                 started = time.perf_counter()
                 try:
                     _maintain(conn, statements, params)
@@ -185,7 +199,7 @@ class StreamMaintainer:
             # Transforms after the views, in name order: every batch of the stream takes their position
             # rows in this one order, and only such batches take them, before any view's position row
             # at commit (which comes last in every writer's order): two runners cannot deadlock on them.
-            for name, statement in plan.transforms:
+            for name, statement in plan.transforms if only is None else ():
                 try:
                     conn.execute(statement, params)
                 except psycopg.Error as e:

@@ -34,6 +34,7 @@ from confluent_kafka import KafkaException, Message
 
 from pipelines import metrics
 from pipelines.cv import catalog
+from pipelines.cv.backfill import Backfiller
 from pipelines.cv.catalog.streams import declared_topic_configs
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.engine import declared_streams
@@ -104,6 +105,7 @@ class StreamRunner:
         offsets: OffsetStore[psycopg.Connection] | None = None,
     ) -> None:
         self.postgres, self.settings, self.only = postgres, settings, only
+        self.kafka = kafka
         self.group_id, self.default_group = group_id, default_group
         self.clients = clients or ConfluentClients(kafka)
         self.sink = ViewSink(group_id, settings.poison_limit, settings.view_retry_s, settings.changes_retention_s)
@@ -137,12 +139,20 @@ class StreamRunner:
         if self.settings.feeds:
             feeds = threading.Thread(target=self._feeds().run, args=(stop,), name="view-feeds", daemon=True)
             feeds.start()
+        backfill = None
+        if self.settings.backfill:  # new views' history (pipelines.cv.backfill), in a thread of its own
+            runs = lambda stream: stream in self.sink.streams  # noqa: E731 (read as the catalog reloads)
+            backfiller = Backfiller(self.postgres.conninfo(), self.kafka, self.settings, runs)
+            backfill = threading.Thread(target=backfiller.run, args=(stop,), name="view-backfill", daemon=True)
+            backfill.start()
         try:
             self.pipeline.run(tick=self.tick)
         finally:
             stop.set()
             if feeds is not None:
                 feeds.join(timeout=10)
+            if backfill is not None:
+                backfill.join(timeout=10)
 
     def _feeds(self) -> ViewFeeds:
         return ViewFeeds(

@@ -4,11 +4,12 @@ Every change holds the stream's lock exclusively (pipelines hold it shared while
 batch), so a change on a running system misses no batch and counts none twice:
 
 - CREATE creates the storage and the read view and, over a keyed stream, backfills the storage from
-  the stream's current state. Over an append-only stream a view starts from now.
+  the stream's current state. Over an append-only stream it records a backfill from the topic's
+  retained history (pipelines.cv.catalog.backfills; `WITH (backfill = ...)`), caught up by the runner.
 - CREATE OR REPLACE with the same storage (groups, stored aggregates, filter, join and window the
   same: only the outputs computed from them differ) replaces the read view alone. Otherwise it
-  rebuilds the view from the keyed stream's state; over an append-only stream, whose past events are
-  not kept, it refuses and says so.
+  rebuilds the view from the keyed stream's state, or over an append-only stream from the topic's
+  retained history (refused with backfill = 'none').
 - ALTER CONTINUOUS VIEW ... SET (ttl = ...) changes the retention, DROP removes everything the view
   made: its read view, its tables, and the aggregates kept for a user aggregate no other view keeps.
 
@@ -23,9 +24,10 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv.catalog import change_streams, store, view_feeds
+from pipelines.cv.catalog import backfills, change_streams, store, view_feeds
 from pipelines.cv.catalog.locks import Outcome, drop_read_view, lock_stream_for_change, lock_tables
 from pipelines.cv.catalog.view_checks import check_ttl, check_units, check_window
+from pipelines.cv.frontend.backfill import backfill_rule
 from pipelines.cv.frontend.changes import AlterView, with_options
 from pipelines.cv.frontend.view_sources import stream_named
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef, storage_name
@@ -108,7 +110,7 @@ def _create(conn: psycopg.Connection, view: ViewDef, stream: StreamDef, types: V
     if stream.key is None:
         if stream.is_feed:
             return f"starts from now (the changes of {stream.feed_of} from here on)"
-        return "starts from now (append-only stream: no state to backfill from)"
+        return backfills.record(conn, view, stream)
     for statement in compiler.backfill_from_state(view, stream, types):
         conn.execute(statement, ())
     groups = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(storage)).fetchone()[0]
@@ -168,11 +170,11 @@ def _replace(
     name = view.qualified_name
     what = f"continuous view {name}"
     same_storage = _storage_of(old, old_types) == _storage_of(view, types)
-    if not same_storage and stream.key is None:
+    if not same_storage and stream.key is None and backfill_rule(view.options, stream, view.aggregates) is None:
         raise DefinitionError(
-            f"{what}: cannot rebuild it: {stream.name} is append-only and its past events are not kept; keep the "
-            "groups, aggregates, filter, join and window (then only the read view changes), or drop the view and "
-            "create it again to start from now"
+            f"{what}: cannot rebuild it without a backfill from {stream.name}'s retained history (backfill = 'none', "
+            "an order-dependent aggregate, or a view over a view); keep the groups, aggregates, filter, join and "
+            "window (then only the read view changes), or drop the view and create it again to start from now"
         )
     if old.stream != view.stream:
         raise DefinitionError(f"{what}: it reads {old.stream}; drop it to read another stream")

@@ -20,6 +20,7 @@ from pglast.enums import JoinType, SetOperation
 from pglast.stream import RawStream
 
 from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
+from pipelines.cv.frontend.backfill import check_backfill_option
 from pipelines.cv.frontend.buckets import NAMED, bucket_unit
 from pipelines.cv.frontend.view_sources import refuse_combine, refuse_feed_by_name, source_of
 from pipelines.cv.frontend.windows import split_window, step_group
@@ -54,7 +55,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
     what = f"continuous view {schema}.{name}"
     if len(schema) + len(name) > MAX_VIEW_NAME:
         raise DefinitionError(f"{what}: schema and view names together may take {MAX_VIEW_NAME} characters")
-    options = options_of(node.options, {"ttl", "changes"}, what)
+    options = options_of(node.options, {"ttl", "changes", "backfill"}, what)
     select = node.query
     if not isinstance(select, ast.SelectStmt) or select.op != SetOperation.SETOP_NONE:
         raise DefinitionError(f"{what}: the query must be a single SELECT (no UNION/INTERSECT/EXCEPT)")
@@ -119,6 +120,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
     aggregates = tuple(
         Aggregate(column, item.kind, item.arg_sql, item.filter_sql, item.params) for item, column in stored.items()
     )
+    check_backfill_option(options, stream, aggregates, what)
     view = ViewDef(
         schema=schema,
         name=name,

@@ -1,0 +1,323 @@
+"""The catch-up of a view's backfill: its stream's retained history, up to the switch point, into that view alone.
+
+When a view over an append-only stream is created or rebuilt, the catalog records its switch point
+(pipelines/cv/catalog/backfills.py): where the live runner stood in each partition. The live runner
+maintains the view from there; this catch-up reads [start, switch) of each partition (start: the
+earliest retained offset, or Kafka's offsets-for-times of the `backfill` timestamp) and applies it to
+the view only (StreamMaintainer.apply with `only`). Every stored aggregate merges in any order
+(pipelines/cv/frontend/backfill.py), so history applied after live batches gives the same result.
+
+Exactly once, as the live runner: the catch-up is a consumer group of its own (`streamviews-
+backfill/<view>/<id>`) whose positions are ops.kafka_offsets rows, and each batch commits through a
+`Checkpoint` with them in one PostgreSQL transaction; the batch that reaches the switch point in
+every partition marks the backfill done in that same transaction. A kill -9 anywhere resumes from the
+stored positions. A view dropped or rebuilt meanwhile: its backfill row is gone (or another's), the
+batch in flight finds that under the stream's lock, rolls back, and the catch-up moves on.
+
+Where it runs: a thread of the stream runner (`PIPELINE_BACKFILL`), beside the Kafka loop and the
+feeds. The runner already knows the streams it runs, its settings and its database; a backfill then
+needs no service of its own to deploy and supervise, and it stops with the runner. It keeps out of
+the live views' way: its own consumer (assigned partitions, no group membership: the live group is
+never rebalanced), bounded batches (`PIPELINE_BACKFILL_BATCH_MAX`), and a pause between batches
+(`PIPELINE_BACKFILL_PAUSE_S`) that lets the live loop take the interpreter and the database first.
+Records the stream's decoder rejects are skipped: the live runner dead-lettered them already.
+One backfill at a time, oldest first.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+
+from pipelines.cv import catalog
+from pipelines.cv.decoding.stream_decoder import StreamDecoder
+from pipelines.cv.engine import StreamMaintainer, declared_streams
+from pipelines.cv.frontend.backfill import rule_ms
+from pipelines.errors import StreamviewsError
+from pipelines.logs import get_logger
+from pipelines.runtime.checkpoint import ApplyOutcome, Batch, Checkpoint
+from pipelines.runtime.clients import consumer_config
+from pipelines.runtime.offsets import PostgresOffsets
+from pipelines.settings import KafkaSettings, PipelineSettings
+
+log = get_logger("cv.backfill")
+
+Partition = tuple[str, int]
+
+
+class BackfillStopped(StreamviewsError):
+    """The backfill is gone (its view dropped or rebuilt) or done: the batch rolls back, the catch-up moves on."""
+
+    transient = True  # not the batch's fault: the checkpoint raises it as it is, no isolation
+
+
+class ViewNotMaintained(StreamviewsError):
+    """The view is quarantined: the history waits until it is maintained again."""
+
+    transient = True
+
+
+@dataclass
+class Pending:
+    """A backfill to catch up: its view and stream, its group, rule, and switch point per partition."""
+
+    view: str
+    stream: str
+    group_id: str
+    rule: str
+    switch: dict[Partition, int]
+
+
+@dataclass
+class HistoryBatch:
+    """One batch of history for one view: its stream's changes (inserts), and whether it reaches the switch."""
+
+    backfill: Pending
+    ops: list[int] = field(default_factory=list)
+    columns: list[list[Any]] = field(default_factory=list)
+    finishing: bool = False
+
+    def extend(self, ops: list[int], columns: list[list[Any]]) -> None:
+        """Append another topic's decoded changes (a stream fed `into` the view's stream)."""
+        if not self.ops:
+            self.ops, self.columns = list(ops), [list(c) for c in columns]
+            return
+        self.ops.extend(ops)
+        for mine, theirs in zip(self.columns, columns, strict=True):
+            mine.extend(theirs)
+
+
+class BackfillSink:
+    """Applies history to one view in the checkpoint's transaction; marks the backfill done with its last batch."""
+
+    def __init__(self) -> None:
+        self.maintainers: dict[str, StreamMaintainer] = {}
+
+    def apply(self, conn: psycopg.Connection, payload: HistoryBatch, outcome: ApplyOutcome) -> int:
+        """Under the stream's lock (then the backfill's row: the catalog's order): check, apply, maybe finish."""
+        backfill = payload.backfill
+        catalog.lock_stream(conn, backfill.stream, shared=True)
+        row = conn.execute("SELECT done_at FROM cv.backfills WHERE group_id = %s", (backfill.group_id,)).fetchone()
+        if row is None or row[0] is not None:
+            raise BackfillStopped(f"backfill of {backfill.view}: dropped, rebuilt or done meanwhile")
+        maintainer = self.maintainers.setdefault(backfill.stream, StreamMaintainer(backfill.stream))
+        if backfill.view not in maintainer.planned_views(conn):
+            raise ViewNotMaintained(f"backfill of {backfill.view}: the view is quarantined; history waits")
+        changed = 0
+        if payload.ops:
+            changed = maintainer.apply(conn, payload.ops, payload.columns, only=frozenset({backfill.view}))
+        if payload.finishing:
+            conn.execute("UPDATE cv.backfills SET done_at = now() WHERE group_id = %s", (backfill.group_id,))
+        return changed
+
+    def reset(self) -> None:
+        """After a rollback: temporary tables and plans are gone with it."""
+        for maintainer in self.maintainers.values():
+            maintainer.forget_sessions()
+
+    def housekeeping(self, conn: psycopg.Connection) -> None:
+        """Nothing: the live runner keeps the views."""
+
+
+class Backfiller:
+    """Catches up the pending backfills of the streams `runs` accepts, one batch at a time (a runner thread)."""
+
+    def __init__(
+        self,
+        postgres_conninfo: str,
+        kafka: KafkaSettings,
+        settings: PipelineSettings,
+        runs: Callable[[str], bool] = lambda stream: True,
+    ) -> None:
+        self.conninfo, self.kafka, self.settings, self.runs = postgres_conninfo, kafka, settings, runs
+        self.sink = BackfillSink()
+        self._conn: psycopg.Connection | None = None
+
+    def run(self, stop: threading.Event) -> None:
+        """Until `stop`: the oldest pending backfill, or a wait; a failure is logged and retried after the wait."""
+        while not stop.is_set():
+            try:
+                busy = self.step(stop)
+            except Exception as e:  # the database or Kafka away: the positions are stored, try again
+                log.warning("backfill failed; will retry", error=f"{type(e).__name__}: {str(e).strip()}"[:500])
+                self._close()
+                busy = False
+            if not busy:
+                stop.wait(self.settings.backfill_poll_s)
+        self._close()
+
+    def step(self, stop: threading.Event) -> bool:
+        """Catch up the oldest pending backfill of a stream this runner runs; False when there was none."""
+        conn = self._connection()
+        conn.execute("SELECT cv.forget_backfill_offsets()")  # of backfills dropped or rebuilt
+        pending = self.pending(conn)
+        if pending is None:
+            return False
+        self.catch_up(pending, stop)
+        return True
+
+    def pending(self, conn: psycopg.Connection) -> Pending | None:
+        """The oldest backfill not done whose stream this runner runs."""
+        rows = conn.execute(
+            "SELECT b.view, b.stream, b.group_id, b.rule, array_agg(p.topic), array_agg(p.partition),"
+            " array_agg(p.switch_offset) FROM cv.backfills AS b JOIN cv.backfill_partitions AS p ON p.view = b.view"
+            " WHERE b.done_at IS NULL GROUP BY b.view ORDER BY b.id"
+        ).fetchall()
+        for view, stream, group_id, rule, topics, partitions, offsets in rows:
+            if self.runs(stream):
+                switch = {(t, p): o for t, p, o in zip(topics, partitions, offsets, strict=True)}
+                return Pending(view, stream, group_id, rule, switch)
+        return None
+
+    def catch_up(self, backfill: Pending, stop: threading.Event) -> None:
+        """Read [start, switch) of each partition into the view, batch by batch, until done, stopped or gone."""
+        streams = declared_streams(self._connection())
+        decoders = {
+            s.topic: StreamDecoder(s)
+            for s in streams.values()
+            if s.name == backfill.stream or s.into == backfill.stream
+        }
+        checkpoint: Checkpoint[psycopg.Connection, HistoryBatch] = Checkpoint(
+            PostgresOffsets(self.conninfo, backfill.group_id), self.sink
+        )
+        consumer = Consumer(consumer_config(self.kafka, "backfill", backfill.group_id))
+        try:
+            position = self._starts(consumer, checkpoint, backfill)
+            todo = {tp for tp, offset in position.items() if offset < backfill.switch[tp]}
+            log.info("backfill catching up", view=backfill.view, rule=backfill.rule, partitions=len(todo))
+            if not todo:
+                self._finish_empty(backfill)
+                return
+            consumer.assign([TopicPartition(t, p, position[(t, p)]) for t, p in sorted(todo)])
+            while todo and not stop.is_set():
+                batch = self._read(consumer, backfill, position, todo, decoders)
+                if batch is None:
+                    continue
+                try:
+                    checkpoint.commit(batch)
+                except BackfillStopped as e:
+                    log.info("backfill stopped", view=backfill.view, reason=str(e))
+                    return
+                position.update(batch.end)
+                finished = [tp for tp in todo if position[tp] >= backfill.switch[tp]]
+                if finished:
+                    consumer.pause([TopicPartition(t, p) for t, p in finished])
+                    todo.difference_update(finished)
+                stop.wait(self.settings.backfill_pause_s)  # the live loop goes first
+            if not todo:
+                log.info("backfill done", view=backfill.view)
+        finally:
+            consumer.close()
+            checkpoint.close()
+
+    def _starts(self, consumer: Consumer, checkpoint: Checkpoint[Any, Any], backfill: Pending) -> dict[Partition, int]:
+        """Each partition's stored position; those never started are resolved by the rule and stored first."""
+        partitions = sorted(backfill.switch)
+        position = checkpoint.stored_offsets(partitions)
+        missing = [tp for tp in partitions if tp not in position]
+        if missing:
+            at = rule_ms(backfill.rule)
+            resolved: dict[Partition, int] = {}
+            if at is None:
+                for t, p in missing:
+                    resolved[(t, p)] = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[0]
+            else:
+                for tp in consumer.offsets_for_times([TopicPartition(t, p, at) for t, p in missing], timeout=10):
+                    offset = tp.offset if tp.offset >= 0 else backfill.switch[(tp.topic, tp.partition)]
+                    resolved[(tp.topic, tp.partition)] = offset
+            resolved = {tp: min(offset, backfill.switch[tp]) for tp, offset in resolved.items()}
+            position.update(checkpoint.begin(resolved))
+        with self._connection().transaction():
+            self._connection().execute(
+                "UPDATE cv.backfill_partitions AS p SET start_offset = s.o"
+                " FROM unnest(%s::text[], %s::int[], %s::bigint[]) AS s (t, n, o)"
+                " WHERE p.view = %s AND p.topic = s.t AND p.partition = s.n AND p.start_offset IS NULL",
+                ([t for t, _ in position], [p for _, p in position], list(position.values()), backfill.view),
+            )
+            self._connection().execute(
+                "UPDATE cv.backfills SET started_at = now() WHERE group_id = %s AND started_at IS NULL",
+                (backfill.group_id,),
+            )
+        return position
+
+    def _read(
+        self,
+        consumer: Consumer,
+        backfill: Pending,
+        position: dict[Partition, int],
+        todo: set[Partition],
+        decoders: dict[str, StreamDecoder],
+    ) -> Batch[HistoryBatch] | None:
+        """One poll of history, cut at the switch points; None when it brought nothing to commit."""
+        messages = consumer.consume(self.settings.backfill_batch_max, timeout=0.5)
+        first: dict[Partition, int] = {}
+        end: dict[Partition, int] = {}
+        by_topic: dict[str, list[Any]] = {}
+        for message in messages:
+            if message.error() is not None:
+                continue
+            tp = (message.topic(), message.partition())
+            if tp not in todo or (tp in end and end[tp] >= backfill.switch[tp]):
+                continue
+            offset = message.offset()
+            if offset >= backfill.switch[tp]:  # live from here: this partition is done
+                first.setdefault(tp, position[tp])
+                end[tp] = backfill.switch[tp]
+                continue
+            first.setdefault(tp, offset)
+            end[tp] = offset + 1
+            by_topic.setdefault(tp[0], []).append(message)
+        if not messages:
+            self._gone_below_switch(consumer, backfill, todo, first, end)
+        if not end:
+            return None
+        payload = HistoryBatch(backfill)
+        size = 0
+        for topic, group in by_topic.items():
+            decoded = decoders[topic].decode_batch(group)  # rejected ones: dead-lettered by the live runner
+            if decoded.ops:
+                payload.extend(decoded.ops, decoded.columns)
+                size += len(decoded.ops)
+        payload.finishing = all(end.get(tp, position[tp]) >= backfill.switch[tp] for tp in todo)
+        start: dict[Partition, int | None] = {tp: position[tp] for tp in end}
+        # A batch with nothing to apply but the end is still handed to the sink (size 1), to mark it done.
+        size = size or (1 if payload.finishing else 0)
+        return Batch(payload=payload, size=size, start=start, first=first, end=end)
+
+    def _gone_below_switch(
+        self,
+        consumer: Consumer,
+        backfill: Pending,
+        todo: set[Partition],
+        first: dict[Partition, int],
+        end: dict[Partition, int],
+    ) -> None:
+        """After an empty poll: partitions whose records up to the switch were all deleted (retention) are done."""
+        for t, p in todo:
+            low, _ = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)
+            if low >= backfill.switch[(t, p)]:
+                first.setdefault((t, p), backfill.switch[(t, p)])
+                end[(t, p)] = backfill.switch[(t, p)]
+
+    def _finish_empty(self, backfill: Pending) -> None:
+        """Nothing to read (the rule starts at the switch point): done at once."""
+        conn = self._connection()
+        conn.execute(
+            "UPDATE cv.backfills SET done_at = now() WHERE group_id = %s AND done_at IS NULL", (backfill.group_id,)
+        )
+        log.info("backfill done: no history before the switch point", view=backfill.view, rule=backfill.rule)
+
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.conninfo, autocommit=True)
+        return self._conn
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None

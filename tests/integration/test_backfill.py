@@ -1,0 +1,198 @@
+"""A view defined on a running system over an append-only stream sees the history its topic still holds.
+
+Each test runs its own stream runner (conftest.start_runner) over a stream of its own consumer group.
+The oracle is PostgreSQL's own aggregate over every event produced: once the backfill is done the
+view equals it, whatever the timing of the switch-over and however often the runner is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from datetime import UTC, datetime
+
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
+
+from pipelines.cv import catalog
+from tests.integration.conftest import delete_topics, start_runner, stop_runner, throwaway_views, unique, wait_for
+
+QUERY = (
+    "SELECT tag, count(*) AS n, sum(v) AS total, min(v) AS lo, max(v) AS hi, count(DISTINCT v) AS d"
+    " FROM {} GROUP BY tag"
+)
+ORACLE = (
+    "SELECT tag, count(*), sum(v), min(v), max(v), count(DISTINCT v)"
+    " FROM unnest(%s::text[], %s::int[]) AS e (tag, v) GROUP BY tag ORDER BY tag"
+)
+
+
+class Events:
+    """Events produced to one topic, kept for the oracle (optionally with explicit Kafka timestamps)."""
+
+    def __init__(self, kafka, topic: str) -> None:
+        self.topic, self.sent = topic, []
+        self.producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True})
+
+    def produce(self, count: int, timestamp_ms: int | None = None) -> None:
+        for _ in range(count):
+            event = {"tag": random.choice("abcdefg"), "v": random.randrange(1000)}
+            self.producer.produce(self.topic, value=json.dumps(event), timestamp=timestamp_ms or 0)
+            self.sent.append(event)
+            self.producer.poll(0)
+        assert self.producer.flush(30) == 0
+
+    def oracle(self, pg) -> list[tuple]:
+        with pg("sv_owner") as conn:
+            rows = conn.execute(ORACLE, ([e["tag"] for e in self.sent], [e["v"] for e in self.sent])).fetchall()
+        return [tuple(int(x) if not isinstance(x, str) else x for x in row) for row in rows]
+
+
+def view_rows(pg, view: str) -> list[tuple]:
+    with pg("sv_owner") as conn:
+        rows = conn.execute(f"SELECT tag, n, total, lo, hi, d FROM {view} ORDER BY tag").fetchall()
+    return [tuple(int(x) if not isinstance(x, str) else x for x in row) for row in rows]
+
+
+def live_offsets(pg, group: str, topic: str) -> int:
+    with pg("sv_owner") as conn:
+        row = conn.execute(
+            "SELECT coalesce(sum(next_offset), 0) FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s",
+            (group, topic),
+        ).fetchone()
+    return int(row[0])
+
+
+def status(pg, view: str) -> tuple | None:
+    with pg("sv_reader") as conn:
+        return conn.execute(
+            "SELECT complete, offsets_done, offsets_total FROM cv.backfill_status WHERE view = %s", (view,)
+        ).fetchone()
+
+
+def left_behind(pg, view: str) -> int:
+    with pg("sv_owner") as conn:
+        pattern = f"streamviews-backfill/{view}/%"
+        return conn.execute("SELECT count(*) FROM ops.kafka_offsets WHERE group_id LIKE %s", (pattern,)).fetchone()[0]
+
+
+def setup(admin, pg, schema: str, group: str):
+    stream, topic = f"{schema}_s", unique("it-backfill")
+    admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])[topic].result(30)
+    definition = (
+        f"CREATE STREAM {stream} (tag text NOT NULL, v int NOT NULL)"
+        f" WITH (topic = '{topic}', consumer_group = '{group}');"
+    )
+    return stream, topic, throwaway_views(pg, schema, [stream], definition)
+
+
+def define(pg, text: str) -> str:
+    with pg("sv_owner", autocommit=True) as conn:
+        return catalog.define(conn, text)
+
+
+def test_a_view_defined_mid_stream_equals_the_oracle_over_every_event_across_kill_9_during_its_backfill(
+    stack, pg, kafka, admin
+):
+    group, schema = unique("it-backfill"), unique("bf")
+    stream, topic, views = setup(admin, pg, schema, group)
+    env = {"PIPELINE_BACKFILL_BATCH_MAX": "150", "PIPELINE_BACKFILL_PAUSE_S": "0.05"}
+    runner = start_runner(stack, group, **env)
+    events = Events(kafka, topic)
+    try:
+        with views:
+            events.produce(6000)  # before the view exists: only the topic keeps them
+            wait_for(lambda: live_offsets(pg, group, topic) == 6000, timeout=60, what="the live runner to read all")
+            flowing = threading.Event()
+            producer = threading.Thread(target=lambda: [events.produce(50) for _ in iter(flowing.is_set, True)])
+            producer.start()  # while the view is defined and while its backfill runs
+            try:
+                define(pg, f"CREATE CONTINUOUS VIEW {schema}.v AS {QUERY.format(stream)}")
+                seen_progress = []
+                for threshold in sorted(random.sample(range(500, 5000), 3)):
+                    done = wait_for(
+                        lambda t=threshold: (s := status(pg, f"{schema}.v")) and (s[0] or s[1] >= t) and s,
+                        timeout=60,
+                        what=f"the backfill past {threshold} offsets",
+                    )
+                    seen_progress.append(done)
+                    if done[0]:
+                        break
+                    runner.kill()  # kill -9, mid-backfill
+                    runner.wait(30)
+                    runner = start_runner(stack, group, **env)
+            finally:
+                flowing.set()
+                producer.join(60)
+            assert any(not complete and 0 < d < total for complete, d, total in seen_progress), seen_progress
+            wait_for(lambda: status(pg, f"{schema}.v")[0], timeout=60, what="the backfill to be done")
+            expected = events.oracle(pg)
+            wait_for(lambda: view_rows(pg, f"{schema}.v") == expected, timeout=60, what="the view to equal the oracle")
+            complete, done, total = status(pg, f"{schema}.v")
+            assert complete
+            assert done == total
+    finally:
+        stop_runner(runner)
+        delete_topics([topic, f"{topic}.dlq"])
+
+
+def test_backfill_from_a_time_counts_events_from_then_and_none_starts_from_now(stack, pg, kafka, admin):
+    group, schema = unique("it-backfill"), unique("bf")
+    stream, topic, views = setup(admin, pg, schema, group)
+    runner = start_runner(stack, group)
+    events = Events(kafka, topic)
+    try:
+        with views:
+            day = 86_400_000
+            now = int(datetime.now(UTC).timestamp() * 1000)
+            events.produce(300, timestamp_ms=now - 3 * day)
+            old = list(events.sent)
+            events.produce(200, timestamp_ms=now - day)
+            wait_for(lambda: live_offsets(pg, group, topic) == 500, timeout=60, what="the live runner to read all")
+            since = datetime.fromtimestamp((now - 2 * day) / 1000, UTC).isoformat()
+            outcome = define(
+                pg,
+                f"CREATE CONTINUOUS VIEW {schema}.recent WITH (backfill = '{since}') AS {QUERY.format(stream)};"
+                f"CREATE CONTINUOUS VIEW {schema}.fresh WITH (backfill = 'none') AS {QUERY.format(stream)};",
+            )
+            assert "backfilling from" in str(outcome)
+            events.produce(100)  # live
+            wait_for(lambda: status(pg, f"{schema}.recent") and status(pg, f"{schema}.recent")[0], timeout=60)
+            assert status(pg, f"{schema}.fresh") is None  # nothing to catch up: complete from the start
+            recent = events.sent[len(old) :]
+            fresh = Events(kafka, topic)
+            fresh.sent = events.sent[500:]
+            expected_recent = Events(kafka, topic)
+            expected_recent.sent = recent
+            wait_for(lambda: view_rows(pg, f"{schema}.recent") == expected_recent.oracle(pg), timeout=60)
+            wait_for(lambda: view_rows(pg, f"{schema}.fresh") == fresh.oracle(pg), timeout=60)
+    finally:
+        stop_runner(runner)
+        delete_topics([topic, f"{topic}.dlq"])
+
+
+def test_a_replaced_view_whose_storage_changes_is_rebuilt_from_history_and_a_dropped_one_stops(stack, pg, kafka, admin):
+    group, schema = unique("it-backfill"), unique("bf")
+    stream, topic, views = setup(admin, pg, schema, group)
+    runner = start_runner(stack, group, PIPELINE_BACKFILL_BATCH_MAX="100", PIPELINE_BACKFILL_PAUSE_S="0.05")
+    events = Events(kafka, topic)
+    try:
+        with views:
+            events.produce(2000)
+            wait_for(lambda: live_offsets(pg, group, topic) == 2000, timeout=60, what="the live runner to read all")
+            define(pg, f"CREATE CONTINUOUS VIEW {schema}.v AS SELECT tag, count(*) AS n FROM {stream} GROUP BY tag")
+            define(pg, f"CREATE CONTINUOUS VIEW {schema}.gone AS {QUERY.format(stream)}")
+            outcome = define(pg, f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.v AS {QUERY.format(stream)}")
+            assert "rebuilt" in str(outcome)
+            assert "incomplete until caught up" in str(outcome)
+            with pg("sv_owner", autocommit=True) as conn:
+                catalog.drop(conn, [f"{schema}.gone"], "view")
+            events.produce(100)
+            wait_for(lambda: status(pg, f"{schema}.v")[0], timeout=60, what="the rebuilt view's backfill to be done")
+            expected = events.oracle(pg)
+            wait_for(lambda: view_rows(pg, f"{schema}.v") == expected, timeout=60)
+            wait_for(lambda: left_behind(pg, f"{schema}.gone") == 0, what="the dropped view's positions forgotten")
+    finally:
+        stop_runner(runner)
+        delete_topics([topic, f"{topic}.dlq"])

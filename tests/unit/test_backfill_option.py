@@ -1,0 +1,81 @@
+"""The `backfill` option of a continuous view: what it takes, what it resolves to, and what it refuses in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.cv.frontend.backfill import backfill_rule, order_dependent, rule_ms
+from pipelines.cv.frontend.statements import NO_SCOPE, parse
+from pipelines.cv.model import DefinitionError, Scope
+
+CLICKS = "CREATE STREAM clicks (url text, ms int, ts timestamptz) WITH (topic = 'clicks')"
+USERS = "CREATE STREAM users (id int, name text) WITH (topic = 'users', key = 'id')"
+
+
+def scope() -> Scope:
+    streams = {s.name: s for s in (parse(CLICKS, NO_SCOPE), parse(USERS, NO_SCOPE))}
+    return Scope(streams, frozenset({"my_agg"}))
+
+
+def view(query: str, options: str = ""):
+    return parse(f"CREATE CONTINUOUS VIEW t.v {options} AS {query}", scope())
+
+
+COUNTS = "SELECT url, count(*) AS n, sum(ms) AS total, max(ms) AS top FROM clicks GROUP BY url"
+
+
+def rule(v) -> str | None:
+    return backfill_rule(v.options, scope().streams[v.stream], v.aggregates)
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ("", "earliest"),  # the default: a view defined today sees yesterday
+        ("WITH (backfill = 'earliest')", "earliest"),
+        ("WITH (backfill = 'EARLIEST')", "earliest"),
+        ("WITH (backfill = 'none')", None),
+        ("WITH (backfill = '2026-11-26 12:00:00+00')", "2026-11-26 12:00:00+00"),
+    ],
+)
+def test_a_view_over_an_append_only_stream_is_backfilled_from_earliest_by_default(options, expected):
+    assert rule(view(COUNTS, options)) == expected
+
+
+def test_a_timestamp_rule_is_read_in_epoch_milliseconds_for_offsets_for_times():
+    assert rule_ms("2026-11-26 12:00:00+00") == 1_795_694_400_000
+    assert rule_ms("earliest") is None
+
+
+@pytest.mark.parametrize("value", ["latest", "yesterday", "2026-11-26 12:00:00", "12"])
+def test_anything_but_earliest_none_or_a_zoned_timestamp_is_refused_in_one_line(value):
+    with pytest.raises(DefinitionError, match=r"backfill .* is not 'earliest', 'none' or a timestamp") as e:
+        view(COUNTS, f"WITH (backfill = '{value}')")
+    assert "\n" not in str(e.value)
+
+
+def test_over_a_keyed_stream_the_state_is_the_source():
+    query = "SELECT name, count(*) AS n FROM users GROUP BY name"
+    assert rule(view(query)) is None
+    with pytest.raises(DefinitionError, match="users is keyed, and its state is the source"):
+        view(query, "WITH (backfill = 'earliest')")
+
+
+def test_every_built_in_stored_aggregate_merges_in_any_order():
+    query = (
+        "SELECT url, count(*) AS n, avg(ms) AS a, min(ms) AS lo, stddev(ms) AS sd, count(DISTINCT ms) AS d,"
+        " approx_count_distinct(ms) AS h, percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,"
+        " topk_agg(url, 3) AS top, bit_or(ms) AS bits, bool_and(ms > 0) AS pos FROM clicks GROUP BY url"
+    )
+    v = view(query)
+    assert order_dependent(v.aggregates) == []
+    assert rule(v) == "earliest"
+
+
+def test_a_user_aggregate_kept_as_its_state_starts_from_now_and_refuses_an_explicit_backfill():
+    query = "SELECT url, my_agg(ms) AS m FROM clicks GROUP BY url"
+    assert order_dependent(view(query).aggregates) == ["my_agg"]
+    assert rule(view(query)) is None
+    assert rule(view(query, "WITH (backfill = 'none')")) is None
+    with pytest.raises(DefinitionError, match="my_agg kept as a transition state may depend on the order"):
+        view(query, "WITH (backfill = 'earliest')")
