@@ -1,5 +1,8 @@
 """CREATE SINK and DROP SINK through the catalog: a sink is a reader of its view's changes, with a topic.
 
+The stream has a consumer group of its own, so neither the supervised runner nor the supervised
+relay touches it (no topic is made for these sinks).
+
 A sink starts at its view's last position and keeps the view recording; a filter PostgreSQL cannot
 run is refused in one line when the sink is created; a view a sink reads cannot be dropped under it;
 `streamviews drop NAME` finds sinks too.
@@ -22,7 +25,7 @@ def streams(stack, pg):
     name = unique("sinks")
     clicks = f"{name}_clicks"
     definitions = f"""
-        CREATE STREAM {clicks} (url text, ts timestamptz) WITH (topic = '{clicks}');
+        CREATE STREAM {clicks} (url text, ts timestamptz) WITH (topic = '{clicks}', consumer_group = '{name}');
         CREATE CONTINUOUS VIEW {name}.counts AS SELECT url, count(*) AS n FROM {clicks} GROUP BY url;
     """
     with throwaway_views(pg, name, [clicks], definitions):
