@@ -61,9 +61,10 @@ from pipelines.cv.cli_common import (
     pg_status,
     table,
 )
+from pipelines.cv.feeds import feed_states
 from pipelines.cv.frontend.statements import Script, read_script
 from pipelines.cv.model import DefinitionError
-from pipelines.cv.status import runner_status, sinks_json, sinks_table, status_table
+from pipelines.cv.status import feeds_table, runner_status, sinks_json, sinks_table, status_table
 from pipelines.cv.subscribe import follow, listen, qualified, start_position
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
@@ -181,8 +182,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     settings = PostgresSettings()
     with database(settings, settings.user) as conn:
         if args.sql:
-            rows = conn.execute(
-                "SELECT 'stream', name, definition FROM cv.streams"
+            rows = conn.execute(  # not the views read by views: their feed streams come with those views
+                "SELECT 'stream', name, definition FROM cv.streams WHERE NOT starts_with(topic, 'view:')"
                 " UNION ALL SELECT 'view', name, definition FROM cv.views ORDER BY 1, 2"
             ).fetchall()
             print(
@@ -194,6 +195,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     stream_rows = [
         (s.name, s.topic, s.format, ", ".join(s.key) if s.key else "- (append-only)", s.into or "-")
         for s in streams.values()
+        if not s.is_feed  # a view read by a view: made by the catalog, listed with its views
     ]
     print(table(("STREAM", "TOPIC", "FORMAT", "KEY", "INTO"), stream_rows) if stream_rows else "no streams")
     print()
@@ -221,14 +223,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     with database(settings, settings.user) as conn:
         statuses = runner_status(conn, kafka_admin(kafka), kafka, group, args.streams)
         sinks = sink_states(conn)
+        feeds = feed_states(conn)
     if args.json:
         print(
             json.dumps(
-                {"group": group, "streams": [s.as_json() for s in statuses], "sinks": sinks_json(sinks)}, indent=2
+                {
+                    "group": group,
+                    "streams": [s.as_json() for s in statuses],
+                    "sinks": sinks_json(sinks),
+                    "feeds": [f.as_json() for f in feeds],
+                },
+                indent=2,
             )
         )
     else:
-        print(status_table(group, statuses) + sinks_table(sinks))
+        print(status_table(group, statuses) + sinks_table(sinks) + feeds_table(feeds))
     return 0
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -217,3 +218,51 @@ class ViewFeeds:
         if maintainer is None:
             maintainer = self.maintainers[name] = StreamMaintainer(name)
         return maintainer
+
+
+@dataclass(frozen=True)
+class FeedState:
+    """What `streamviews status` shows of a feed: how far behind its upstream it is, who reads it."""
+
+    stream: str
+    upstream: str
+    position: int
+    last: int
+    taken_at: Any  # datetime: when its position last moved (or the feed was made)
+    views: str
+    quarantined: int
+
+    @property
+    def lag(self) -> int:
+        """Upstream changes not taken yet."""
+        return self.last - self.position
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (times in ISO 8601)."""
+        return {
+            "feed": self.stream,
+            "upstream": self.upstream,
+            "position": self.position,
+            "upstream_last": self.last,
+            "lag": self.lag,
+            "taken_at": self.taken_at.isoformat(),
+            "views": self.views.split(", ") if self.views else [],
+            "quarantined_views": self.quarantined,
+        }
+
+
+FEED_STATES_SQL = """
+SELECT s.name, r.view, r.position, p.last, r.taken_at,
+       coalesce((SELECT string_agg(v.name, ', ' ORDER BY v.name) FROM cv.views AS v WHERE v.stream = s.name), ''),
+       (SELECT count(*) FROM cv.view_failures AS f WHERE f.stream = s.name)
+  FROM cv.streams AS s
+  JOIN cv.change_readers AS r ON r.reader = 'stream ' || s.name
+  JOIN cv.view_change_positions AS p ON p.view = r.view
+ WHERE starts_with(s.topic, 'view:')
+ ORDER BY s.name
+"""
+
+
+def feed_states(conn: psycopg.Connection) -> list[FeedState]:
+    """Every feed's state (any role that reads the catalog)."""
+    return [FeedState(*row) for row in conn.execute(FEED_STATES_SQL).fetchall()]

@@ -246,6 +246,8 @@ class StreamRunner:
 
     def runs(self, stream: StreamDef) -> bool:
         """Whether this runner consumes the stream: its group's, and among `only` when that is given."""
+        if stream.is_feed:  # a view read by a view: its feeds thread applies it, from PostgreSQL
+            return False
         if stream.consumer_group is None and not self.default_group:
             return False
         if stream.consumer_group is not None and stream.consumer_group != self.group_id:

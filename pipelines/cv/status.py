@@ -26,6 +26,8 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from pipelines.cv.catalog.sinks import SinkState
 from pipelines.cv.cli_common import KAFKA_TIMEOUT_S, CommandError, kafka_message, kafka_topics, table
+from pipelines.cv.feeds import FeedState
+from pipelines.cv.frontend.view_sources import FEED_TOPIC_PREFIX
 from pipelines.cv.model import DefinitionError
 from pipelines.runtime.checkpoint import partition_lag
 from pipelines.runtime.reread import RecordsNotFetched, read_back
@@ -293,6 +295,18 @@ def oldest_events(kafka: KafkaSettings, marks: dict[str, dict[int, tuple[int, in
     return oldest
 
 
+def feeds_table(feeds: list[FeedState]) -> str:
+    """The views read by other views (pipelines.cv.feeds): each feed's lag behind its upstream's changes."""
+    if not feeds:
+        return ""
+    rows = [
+        (f.stream, f.upstream, f.lag, f.taken_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"), f.views, f.quarantined)
+        for f in feeds
+    ]
+    columns = ("FEED", "UPSTREAM", "LAG (CHANGES)", "LAST TAKEN (UTC)", "VIEWS", "QUARANTINED")
+    return "\n\nviews over views\n" + table(columns, rows)
+
+
 def age(seconds: float | None) -> str:
     """How long ago, in the largest unit that keeps two digits: `42s ago`, `17m ago`, `5h ago`, `3d ago`."""
     if seconds is None:
@@ -311,7 +325,9 @@ def runner_status(
     Raises:
         DefinitionError: `only` names a stream that is not declared.
     """
-    streams = conn.execute("SELECT name, topic FROM cv.streams ORDER BY name").fetchall()
+    streams = conn.execute(  # views read by views have no topic: `feeds_table` shows them
+        "SELECT name, topic FROM cv.streams WHERE NOT starts_with(topic, %s) ORDER BY name", (FEED_TOPIC_PREFIX,)
+    ).fetchall()
     if only:
         unknown = sorted(set(only) - {name for name, _ in streams})
         if unknown:

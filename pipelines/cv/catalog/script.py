@@ -30,9 +30,9 @@ from pipelines.cv.catalog.streams import alter_stream, define_stream, drop_strea
 from pipelines.cv.catalog.transforms import define_transform, drop_transforms, transforms_of
 from pipelines.cv.catalog.views import alter_view, define_view, drop_view
 from pipelines.cv.frontend.changes import AlterStream, AlterView, Drop
-from pipelines.cv.frontend.view_sources import stream_named
 from pipelines.cv.frontend.statements import Script, ScriptStatement, drop_script, read_script
 from pipelines.cv.frontend.transforms import DropTransform, is_transform, parse_transform
+from pipelines.cv.frontend.view_sources import stream_named
 from pipelines.cv.model import DefinitionError, Scope
 from pipelines.errors import StreamviewsError
 
