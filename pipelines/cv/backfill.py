@@ -321,3 +321,40 @@ class Backfiller:
         if self._conn is not None:
             self._conn.close()
         self._conn = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A backfill as `streamviews status` shows it: offsets done out of those to do, and when it may be done."""
+
+    view: str
+    stream: str
+    rule: str
+    done: int
+    total: int
+    complete: bool
+    eta_s: float | None  # at the rate so far; None before it started or when done
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {k: getattr(self, k) for k in ("view", "rule", "done", "total", "complete", "eta_s")}
+
+    def row(self) -> tuple[object, ...]:
+        """Its row in the status table."""
+        eta = "done" if self.complete else "-" if self.eta_s is None else f"{self.eta_s:.0f} s"
+        return (self.view, self.stream, self.rule, f"{self.done}/{self.total}", eta)
+
+
+def progress(conn: psycopg.Connection) -> list[Progress]:
+    """Every backfill not done, with its progress (cv.backfill_status, migration 0029)."""
+    rows = conn.execute(
+        "SELECT view, stream, rule, offsets_done, offsets_total, complete, extract(epoch FROM now() - started_at)"
+        " FROM cv.backfill_status WHERE NOT complete ORDER BY view"
+    ).fetchall()
+    found = []
+    for view, stream, rule, done, total, complete, elapsed in rows:
+        eta = None
+        if done and elapsed and not complete:
+            eta = (total - done) * float(elapsed) / done
+        found.append(Progress(view, stream, rule, done, total, complete, eta))
+    return found

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from pipelines.cv import status
+from pipelines.cv.backfill import Progress
 from pipelines.cv.frontend.backfill import backfill_rule, order_dependent, rule_ms
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import DefinitionError, Scope
@@ -79,3 +81,14 @@ def test_a_user_aggregate_kept_as_its_state_starts_from_now_and_refuses_an_expli
     assert rule(view(query, "WITH (backfill = 'none')")) is None
     with pytest.raises(DefinitionError, match="my_agg kept as a transition state may depend on the order"):
         view(query, "WITH (backfill = 'earliest')")
+
+
+def test_status_shows_each_view_catching_up_with_its_offsets_done_and_eta():
+    progress = Progress("t.v", "clicks", "earliest", 2500, 10_000, False, 30.0)
+    s = status.StreamStatus("clicks", "clicks", partitions=2, lag=0, backfills=[progress])
+    text = status.status_table("g", [s])
+    assert "views catching up on history (incomplete until done)" in text
+    assert ["t.v", "clicks", "earliest", "2500/10000", "30", "s"] in [line.split() for line in text.splitlines()]
+    assert s.as_json()["backfills"] == [
+        {"view": "t.v", "rule": "earliest", "done": 2500, "total": 10_000, "complete": False, "eta_s": 30.0}
+    ]
