@@ -1,15 +1,18 @@
-"""The main job, for a newcomer: declare a stream, then stream likes, follows and audit events and read answers.
+"""The main job, for a newcomer: declare a stream, raise an alert, stream likes, follows and audit events.
 
 `make demo` brings the stack up and runs this. First it does what a PipelineDB user does on day one:
-declares a stream on a new topic and a continuous view over it with the `streamviews` command, produces
-page views to the topic, and prints the view filling (no code, no restart: the supervised stream
-runner picks the declaration up). Then it produces the seed's workload at a small scale to the
-real `likes` and `follows` topics (a hot spot of objects, a long tail of follows), waits until the
-supervised pipelines have applied it, and prints what users ask: how many likes, who likes it, and
-which of my friends like it, each a primary-key read through the `social.*` functions, plus how long a
-single like took to become visible and what happened to a malformed event. Then it produces audit
-events to `audit` and searches them, in Elasticsearch (as `python -m pipelines.audit.search` does) and in
-PostgreSQL (`audit.user_events`), each hit naming the table and ctid it lives at.
+declares a stream on a new topic and a continuous view over it with the `streamviews` command,
+produces page views to the topic, and prints the view filling (no code, no restart: the supervised
+stream runner picks the declaration up). Then an alert as a declaration: a view of errors per
+minute, a sink `alerts` publishing its changes that cross 100 errors to the Kafka topic `alerts`, a
+burst that crosses it, and the one alert record read back from the topic. Then it produces the
+seed's workload at a small scale to the real `likes` and `follows` topics (a hot spot of objects, a
+long tail of follows), waits until the supervised pipelines have applied it, and prints what users
+ask: how many likes, who likes it, and which of my friends like it, each a primary-key read through
+the `social.*` functions, plus how long a single like took to become visible and what happened to a
+malformed event. Then it produces audit events to `audit` and searches them, in Elasticsearch (as
+`python -m pipelines.audit.search` does) and in PostgreSQL (`audit.user_events`), each hit naming
+the table and ctid it lives at.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import random
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from loadgen.workloads.social import encode_follow, encode_like, follow_events, like_events
 from pipelines.audit import elastic, search
@@ -57,15 +61,8 @@ PAGE_VIEW_DEFINITIONS = (
 
 def declare_a_stream_and_watch_its_view(producer: Producer, conn: psycopg.Connection) -> None:
     """Define a stream and a view with `streamviews define`, produce to the topic, print the view filling."""
-    env = {key: value for key, value in os.environ.items() if key != "PGUSER"}  # definitions: the owner role
-    streamviews = str(Path(sys.executable).with_name("streamviews"))
     print("Declaring a stream on a new topic and a continuous view over it:")
-    for statement in PAGE_VIEW_DEFINITIONS:
-        print(f'  $ streamviews define "{statement}"')
-        done = subprocess.run([streamviews, "define", statement], env=env, capture_output=True, text=True, check=False)
-        print("    " + (done.stdout.strip() or done.stderr.strip()))
-        if done.returncode != 0:
-            raise SystemExit(done.returncode)
+    define(PAGE_VIEW_DEFINITIONS)
     rng = random.Random()  # noqa: S311 - demo data
     urls = ["/", "/pricing", "/docs", "/blog", "/signup"]
     before = dict(conn.execute("SELECT url, views FROM page_view_counts").fetchall())
@@ -85,6 +82,66 @@ def declare_a_stream_and_watch_its_view(producer: Producer, conn: psycopg.Connec
             time.sleep(0.1)
         print("  " + ", ".join(f"{url} {views:,} views/{visitors} visitors" for url, views, visitors in rows))
     print("  (SELECT url, views, visitors FROM page_view_counts: a primary-key read per url)\n")
+
+
+ALERT_THRESHOLD = 100
+ALERT_DEFINITIONS = (
+    "CREATE STREAM app_errors (service text NOT NULL, ts timestamptz NOT NULL)"
+    " WITH (topic = 'app_errors', timestamp_column = 'ts')",
+    "CREATE CONTINUOUS VIEW public.errors_per_minute AS"
+    " SELECT date_trunc('minute', ts) AS minute, service, count(*) AS errors FROM app_errors GROUP BY minute, service",
+    "CREATE SINK alerts FROM public.errors_per_minute WITH (topic = 'alerts', format = 'changes',"
+    f" where = '(new).errors >= {ALERT_THRESHOLD} AND ((old) IS NULL OR (old).errors < {ALERT_THRESHOLD})')",
+)
+
+
+def raise_an_alert(kafka: KafkaSettings, producer: Producer, conn: psycopg.Connection) -> None:
+    """Declare errors per minute and a sink of its threshold crossings; a burst crosses it: one alert record."""
+    print("An alert as a declaration: errors per minute, and a sink of the changes that cross 100:")
+    define(ALERT_DEFINITIONS)
+    deadline = time.monotonic() + 30  # the supervised relay (service `sinks`) creates the topic on its first run
+    while not conn.execute("SELECT snapshot_done FROM cv.sinks WHERE name = 'alerts'").fetchone()[0]:
+        if time.monotonic() > deadline:
+            raise SystemExit("the sink alerts was not started by the relay (service sinks) within 30 s")
+        time.sleep(0.1)
+    alerts = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"demo-{time.time_ns()}"})
+    topic = alerts.list_topics("alerts", timeout=10).topics["alerts"]
+    partitions = [TopicPartition("alerts", p) for p in topic.partitions]
+    for partition in partitions:  # from the end: earlier runs' alerts are not this run's
+        partition.offset = alerts.get_watermark_offsets(partition, timeout=10)[1]
+    alerts.assign(partitions)
+    service = f"checkout-{time.time_ns() % 1_000_000}"  # its own group: a new crossing every run
+    burst = ALERT_THRESHOLD + 50
+    print(f"\nA burst of {burst} errors of {service} (and 30 of search, below the threshold) ...")
+    sent = time.monotonic()
+    for i in range(burst + 30):
+        event = {"service": service if i < burst else "search", "ts": datetime.now(UTC).isoformat()}
+        producer.produce("app_errors", value=json.dumps(event))
+    producer.flush(30)
+    found = []
+    deadline = time.monotonic() + 30
+    while not found and time.monotonic() < deadline:
+        record = alerts.poll(0.5)
+        if record is not None and record.error() is None and json.loads(record.key())["service"] == service:
+            found.append(record)
+    alerts.close()
+    if not found:
+        raise SystemExit("no alert record reached the topic alerts within 30 s (is the sinks service running?)")
+    print(f"One record on topic alerts, {time.monotonic() - sent:.1f} s after the burst was produced:")
+    print("  " + found[0].value().decode())
+    print("  (streamviews status shows the sink, its position and its lag)\n")
+
+
+def define(statements: tuple[str, ...]) -> None:
+    """`streamviews define` each statement as the owner role, printing the command and its answer."""
+    env = {key: value for key, value in os.environ.items() if key != "PGUSER"}  # definitions: the owner role
+    streamviews = str(Path(sys.executable).with_name("streamviews"))
+    for statement in statements:
+        print(f'  $ streamviews define "{statement}"')
+        done = subprocess.run([streamviews, "define", statement], env=env, capture_output=True, text=True, check=False)
+        print("    " + (done.stdout.strip() or done.stderr.strip()))
+        if done.returncode != 0:
+            raise SystemExit(done.returncode)
 
 
 def show_a_dead_letter(kafka: KafkaSettings, producer: Producer) -> None:
@@ -122,6 +179,7 @@ def main() -> int:
     seed = int(time.time())
     with psycopg.connect(postgres.conninfo(), autocommit=True) as conn:
         declare_a_stream_and_watch_its_view(producer, conn)
+        raise_an_alert(kafka, producer, conn)
     print(f"Producing {LIKES:,} likes over {OBJECTS:,} objects (Gaussian hot spot) and {FOLLOWS:,} follows ...")
     started = time.monotonic()
     likes = itertools.islice(like_events(seed, users=USERS, objects=OBJECTS), LIKES)
