@@ -1,0 +1,1 @@
+"""`python -m loadgen.backfill`: a new view backfilled from retained page views, beside the live runner."""

@@ -1,0 +1,274 @@
+"""A new view backfilled from retained page views, beside the live runner on the same view. Prints a table.
+
+Issue 27's benchmark: a view defined today over a stream whose topic holds `--events` page views
+(loadgen.workloads.pageviews) is caught up from that history by the runner's backfill thread
+(pipelines/cv/backfill.py) while the live views keep flowing.
+
+1. Produce `--events` page views to a new topic (`--partitions`, keyed by url).
+2. Live: define the stream and `live_stats` (the page views benchmark's `basic` view: count, sum and
+   max of latency per url), start ONE runner and time its drain of the backlog: the live figure.
+3. Backfill: with that runner still running, produce page views at `--live-rate` (default: half the
+   live figure) plus a marker page view every 20 ms, whose appearance in `live_stats` is timed
+   (freshness), and define `new_stats`, the same SELECT: its backfill reads the whole backlog.
+   The backfill figure is the offsets it read over the seconds from the definition to its
+   completion (cv.backfill_status); freshness is over the markers sent during the backfill.
+4. Stop producing, wait until the runner has read everything, and check that `new_stats` equals
+   `live_stats` row for row (it saw the history by the backfill, the rest live: nothing twice,
+   nothing missed), and `live_stats` what was produced.
+
+Targets (issue 27): backfill events/s >= 0.8 x the live runner's, and the live view's freshness p99
+< 1 s during the backfill. Every name is throwaway and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+
+import psycopg
+from confluent_kafka.admin import AdminClient
+from psycopg import sql
+
+from loadgen.common import cli
+from loadgen.common.drain import Drain, high_watermarks, wait_drained
+from loadgen.common.errors import BenchmarkError
+from loadgen.common.freshness import MARKER_INTERVAL_S, Probe, percentile
+from loadgen.common.kafka import Sender, produce_all
+from loadgen.common.postgres import owner_conninfo
+from loadgen.common.processes import PipelineWorkers
+from loadgen.common.report import BenchResult, Comparison, Results, machine_line
+from loadgen.common.throwaway import create_topic, delete_topic, forget_group, throwaway_definitions
+from loadgen.pageviews.views import VIEWS
+from loadgen.workloads.pageviews import PageViews, page_views
+from pipelines.cv import catalog
+from pipelines.logs import get_logger
+from pipelines.settings import KafkaSettings, PostgresSettings
+
+log = get_logger("loadgen.backfill")
+
+MARKER_PREFIX = "/marker/"
+
+
+class UrlProbe(Probe):
+    """Polls `live_stats` for pending marker urls every 5 ms, on a connection of its own."""
+
+    def __init__(self, conninfo: str, view: sql.Identifier) -> None:
+        super().__init__("marker-probe", 0.005)
+        self._conninfo = conninfo
+        self._query = sql.SQL("SELECT url FROM {} WHERE url = ANY(%s)").format(view)
+
+    def session(self) -> psycopg.Connection:
+        """An autocommit connection: each poll sees the latest commits."""
+        return psycopg.connect(self._conninfo, autocommit=True)
+
+    def find(self, session: psycopg.Connection, markers: list[str]) -> Iterable[str]:
+        """The marker urls in the view."""
+        return [url for (url,) in session.execute(self._query, (markers,)).fetchall()]
+
+
+class SteadyProducer(threading.Thread):
+    """Page views at `rate` per second and a marker every 20 ms (registered with `probe`), until stopped."""
+
+    def __init__(self, topic: str, views: PageViews, rate: float, probe: UrlProbe, kafka: KafkaSettings) -> None:
+        super().__init__(name="steady-producer", daemon=True)
+        self.sender = Sender(topic, kafka, client="bench-backfill")
+        self.views, self.rate, self.probe = views, rate, probe
+        self.halt = threading.Event()
+        self.produced = self.markers = 0
+        self.seconds = 0.0
+        self.marked: list[tuple[str, float]] = []  # (marker, sent at): which fall within the backfill
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        """Pace against the start (events due = rate x elapsed), as loadgen.common.freshness does."""
+        started = next_marker = time.monotonic()
+        try:
+            while not self.halt.is_set():
+                now = time.monotonic()
+                due = int((now - started) * self.rate)
+                while self.produced < due:
+                    self.sender.send(*self.views.encode(self.produced % len(self.views.urls)))
+                    self.produced += 1
+                if now >= next_marker:
+                    url = f"{MARKER_PREFIX}{self.markers}"
+                    at = time.monotonic()
+                    self.probe.sent(url, at)
+                    self.marked.append((url, at))
+                    self.sender.send(url.encode(), f'{{"url": "{url}", "uid": 1, "latency": 1}}'.encode())
+                    self.markers += 1
+                    next_marker += MARKER_INTERVAL_S
+                self.sender.producer.poll(0)
+                time.sleep(max(0.0, min(0.001, next_marker - time.monotonic())))
+            self.seconds = time.monotonic() - started
+            self.sender.flush()
+            self.sender.check()
+        except BaseException as e:  # reported by the caller
+            self.error = e
+
+
+def definitions(schema: str, stream: str, topic: str, group: str, view: str) -> list[str]:
+    """The page views stream of the bench runner's group, and view `view` of the basic SELECT."""
+    names = {"stream": sql.Identifier(stream), "topic": sql.Literal(topic), "group": sql.Literal(group)}
+    select = VIEWS["basic"].select  # its {stream} is filled in with the others
+    return [
+        sql.SQL(text).format(**names, view=sql.Identifier(schema, view)).as_string(None)
+        for text in (
+            "CREATE STREAM {stream} (url text NOT NULL, uid bigint, latency double precision NOT NULL, ts timestamptz)"
+            " WITH (topic = {topic}, timestamp_column = 'ts', consumer_group = {group})",
+            "CREATE CONTINUOUS VIEW {view} AS " + select,
+        )
+    ]
+
+
+def wait_backfilled(conn: psycopg.Connection, view: str, runner: PipelineWorkers, timeout_s: float) -> int:
+    """Poll cv.backfill_status every 50 ms until the view's backfill is complete; the offsets it read."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT complete, offsets_total FROM cv.backfill_status WHERE view = %s", (view,)).fetchone()
+        if row is None:
+            raise BenchmarkError(f"{view}: no backfill recorded")
+        if row[0]:
+            return int(row[1])
+        runner.check_alive()
+        time.sleep(0.05)
+    raise BenchmarkError(f"{view}: backfill not done after {timeout_s} s")
+
+
+def same_rows(conn: psycopg.Connection, a: sql.Identifier, b: sql.Identifier) -> list[str]:
+    """Where two views of the same SELECT differ (none: equal row for row; sums of doubles to 1e-9).
+
+    Floating-point sums added up in another order may differ in their last bits, nothing more.
+    """
+    query = sql.SQL(
+        "SELECT count(*) FROM {a} AS x FULL JOIN {b} AS y USING (url)"
+        " WHERE x.views IS DISTINCT FROM y.views OR x.max_latency IS DISTINCT FROM y.max_latency"
+        " OR x.total_latency IS NULL OR y.total_latency IS NULL"
+        " OR abs(x.total_latency - y.total_latency) > 1e-9 * greatest(abs(x.total_latency), 1)"
+    )
+    (differ,) = conn.execute(query.format(a=a, b=b)).fetchone()
+    return [f"{differ} rows differ between {a.as_string(conn)} and {b.as_string(conn)}"] if differ else []
+
+
+def backfill_rate(conn: psycopg.Connection, define: str, view: str, runner: PipelineWorkers, timeout_s: float) -> float:
+    """Define a view and time its backfill: the offsets it read over the seconds from definition to completion."""
+    started = time.monotonic()
+    catalog.define(conn, define)
+    offsets = wait_backfilled(conn, view, runner, timeout_s)
+    return offsets / (time.monotonic() - started)
+
+
+def measure(args: argparse.Namespace) -> BenchResult:
+    """Produce, drain live, backfill a view alone and one under a steady load, compare the views; all dropped after."""
+    kafka, postgres = KafkaSettings(), PostgresSettings()
+    run_id = uuid.uuid4().hex[:10]
+    topic, schema, stream, group = f"bench-bf-{run_id}", f"bench_{run_id}", f"bench_bf_{run_id}", f"bench-bf-{run_id}"
+    owner = owner_conninfo(postgres)
+    views = page_views(args.events, args.urls, args.seed)
+    results = Results()
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    create_topic(admin, topic, args.partitions)
+    live, alone, loaded = (sql.Identifier(schema, name) for name in ("live_stats", "new_stats", "loaded_stats"))
+    check: list[str] = []
+    steady: SteadyProducer | None = None
+    drain: Drain | None = None
+    markers = 0
+    try:
+        results.measure("producer", lambda: produce_all(topic, range(args.events), views.encode, kafka))
+        with throwaway_definitions(schema, definitions(schema, stream, topic, group, "live_stats"), [stream], postgres):
+            runner = PipelineWorkers(1, topic=topic, stream=stream, group=group, postgres=postgres, kafka=kafka)
+            try:
+                with psycopg.connect(owner, autocommit=True) as conn:
+                    drain = wait_drained(conn, runner, high_watermarks(topic, kafka))
+                    results.values["live"] = drain.rate(args.events)
+                    # 1. the backfill alone, beside the live figure on the same view and backlog
+                    define = definitions(schema, stream, topic, group, "new_stats")[1]
+                    results.values["backfill"] = backfill_rate(
+                        conn, define, f"{schema}.new_stats", runner, args.timeout
+                    )
+                    # 2. another backfill while page views flow: the live view's freshness meanwhile
+                    probe = UrlProbe(owner, live)
+                    probe.start()
+                    steady = SteadyProducer(topic, views, args.live_rate or results.values["live"] / 2, probe, kafka)
+                    steady.start()
+                    define = definitions(schema, stream, topic, group, "loaded_stats")[1]
+                    started = time.monotonic()
+                    rate = backfill_rate(conn, define, f"{schema}.loaded_stats", runner, args.timeout)
+                    ended = time.monotonic()
+                    results.values["backfill_loaded"] = rate
+                    steady.halt.set()
+                    steady.join(60)
+                    if steady.error is not None:
+                        raise BenchmarkError(f"steady producer: {steady.error}") from steady.error
+                    probe.wait_for_markers(60, runner.check_alive)
+                    probe.stop()
+                    probe.join(10)
+                    markers = len(probe.latencies)
+                    within = [1000 * lat for (at, lat) in probe.samples if started <= at <= ended]
+                    if within:
+                        results.values["freshness_p50"] = percentile(within, 50)
+                        results.values["freshness_p99"] = percentile(within, 99)
+                    results.values["steady_rate"] = steady.produced / max(steady.seconds, 1e-9)
+                    # 3. every view equals the live one; the live one counts every page view produced
+                    wait_drained(conn, runner, high_watermarks(topic, kafka))
+                    check = same_rows(conn, live, alone) + same_rows(conn, live, loaded)
+                    (count,) = conn.execute(
+                        sql.SQL("SELECT sum(views) FROM {} WHERE url NOT LIKE '/marker/%'").format(live)
+                    ).fetchone()
+                    if count != args.events + steady.produced:
+                        check.append(f"live_stats counts {count} page views, produced {args.events + steady.produced}")
+            finally:
+                if steady is not None:
+                    steady.halt.set()
+                runner.stop()
+    finally:
+        forget_group(owner, group, topic, kafka)
+        delete_topic(admin, topic)
+    comparisons = [
+        Comparison("backfill / live runner, same view and backlog (events/s)", "backfill", "live", target=0.8),
+        Comparison("live view freshness p99 during a backfill", "freshness_p99", limit=1000.0, unit="ms"),
+    ]
+    header = [
+        f"backfill benchmark ({machine_line(postgres)})",
+        f"  workload: {args.events:,} retained page views (loadgen.workloads.pageviews), {args.urls:,} urls,"
+        f" topic of {args.partitions} partitions; view: {VIEWS['basic'].select.format(stream='<stream>')}",
+        "  one runner; its backfill thread catches up new_stats alone, then loaded_stats while page views flow",
+    ]
+    rows = [
+        ("producer -> Kafka (msgs/s)", "producer"),
+        ("live runner draining the backlog into live_stats (events/s)", "live"),
+        ("backfill of new_stats from the same backlog (events/s)", "backfill"),
+        ("backfill of loaded_stats under the steady load (events/s)", "backfill_loaded"),
+        ("steady load meanwhile (page views/s, bench producer)", "steady_rate"),
+        ("live_stats freshness p50 during that backfill (ms)", "freshness_p50"),
+        ("live_stats freshness p99 during that backfill (ms)", "freshness_p99"),
+    ]
+    notes = [f"{markers} markers in all; live drain: {drain.describe(args.events, 'events')}"] if drain else []
+    return BenchResult.of(
+        "backfill",
+        results,
+        rows,
+        comparisons=comparisons,
+        check=check or "new_stats and loaded_stats equal live_stats; live_stats counts every page view produced",
+        header=header,
+        notes=notes,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m loadgen.backfill`."""
+    parser = cli.parser(__doc__)
+    parser.add_argument("--events", type=int, default=2_000_000, help="page views retained before the new view")
+    parser.add_argument("--urls", type=int, default=10_000, help="distinct urls, drawn uniformly")
+    parser.add_argument("--partitions", type=int, default=6, help="partitions of the bench topic")
+    parser.add_argument("--live-rate", type=float, default=0.0, help="steady page views/s (0: half the live figure)")
+    parser.add_argument("--seed", type=int, default=1, help="same seed, same events")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds the backfill may take")
+    return cli.run(parser, measure, "loadgen.backfill", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
