@@ -13,7 +13,10 @@ import json
 import random
 import re
 import signal
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -23,6 +26,7 @@ from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import (
     apply_rows,
     as_stream_table,
+    pipeline_env,
     start_runner,
     stop_runner,
     throwaway_views,
@@ -33,6 +37,7 @@ from tests.integration.test_isolation import dead_letters, produce
 from tests.integration.test_pipeline_recovery import committed, high_watermarks, start_pipeline, stop
 
 NOW = datetime.now(UTC).replace(microsecond=0)
+SCRIPT = Path(sys.executable).parent / "streamviews"
 COLUMNS = "n bigint, url text, uid bigint, ms int, ts timestamptz"
 USERS = [(1, "fr", 0.5), (2, "de", 1.25), (3, None, 2.0), (4, "us", None)]  # uid 5 and NULL join no user
 
@@ -167,7 +172,7 @@ def test_a_batch_where_nothing_passes_leaves_the_position_untouched(writer, stre
     assert last_position(writer, name) == before
 
 
-def test_the_read_view_shows_the_output_typed_and_readers_read_the_change_stream(pg, writer, streams):
+def test_the_read_view_shows_the_output_typed_and_readers_read_the_change_stream(pg, stack, writer, streams):
     schema, stream = streams["schema"], streams["stream"]
     apply_rows(writer, stream, [1], [(77, "/a", 2, 40, NOW)])
     with pg("sv_reader", autocommit=True) as reader:
@@ -179,6 +184,19 @@ def test_the_read_view_shows_the_output_typed_and_readers_read_the_change_stream
             "SELECT count(*) FROM cv.view_changes_readable WHERE view = %s", (f"{schema}.enriched",)
         ).fetchone()[0]
         assert readable == len(recorded(writer, f"{schema}.enriched"))
+    env = pipeline_env(stack, PGUSER="sv_reader", LOG_LEVEL="WARNING")
+    done = subprocess.run(
+        [str(SCRIPT), "subscribe", f"{schema}.enriched", "--from", "0", "--limit", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(x["position"], x["after"]) for x in lines] == [
+        (p, after) for p, _, _, after in recorded(writer, f"{schema}.enriched")[:1]
+    ]
 
 
 def test_drop_removes_its_changes_and_is_refused_while_read(pg, writer, streams):
