@@ -65,6 +65,13 @@ SUITE = (
         minutes=2.5,
     ),
     Benchmark(
+        "sink",
+        "Page views with an upsert sink on the view: ingest beside no sink, event -> record latency",
+        "loadgen.sink",
+        quick="--events 100000 --seconds 3",
+        minutes=3,
+    ),
+    Benchmark(
         "aggregates",
         "Each aggregate's own cost in the engine",
         "loadgen.aggregates",

@@ -1,0 +1,183 @@
+"""An upsert sink on the page-views view: ingest with it against without, and event -> record latency.
+
+Issue 25's performance figures for sinks (`CREATE SINK`, docs/views.md "Sinks"):
+
+1. Produce `--events` page views (loadgen.workloads.pageviews: url uniform among `--urls`) to a
+   topic of `--partitions`.
+2. Drain it four times, each in a throwaway schema, stream and consumer group, with the `basic`
+   view of loadgen.pageviews (count, sum, max per url) and ONE runner: without a sink, with an
+   upsert sink on the view (its changes recorded, and the sinks' relay of the run's group
+   publishing them: `python -m pipelines.cv.relay --group G`), with, without (ABBA, so drift on a
+   shared machine weighs on both alike). Each drain is timed in ops.kafka_offsets from its first
+   commit; each variant's figure is the median of its two runs; the target is >= 0.9x. A sink run
+   also times the relay's catch-up after the drain.
+3. Latency: a fresh topic, the view with its sink, the runner and the relay started; page views
+   produced steadily at half the with-sink rate of step 2 for `--seconds`, plus a marker page view
+   (a url of its own) every 20 ms; a consumer of the sink's topic times each marker's first record
+   after it was handed to the producer. p50 and p99; the target is p99 < 1 s.
+
+Every name is throwaway and dropped at the end, also on failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+from confluent_kafka.admin import AdminClient
+
+from loadgen.common import cli
+from loadgen.common.errors import BenchmarkError
+from loadgen.common.freshness import MARKER_INTERVAL_S, percentile
+from loadgen.common.kafka import Sender, produce_all
+from loadgen.common.report import BenchResult, Comparison, Results, machine_line
+from loadgen.common.throwaway import create_topic, delete_topic, unique_name
+from loadgen.sink.runs import VIEW, RecordProbe, SinkRun
+from loadgen.workloads.pageviews import page_views
+from pipelines.logs import get_logger
+from pipelines.settings import KafkaSettings, PostgresSettings
+
+log = get_logger("loadgen.sink")
+
+ORDER = (False, True, True, False)  # ABBA: without, with, with, without
+
+
+def throughput(args: argparse.Namespace, kafka: KafkaSettings, postgres: PostgresSettings) -> dict[str, list[float]]:
+    """Events/s of each variant's drains (ABBA), and the relay's catch-up seconds after each sink drain."""
+    views = page_views(args.events, args.urls, args.seed)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    topic = unique_name("bench-sink-pv", sep="-")
+    create_topic(admin, topic, args.partitions)
+    figures: dict[str, list[float]] = {"without": [], "with": [], "catch_up": []}
+    try:
+        produce_all(topic, range(args.events), views.encode, kafka)
+        for with_sink in ORDER:
+            with SinkRun(topic, sink=with_sink, kafka=kafka, postgres=postgres).running() as run:
+                drain = run.drain()
+                figures["with" if with_sink else "without"].append(drain.rate(args.events))
+                if with_sink:
+                    figures["catch_up"].append(run.relay_caught_up())
+                run.check(views)
+                log.info("drained", sink=with_sink, events_per_s=round(drain.rate(args.events)))
+    finally:
+        delete_topic(admin, topic)
+    return figures
+
+
+def latency(args: argparse.Namespace, rate: float, kafka: KafkaSettings, postgres: PostgresSettings) -> list[float]:
+    """Milliseconds from producing each marker page view to its first record on the sink's topic."""
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    topic = unique_name("bench-sink-lat", sep="-")
+    create_topic(admin, topic, args.partitions)
+    count = int(rate * args.seconds)
+    views = page_views(count, args.urls, args.seed + 1)
+    try:
+        with SinkRun(topic, sink=True, kafka=kafka, postgres=postgres).running() as run:
+            assert run.runner is not None
+            deadline = time.monotonic() + 60
+            while not run.runner.settled(range(args.partitions)):  # the runner holds every partition
+                run.runner.check_alive()
+                if time.monotonic() > deadline:
+                    raise BenchmarkError("the runner did not take its partitions within 60 s")
+                time.sleep(0.1)
+            sender = Sender(topic, kafka, client="bench-sink")
+            run.relay_caught_up()  # its snapshot published, so its topic exists
+            probe = RecordProbe(run.out, kafka)
+            probe.start()
+            try:
+                started = time.monotonic()
+                produced, markers, next_marker = 0, 0, started
+                while (now := time.monotonic()) < started + args.seconds:
+                    due = min(int((now - started) * rate), count)
+                    while produced < due:
+                        sender.send(*views.encode(produced))
+                        produced += 1
+                    if now >= next_marker:
+                        url = f"/marker/{markers}"
+                        probe.sent(url, time.monotonic())
+                        sender.send(url.encode(), f'{{"url": "{url}", "uid": 1, "latency": 1.0}}'.encode())
+                        markers += 1
+                        next_marker += MARKER_INTERVAL_S
+                    sender.producer.poll(0)
+                    time.sleep(max(0.0, min(0.001, next_marker - time.monotonic())))
+                sender.flush()
+                sender.check()
+                probe.wait_for_markers(60, run.runner.check_alive)
+            finally:
+                probe.stop()
+                probe.join(10)
+            if probe.error is not None:
+                raise BenchmarkError(f"record probe: {probe.error}") from probe.error
+            if probe.pending:
+                raise BenchmarkError(f"{probe.pending} of {markers} markers never reached the sink's topic")
+            log.info("latency measured", produced=produced, markers=markers, seconds=args.seconds)
+            return [1000 * s for s in probe.latencies]
+    finally:
+        delete_topic(admin, topic)
+
+
+def measure(args: argparse.Namespace) -> BenchResult:
+    """ABBA drains with and without the sink, then the latency at half the with-sink rate."""
+    kafka, postgres = KafkaSettings(), PostgresSettings()
+    results = Results()
+    figures = results.measure("throughput", lambda: throughput(args, kafka, postgres))
+    if figures:
+        results.values["without"] = statistics.median(figures["without"])
+        results.values["with"] = statistics.median(figures["with"])
+        results.values["catch_up"] = max(figures["catch_up"])
+    results.same_note(["without", "with", "catch_up"], "throughput")
+    if "with" in results.values:
+        rate = results.values["with"] / 2
+        results.values["latency_rate"] = rate
+        latencies = results.measure("latency", lambda: latency(args, rate, kafka, postgres))
+        if latencies:
+            results.values["p50"] = percentile(latencies, 50)
+            results.values["p99"] = percentile(latencies, 99)
+    results.same_note(["latency_rate", "p50", "p99"], "latency")
+    runs = (
+        ", ".join(f"{r:,.0f}" for r in figures["without"])
+        + " without; "
+        + ", ".join(f"{r:,.0f}" for r in figures["with"])
+        if figures
+        else "not run"
+    )
+    return BenchResult.of(
+        "sink",
+        results,
+        [
+            ("one runner, no sink (events/s, median of 2)", "without"),
+            ("one runner, upsert sink on the view (events/s, median of 2)", "with"),
+            ("relay catch-up after a drain, the longer (s)", "catch_up", ".1f"),
+            ("steady load for the latency (events/s, half the with-sink rate)", "latency_rate"),
+            ("event -> its record on the sink topic, p50 (ms)", "p50", ".0f"),
+            ("event -> its record on the sink topic, p99 (ms)", "p99", ".0f"),
+        ],
+        comparisons=[
+            Comparison("with an upsert sink / without", "with", "without", target=0.9),
+            Comparison("event -> record p99 at half the sustained rate", "p99", limit=1000.0, unit="ms"),
+        ],
+        header=[
+            f"upsert sink benchmark ({machine_line(postgres)})",
+            f"  workload: {args.events:,} page views, url uniform among {args.urls:,}, {args.partitions} partitions;"
+            f" view basic: {VIEW.select.format(stream='<stream>')}",
+            "  runs in ABBA order (without, with, with, without), each a fresh group draining the same topic",
+        ],
+        notes=[f"drains (events/s, in order of each variant): {runs}"],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of `python -m loadgen.sink`."""
+    parser = cli.parser(__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000, help="page views produced and drained per run")
+    parser.add_argument("--urls", type=int, default=10_000, help="distinct urls (groups of the view)")
+    parser.add_argument("--partitions", type=int, default=6, help="partitions of the bench topics")
+    parser.add_argument("--seconds", type=float, default=15.0, help="steady load of the latency phase")
+    parser.add_argument("--seed", type=int, default=1, help="same seed, same events")
+    return cli.run(parser, measure, "loadgen.sink", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,162 @@
+"""One page-views run with or without an upsert sink on its view, and a sink's event -> record latency.
+
+- `SinkRun`: the page-views `basic` view (loadgen.pageviews) in a throwaway schema over a topic,
+  one runner draining it and, with a sink, the sinks' relay of the run's group
+  (`python -m pipelines.cv.relay --group G`) publishing the view's changes to an upsert topic;
+- `RecordProbe`: a consumer of the sink's topic that times each marker url's first record.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from psycopg import sql
+
+from loadgen.common.drain import Drain, high_watermarks, wait_drained
+from loadgen.common.errors import BenchmarkError
+from loadgen.common.freshness import Probe
+from loadgen.common.postgres import owner_conninfo
+from loadgen.common.processes import PipelineWorkers, ServiceProcess, find_pid, pipeline_env
+from loadgen.common.throwaway import delete_topic, forget_group, throwaway_definitions, unique_name
+from loadgen.pageviews.__main__ import VIEW_NAME, definitions
+from loadgen.pageviews.views import VIEWS
+from loadgen.workloads.pageviews import PageViews
+from pipelines.cv import catalog
+from pipelines.logs import get_logger
+from pipelines.runtime.deadletter import dead_letter_topic
+from pipelines.settings import KafkaSettings, PostgresSettings
+
+log = get_logger("loadgen.sink")
+
+VIEW = VIEWS["basic"]  # count(*), sum(latency), max(latency) per url
+
+
+class SinkRun:
+    """A throwaway stream over `topic`, the basic view, with or without an upsert sink, and its processes."""
+
+    def __init__(self, topic: str, *, sink: bool, kafka: KafkaSettings, postgres: PostgresSettings) -> None:
+        self.topic, self.with_sink, self.kafka, self.postgres = topic, sink, kafka, postgres
+        run_id = unique_name("", sep="")
+        self.schema, self.stream, self.group = f"bench_{run_id}", f"bench_pv_{run_id}", f"bench-sink-{run_id}"
+        self.sink, self.out = f"bench_sink_{run_id}", f"bench-sink-out-{run_id}"
+        self.runner: PipelineWorkers | None = None
+        self.relay: ServiceProcess | None = None
+
+    def statements(self) -> list[str]:
+        """The stream and view of loadgen.pageviews, and the sink on the view when there is one."""
+        statements = definitions(self.schema, self.stream, self.topic, self.group, VIEW.select)
+        if self.with_sink:
+            statements.append(
+                f"CREATE SINK {self.sink} FROM {self.schema}.{VIEW_NAME} WITH (topic = '{self.out}', format = 'upsert')"
+            )
+        return statements
+
+    @contextmanager
+    def running(self) -> Iterator[SinkRun]:
+        """Defined, the relay (with a sink) and one runner started; stopped and all dropped after."""
+        owner = owner_conninfo(self.postgres)
+        try:
+            with throwaway_definitions(self.schema, self.statements(), [self.stream], self.postgres):
+                try:
+                    if self.with_sink:
+                        env = pipeline_env(self.postgres, self.kafka)
+                        log_path = Path(tempfile.gettempdir()) / f"streamviews-{self.sink}-relay.log"
+                        self.relay = ServiceProcess(
+                            "relay", "pipelines.cv.relay", ["--group", self.group], env=env, log_path=log_path
+                        )
+                    self.runner = PipelineWorkers(
+                        1,
+                        topic=self.topic,
+                        stream=self.stream,
+                        group=self.group,
+                        postgres=self.postgres,
+                        kafka=self.kafka,
+                    )
+                    self.runner.also_sampled["kafka"] = find_pid(b"kafka.Kafka")
+                    if self.relay is not None:
+                        self.runner.also_sampled["relay"] = self.relay.process.pid
+                    yield self
+                finally:
+                    for process in (self.runner, self.relay):
+                        if process is not None:
+                            process.stop()
+                    if self.with_sink:
+                        with psycopg.connect(owner, autocommit=True) as conn:
+                            catalog.define(conn, f"DROP SINK IF EXISTS {self.sink}")
+        finally:
+            forget_group(owner, self.group, self.topic, self.kafka)
+            if self.with_sink:
+                admin = AdminClient({"bootstrap.servers": self.kafka.bootstrap_servers})
+                for topic in (self.out, dead_letter_topic(self.out)):
+                    delete_topic(admin, topic)
+
+    def drain(self) -> Drain:
+        """Time the runner's drain of the whole topic (ops.kafka_offsets), start-up excluded."""
+        assert self.runner is not None
+        ends = high_watermarks(self.topic, self.kafka)
+        with psycopg.connect(owner_conninfo(self.postgres), autocommit=True) as conn:
+            return wait_drained(conn, self.runner, ends)
+
+    def relay_caught_up(self, timeout_s: float = 300) -> float:
+        """Seconds until the sink has relayed every change its view recorded."""
+        started = time.monotonic()
+        query = sql.SQL(
+            "SELECT r.position >= p.last FROM cv.change_readers AS r"
+            " JOIN cv.view_change_positions AS p ON p.view = r.view WHERE r.reader = {}"
+        ).format(sql.Literal(f"sink {self.sink}"))
+        with psycopg.connect(owner_conninfo(self.postgres), autocommit=True) as conn:
+            while not conn.execute(query).fetchone()[0]:
+                if self.relay is not None:
+                    self.relay.check_alive()
+                if time.monotonic() - started > timeout_s:
+                    raise BenchmarkError(f"the relay did not catch up within {timeout_s:g} s")
+                time.sleep(0.05)
+        return time.monotonic() - started
+
+    def check(self, views: PageViews) -> None:
+        """The view holds what was produced (loadgen.pageviews' own check)."""
+        with psycopg.connect(owner_conninfo(self.postgres)) as conn:
+            problems = VIEW.check(conn, sql.Identifier(self.schema, VIEW_NAME), views).problems
+        if problems:
+            raise BenchmarkError(f"the view differs from what was produced: {problems}")
+
+
+class RecordProbe(Probe):
+    """Reads the sink's topic from its start and times the first record of each pending marker url."""
+
+    def __init__(self, topic: str, kafka: KafkaSettings) -> None:
+        super().__init__("sink-record-probe", 0.0)
+        self.topic, self.kafka = topic, kafka
+        self._seen: set[str] = set()
+
+    @contextmanager
+    def session(self) -> Iterator[Consumer]:
+        """A consumer assigned to every partition of the sink's topic, from its start."""
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.kafka.bootstrap_servers,
+                "group.id": unique_name("probe"),
+                "fetch.wait.max.ms": 5,
+            }
+        )
+        try:
+            partitions = consumer.list_topics(self.topic, timeout=10).topics[self.topic].partitions
+            consumer.assign([TopicPartition(self.topic, p, 0) for p in partitions])
+            yield consumer
+        finally:
+            consumer.close()
+
+    def find(self, session: Consumer, markers: list[str]) -> list[str]:
+        """The pending markers whose record arrived, reading what the topic holds now."""
+        for message in session.consume(1000, timeout=0.005):
+            if message.error() is None and message.key() is not None:
+                self._seen.add(json.loads(message.key())["url"])
+        return [m for m in markers if m in self._seen]
