@@ -294,7 +294,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
     def add_drop(name: str, kind: str | None, summary: str) -> None:
         drop = commands.add_parser(name, help=summary)
-        drop.add_argument("names", nargs="+", metavar="NAME", help="a view (x means public.x) or a stream")
+        drop.add_argument("names", nargs="+", metavar="NAME", help="a view (x means public.x), a stream or a sink")
         if kind is None:
             only = drop.add_mutually_exclusive_group()
             only.add_argument("--view", dest="kind", action="store_const", const="view", help="NAME is a view")
