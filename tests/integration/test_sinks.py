@@ -10,14 +10,20 @@ run is refused in one line when the sink is created; a view a sink reads cannot 
 
 from __future__ import annotations
 
+import json
+from datetime import UTC, datetime
+
 import pytest
 
 from pipelines.cv import catalog
 from pipelines.cv.catalog import change_streams
 from pipelines.cv.catalog.sinks import sink_states
 from pipelines.cv.model import DefinitionError
+from pipelines.cv.relay.records import page_query, records
 from pipelines.cv.status import sinks_json, sinks_table
-from tests.integration.conftest import throwaway_views, unique
+from tests.integration.conftest import apply_rows, throwaway_views, unique
+
+NOW = datetime.now(UTC)
 
 
 @pytest.fixture(scope="module")
@@ -122,5 +128,24 @@ def test_status_shows_each_sink_its_topic_format_position_lag_and_failure(owner,
         assert "SINK" in text
         assert f"{sink}  " in text
         assert "failed: division by zero" in text
+    finally:
+        catalog.define(owner, f"DROP SINK {sink}")
+
+
+def test_the_relay_query_follows_a_view_replaced_with_another_row_type(pg, owner, streams):
+    view, stream, sink = streams["view"], streams["stream"], unique("replaced")
+    catalog.define(owner, f"CREATE SINK {sink} FROM {view} WITH (format = 'changes', where = '(new).n >= 1')")
+    try:
+        with pg("sv_writer", autocommit=True) as writer:
+            apply_rows(writer, stream, [1], [("/before", NOW)])
+            select = f"SELECT url, count(*) AS n, count(*) * 2 AS twice FROM {stream} GROUP BY url"
+            catalog.define(owner, f"CREATE OR REPLACE CONTINUOUS VIEW {view} AS {select}")
+            apply_rows(writer, stream, [1], [("/after", NOW)])
+            (state,) = [s for s in sink_states(writer) if s.name == sink]
+            rows = writer.execute(page_query(state), {"view": view, "after": state.position, "page": 100}).fetchall()
+        published, _ = records(rows)
+        afters = {json.loads(r.value)["key"]["url"]: json.loads(r.value)["after"] for r in published}
+        assert afters["/before"] == {"url": "/before", "n": 1}  # recorded under the old row type
+        assert afters["/after"] == {"url": "/after", "n": 1, "twice": 2}  # and the new one, through the new type
     finally:
         catalog.define(owner, f"DROP SINK {sink}")
