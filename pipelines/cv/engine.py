@@ -379,8 +379,9 @@ def _maintain(conn: psycopg.Connection, statements: _ViewStatements, params: lis
         conn.execute(statement, ())
 
 
-# Who counts in cv.view_stats and cv.stream_stats (migration 0028): one row per process, so that two
-# runners never wait on each other's statistics rows.
+# Who counts in cv.view_stats and cv.stream_stats (migration 0028): one row per process and session
+# (`<host>:<pid>:<backend pid>`), so that two writers (runners, or a runner's threads: its feeds,
+# its backfills) never wait on each other's statistics row while they hold other locks.
 RUNNER_ID = f"{socket.gethostname()}:{os.getpid()}"
 _COUNT = sql.SQL(
     "WITH spent AS (SELECT * FROM unnest(%(views)s::text[], %(ms)s::float8[]) AS t(view, ms)),"
@@ -408,7 +409,7 @@ def _count(conn: psycopg.Connection, stream: str, deltas: int, spent: list[tuple
         {
             "views": [view for view, _ in spent],
             "ms": [ms for _, ms in spent],
-            "runner": RUNNER_ID,
+            "runner": f"{RUNNER_ID}:{conn.info.backend_pid}",
             "deltas": deltas,
             "stream": stream,
             "rows": deltas,

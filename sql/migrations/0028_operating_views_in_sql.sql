@@ -3,8 +3,8 @@
 -- `deactivate` (issue 26, item 4). Here they had to read logs, metrics or `streamviews status`.
 -- This migration gives the same in SQL, in a `pipelinedb` schema under PipelineDB's names:
 --   * statistics written by the stream runner in each batch's own transaction (so they are exact:
---     a rolled-back batch counts nothing), one row per (view or stream, runner process) so that
---     runners never wait on each other for a statistics row;
+--     a rolled-back batch counts nothing), one row per (view or stream, runner session) so that
+--     writers (runners, their threads) never wait on each other for a statistics row;
 --   * deactivate/activate of a STREAM pauses and resumes its consumption: its Kafka position stays
 --     in ops.kafka_offsets, so nothing is lost; of a VIEW, PipelineDB's meaning: the view is left
 --     out (through the quarantine of 0015, reason 'deactivated', never retried by itself) and
@@ -31,7 +31,7 @@ CREATE TABLE cv.view_stats (
     PRIMARY KEY (view, runner)
 );
 COMMENT ON TABLE cv.view_stats IS
-    'Per view and runner process (host:pid; '''' for failures isolation recorded): batches applied, rows read, time.';
+    'Per view and runner session (host:pid:backend pid; '''' for failures isolation recorded): batches applied, rows read, time.';
 
 CREATE TABLE cv.stream_stats (
     stream        text NOT NULL REFERENCES cv.streams (name) ON DELETE CASCADE,
@@ -42,7 +42,7 @@ CREATE TABLE cv.stream_stats (
     PRIMARY KEY (stream, runner)
 );
 COMMENT ON TABLE cv.stream_stats IS
-    'Per stream and runner process: batches and changes applied (after decoding; dead letters are in ops).';
+    'Per stream and runner session: batches and changes applied (after decoding; dead letters are in ops).';
 
 GRANT SELECT ON cv.paused_streams TO sv_writer, sv_reader;
 GRANT SELECT, INSERT, UPDATE ON cv.view_stats, cv.stream_stats TO sv_writer;
