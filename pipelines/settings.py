@@ -299,8 +299,6 @@ class InboxSettings(_Settings):
     page: int = Field(10_000, gt=0)
     # Seconds the relay waits for a `streamviews_inbox` notification when the inbox is empty.
     wake_s: float = Field(5.0, gt=0)
-    # Seconds between looks while rows wait for an older transaction to end before they may go.
-    pending_wait_s: float = Field(0.05, gt=0)
     # Seconds a Kafka transaction may take to initialise, commit or abort.
     commit_timeout_s: float = Field(30.0, gt=0)
     # The producer's transactional.id: a relay started under it fences the one before.

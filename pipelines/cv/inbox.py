@@ -5,19 +5,22 @@ Run: `python -m pipelines.cv.inbox` (supervised by `make up` as `inbox`), as sv_
 `INSERT INTO <stream>` / `COPY <stream> FROM STDIN` append rows to cv.stream_inbox in the writing
 transaction (migration 0030, pipelines.cv.catalog.stream_inserts). Each step of the relay:
 
-1. take the rows it may publish (`cv.inbox_ready`: those of transactions older than every running
-   one, in (xid, id) order, so a transaction committing later never lands behind its position);
+1. read a page of the inbox's rows of its streams, in (xid, id) order, with the snapshot they were
+   read in (`pg_current_snapshot()`, the statement's own);
 2. in ONE Kafka transaction, produce each to its stream's topic (encoded as the stream reads its
    events: a JSON object, or a CSV record in column order; the stream's `kafka_key`, or its key
-   columns, as the record key; the INSERT's time as the record's timestamp) and the position of the
-   last one, `{"xid", "id"}`, to the progress topic PROGRESS_TOPIC;
-3. commit the Kafka transaction, then delete the rows up to that position from the inbox.
+   columns, as the record key; the INSERT's time as the record's timestamp) and, to the progress
+   topic PROGRESS_TOPIC, which rows those were: the snapshot, the streams and the page's last row;
+3. commit the Kafka transaction, then delete those rows from the inbox (`Page.DELETE`).
 
 Exactly once: a crash between 3's two halves leaves rows that Kafka already holds. At start (and
 after being fenced) the relay first calls init_transactions, which aborts whatever transaction an
-earlier incarnation left open and fences it off, then reads the last committed position from the
-progress topic and deletes the rows up to it. The stream runner reads topics read_committed (the
-client's default), so it sees each row once, or not at all until its transaction commits.
+earlier incarnation left open and fences it off, then reads the last committed record of the
+progress topic and deletes the rows it names: those of its streams visible in its snapshot, up to
+its last row (`pg_visible_in_snapshot`); exactly the rows that page held, since rows visible in a
+snapshot never change and the page was the first of them in (xid, id) order. The stream runner
+reads topics read_committed (the client's default), so it sees each row once, or not at all until
+its transaction commits. A row goes as soon as its transaction commits: nothing waits for others.
 
 A relay serves the streams of one consumer group (`--group G`: those declared with consumer_group
 G; by default those declared without), with a transactional id and a progress key of that group's.
@@ -32,7 +35,6 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,30 +59,58 @@ MAX_BACKOFF_S = 10.0
 
 
 @dataclass(frozen=True)
-class Position:
-    """A row of the inbox, by the order the relay publishes in: its transaction's xid, then its id."""
+class Page:
+    """Which rows of the inbox a Kafka transaction published: what the progress topic records."""
 
-    xid: int
+    snapshot: str  # the pg_snapshot they were read in, as text (xmin:xmax:xip,...)
+    streams: tuple[str, ...]  # the streams the page was read for
+    xid: int  # its last row, in (xid, id) order
     id: int
 
+    # The page's rows: those of its streams visible in its snapshot, up to its last row. Rows visible
+    # in a snapshot never change, and the page was the first of them in (xid, id) order.
+    DELETE = (
+        "DELETE FROM cv.stream_inbox WHERE stream = ANY(%s) AND pg_visible_in_snapshot(xid, %s::pg_snapshot)"
+        " AND (xid, id) <= (%s::text::xid8, %s)"
+    )
+
+    def delete(self, conn: psycopg.Connection) -> int:
+        """Its rows out of the inbox (none left after the first time); how many."""
+        return conn.execute(self.DELETE, (list(self.streams), self.snapshot, str(self.xid), self.id)).rowcount
+
     def encode(self) -> bytes:
-        """As the progress topic holds it (the xid as text: JSON numbers lose 64-bit precision in some readers)."""
-        return json.dumps({"xid": str(self.xid), "id": self.id}).encode()
+        """As the progress topic holds it (the xid as text: JSON readers may lose 64-bit integers)."""
+        fields = {"snapshot": self.snapshot, "streams": list(self.streams), "xid": str(self.xid), "id": self.id}
+        return json.dumps(fields).encode()
 
     @classmethod
-    def decode(cls, value: bytes) -> Position:
+    def decode(cls, value: bytes) -> Page:
         """Read back from the progress topic."""
         fields = json.loads(value)
-        return cls(int(fields["xid"]), int(fields["id"]))
+        return cls(fields["snapshot"], tuple(fields["streams"]), int(fields["xid"]), int(fields["id"]))
 
 
-def encode_value(stream: StreamDef, row: Mapping[str, Any]) -> bytes:
-    """The row as the stream reads its events: a JSON object, or a CSV record of its columns in order."""
+def encode(stream: StreamDef, payload: str) -> tuple[bytes, bytes | None]:
+    """A row (its JSON text, as PostgreSQL wrote it) as the stream reads its events: (value, key).
+
+    The value: the JSON object itself, or a CSV record of the stream's columns in order. The key: the
+    `kafka_key` column's value as text (what the stream requires of record keys), else the key
+    columns (one key's rows to one partition, in order), else none.
+    """
+    needs_fields = stream.format == "csv" or stream.kafka_key is not None or stream.key is not None
+    row = json.loads(payload) if needs_fields else {}
     if stream.format == "csv":
         out = io.StringIO()
         csv.writer(out, lineterminator="").writerow(_csv_field(row.get(c.name)) for c in stream.columns)
-        return out.getvalue().encode()
-    return json.dumps(row, separators=(",", ":"), ensure_ascii=False).encode()
+        value = out.getvalue().encode()
+    else:
+        value = payload.encode()
+    if stream.kafka_key is not None:
+        field = row.get(stream.kafka_key)
+        return value, None if field is None else (field if isinstance(field, str) else json.dumps(field)).encode()
+    if stream.key is not None:
+        return value, json.dumps([row.get(c) for c in stream.key], separators=(",", ":")).encode()
+    return value, None
 
 
 def _csv_field(value: Any) -> str:
@@ -91,16 +121,6 @@ def _csv_field(value: Any) -> str:
     if isinstance(value, dict | list):
         return json.dumps(value)
     return str(value)
-
-
-def encode_key(stream: StreamDef, row: Mapping[str, Any]) -> bytes | None:
-    """The record key: the `kafka_key` column's value as text (what the stream requires), else the key columns."""
-    if stream.kafka_key is not None:
-        value = row.get(stream.kafka_key)
-        return None if value is None else (value if isinstance(value, str) else json.dumps(value)).encode()
-    if stream.key is not None:  # one key's rows to one partition, in order
-        return json.dumps([row.get(c) for c in stream.key], separators=(",", ":")).encode()
-    return None
 
 
 class InboxRelay:
@@ -153,68 +173,53 @@ class InboxRelay:
                 time.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
 
-    def recover(self, conn: psycopg.Connection) -> Position | None:
-        """Fence earlier incarnations, then forget the rows Kafka already holds; the position they end at."""
+    def recover(self, conn: psycopg.Connection) -> Page | None:
+        """Fence earlier incarnations, then forget the rows Kafka already holds; the last page published."""
         producer = self._transactional_producer()
         self._current_streams(conn)
-        position = last_published(self.kafka, self.progress_key)
-        if position is not None:
-            deleted = self._delete_upto(conn, position)
+        page = last_published(self.kafka, self.progress_key)
+        if page is not None:
+            deleted = page.delete(conn)
             if deleted:
-                log.info(
-                    "rows already published deleted from the inbox", rows=deleted, xid=position.xid, id=position.id
-                )
+                log.info("rows already published, deleted", rows=deleted, snapshot=page.snapshot, xid=page.xid)
         self._producer = producer
-        return position
+        return page
 
     def step(self, conn: psycopg.Connection) -> int:
-        """One page: produced in one Kafka transaction with its position, then deleted here. Rows published."""
+        """One page: produced in one Kafka transaction with what it was, then deleted here. Rows published."""
         streams = self._current_streams(conn)
         rows = conn.execute(
-            "SELECT xid::text::bigint, id, stream, payload, inserted_at FROM cv.inbox_ready(%s, %s)",
+            "SELECT pg_current_snapshot()::text, xid::text::bigint, id, stream, payload::text, inserted_at"
+            " FROM cv.stream_inbox WHERE stream = ANY(%s) ORDER BY xid, id LIMIT %s",
             (sorted(streams), self.settings.page),
         ).fetchall()
         if not rows:
             return 0
+        page = Page(rows[0][0], tuple(sorted(streams)), rows[-1][1], rows[-1][2])
         producer = self._producer or self._transactional_producer()
-        last = Position(rows[-1][0], rows[-1][1])
         published: dict[str, int] = {}
-        dropped = 0
         producer.begin_transaction()
         try:
-            for _, _, name, row, inserted_at in rows:
-                stream = streams.get(name)
-                if stream is None:
-                    dropped += 1
-                    continue
+            for _, _, _, name, payload, inserted_at in rows:
+                stream = streams[name]
                 self._ensure_topic(stream)
-                producer.produce(
-                    stream.topic,
-                    value=encode_value(stream, row),
-                    key=encode_key(stream, row),
-                    timestamp=int(inserted_at.timestamp() * 1000),
-                )
+                value, key = encode(stream, payload)
+                producer.produce(stream.topic, value=value, key=key, timestamp=int(inserted_at.timestamp() * 1000))
                 producer.poll(0)
                 published[name] = published.get(name, 0) + 1
-            producer.produce(PROGRESS_TOPIC, key=self.progress_key, value=last.encode())
+            producer.produce(PROGRESS_TOPIC, key=self.progress_key, value=page.encode())
             producer.commit_transaction(self.settings.commit_timeout_s)
         except KafkaException as e:
             self._abort(producer, e)
             raise
-        self._delete_upto(conn, last)
+        self._delete(conn, page)
         for name, n in published.items():
             metrics.INBOX_PUBLISHED.labels(name).inc(n)
-        if dropped:
-            metrics.INBOX_PUBLISHED.labels("(dropped stream)").inc(dropped)
-            log.warning("rows of streams dropped since they were written; not published", rows=dropped)
         return len(rows)
 
-    def _delete_upto(self, conn: psycopg.Connection, position: Position) -> int:
-        """The rows of this relay's streams up to `position` (published) out of the inbox; how many."""
-        return conn.execute(
-            "DELETE FROM cv.stream_inbox WHERE stream = ANY(%s) AND (xid, id) <= (%s::text::xid8, %s)",
-            (sorted(self._streams), str(position.xid), position.id),
-        ).rowcount
+    def _delete(self, conn: psycopg.Connection, page: Page) -> int:
+        """The page's rows out of the inbox, once Kafka holds them (a seam the tests cut)."""
+        return page.delete(conn)
 
     def _abort(self, producer: Producer, error: KafkaException) -> None:
         """A failed transaction: aborted when it can be; a fenced or fatal producer is replaced (and recovers)."""
@@ -224,11 +229,9 @@ class InboxRelay:
         self._producer = None
 
     def _wait(self, conn: psycopg.Connection) -> None:
-        """Until rows may be ready: a notification, or soon when some wait for older transactions to end."""
-        pending = conn.execute("SELECT EXISTS (SELECT FROM cv.stream_inbox)").fetchone()[0]
-        metrics.INBOX_WAITING.set(conn.execute("SELECT count(*) FROM cv.stream_inbox").fetchone()[0] if pending else 0)
-        timeout = self.settings.pending_wait_s if pending else self.settings.wake_s
-        for _ in conn.notifies(timeout=timeout, stop_after=1):
+        """Until a transaction that wrote rows commits (its notification), or INBOX_WAKE_S at most."""
+        metrics.INBOX_WAITING.set(conn.execute("SELECT count(*) FROM cv.stream_inbox").fetchone()[0])
+        for _ in conn.notifies(timeout=self.settings.wake_s, stop_after=1):
             pass
 
     def _current_streams(self, conn: psycopg.Connection) -> dict[str, StreamDef]:
@@ -263,11 +266,11 @@ class InboxRelay:
         return producer
 
 
-def last_published(kafka: KafkaSettings, key: bytes, timeout: float = 30.0) -> Position | None:
-    """The position the relay's last committed Kafka transaction ended at (None: it never published).
+def last_published(kafka: KafkaSettings, key: bytes, timeout: float = 30.0) -> Page | None:
+    """The page the relay's last committed Kafka transaction published (None: it never published).
 
     Read committed, so a transaction aborted or fenced left nothing here; the topic is compacted, so
-    its tail holds the latest position, read up to the end (the last stable offset).
+    its tail holds the latest page, read up to the end (the last stable offset).
 
     Raises:
         KafkaException: The end was not reached in time: going on without it could publish twice.
@@ -286,7 +289,7 @@ def last_published(kafka: KafkaSettings, key: bytes, timeout: float = 30.0) -> P
         if high <= low:
             return None
         consumer.assign([TopicPartition(PROGRESS_TOPIC, 0, max(low, high - 1000))])
-        position = None
+        page = None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             message = consumer.poll(0.5)
@@ -294,10 +297,10 @@ def last_published(kafka: KafkaSettings, key: bytes, timeout: float = 30.0) -> P
                 continue
             if message.error():
                 if message.error().code() == KafkaError._PARTITION_EOF:
-                    return position
+                    return page
                 raise KafkaException(message.error())
             if message.key() == key and message.value():
-                position = Position.decode(message.value())
+                page = Page.decode(message.value())
         raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"{PROGRESS_TOPIC}: its end not reached in {timeout} s"))
     finally:
         consumer.close()

@@ -9,11 +9,11 @@
 -- nothing) whose INSTEAD OF INSERT trigger appends the row, as JSON, to an outbox, cv.stream_inbox,
 -- in the inserting transaction: a rollback takes it away with the rest. The inbox relay
 -- (pipelines/cv/inbox.py) publishes committed rows to the stream's topic with a transactional Kafka
--- producer; the same Kafka transaction writes how far it got to a progress topic, and only then are
--- the rows deleted here. After a crash the progress topic says exactly which rows Kafka holds, so
--- none is published twice. The relay takes rows in (xid, id) order and only rows whose transaction
--- is older than every transaction still running (the snapshot's xmin), so a transaction that
--- commits later can never slip in behind the relay's position.
+-- producer; the same Kafka transaction writes which rows it took to a progress topic (the snapshot
+-- they were read in, and the last of them in (xid, id) order), and only then are the rows deleted
+-- here. After a crash that record says exactly which rows Kafka holds (those visible in the
+-- snapshot, up to the last: pg_visible_in_snapshot), so none is published twice, and none waits
+-- for transactions that are still running.
 -- `streams` is appended to the database's search_path, so `INSERT INTO page_views ...` names it
 -- (a relation of that name in public comes first).
 
@@ -45,19 +45,6 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION cv.stream_insert() FROM PUBLIC;
-
--- cv.inbox_ready: up to p_limit rows of these streams the relay may publish now, in the order it
--- publishes them: those of transactions older than any still running (their fate is decided; no
--- later commit can come before them in (xid, id) order).
-CREATE FUNCTION cv.inbox_ready(p_streams text[], p_limit integer)
-RETURNS TABLE (xid xid8, id bigint, stream text, payload jsonb, inserted_at timestamptz)
-LANGUAGE sql STABLE
-AS $$
-    SELECT i.xid, i.id, i.stream, i.payload, i.inserted_at FROM cv.stream_inbox AS i
-     WHERE i.xid < pg_snapshot_xmin(pg_current_snapshot()) AND i.stream = ANY(p_streams)
-     ORDER BY i.xid, i.id
-     LIMIT p_limit
-$$;
 
 GRANT USAGE ON SCHEMA streams TO sv_writer, sv_reader;
 GRANT SELECT, DELETE ON cv.stream_inbox TO sv_writer;
