@@ -227,9 +227,9 @@ class PipelineSettings(_Settings):
     # batch, the seconds it pauses between batches (the live views go first), and the seconds
     # between looks for a new backfill.
     backfill: bool = True
-    backfill_batch_max: int = Field(20_000, gt=0)
+    backfill_batch_max: int = Field(50_000, gt=0)
     backfill_pause_s: float = Field(0.02, ge=0)
-    backfill_poll_s: float = Field(1.0, gt=0)
+    backfill_poll_s: float = Field(0.5, gt=0)
     # Seconds between progress log lines.
     report_interval_s: float = Field(10.0, gt=0)
     # Isolation (pipelines/cv/isolation.py). A topic whose stream cannot be applied at all is held

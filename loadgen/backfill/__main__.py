@@ -179,7 +179,17 @@ def measure(args: argparse.Namespace) -> BenchResult:
     try:
         results.measure("producer", lambda: produce_all(topic, range(args.events), views.encode, kafka))
         with throwaway_definitions(schema, definitions(schema, stream, topic, group, "live_stats"), [stream], postgres):
-            runner = PipelineWorkers(1, topic=topic, stream=stream, group=group, postgres=postgres, kafka=kafka)
+            settings = {
+                name: str(value)
+                for name, value in (
+                    ("PIPELINE_BACKFILL_BATCH_MAX", args.backfill_batch_max),
+                    ("PIPELINE_BACKFILL_PAUSE_S", args.backfill_pause_s),
+                )
+                if value is not None
+            }  # unset: the runner's defaults
+            runner = PipelineWorkers(
+                1, topic=topic, stream=stream, group=group, postgres=postgres, kafka=kafka, settings=settings
+            )
             try:
                 with psycopg.connect(owner, autocommit=True) as conn:
                     drain = wait_drained(conn, runner, high_watermarks(topic, kafka))
@@ -265,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--urls", type=int, default=10_000, help="distinct urls, drawn uniformly")
     parser.add_argument("--partitions", type=int, default=6, help="partitions of the bench topic")
     parser.add_argument("--live-rate", type=float, default=0.0, help="steady page views/s (0: half the live figure)")
+    parser.add_argument(
+        "--backfill-batch-max", type=int, help="the runner's PIPELINE_BACKFILL_BATCH_MAX (default: its own)"
+    )
+    parser.add_argument(
+        "--backfill-pause-s", type=float, help="the runner's PIPELINE_BACKFILL_PAUSE_S (default: its own)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="same seed, same events")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the backfill may take")
     return cli.run(parser, measure, "loadgen.backfill", argv)
