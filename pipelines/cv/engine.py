@@ -49,6 +49,15 @@ class StreamDropped(StreamviewsError):
     """The stream is no longer in the catalog: a batch read before its DROP has nowhere to go."""
 
 
+class StreamRedefined(StreamviewsError):
+    """The batch was decoded for other columns than the stream has now (ALTER STREAM ADD/DROP COLUMN).
+
+    Transient: the batch is rolled back and read again once the runner decodes with the new declaration.
+    """
+
+    transient = True
+
+
 class ViewApplyError(StreamviewsError):
     """One view's maintenance failed: which view, and the error (PostgreSQL's, as `__cause__`)."""
 
@@ -126,15 +135,20 @@ class StreamMaintainer:
         ops: Sequence[int],
         columns: Sequence[Sequence[object]],
         only: frozenset[str] | None = None,
+        decoded_as: tuple[str, ...] | None = None,
     ) -> int:
         """Apply a batch in the current transaction; returns the number of deltas (real changes).
 
         `ops` holds +1 (insert) or -1 (delete) per change, `columns` one sequence per stream column,
         all in batch order: for one key, the last change wins. `only`: apply it to these views alone,
         no transform (a view's backfill from history, pipelines/cv/backfill.py; append-only streams).
+        `decoded_as`: the column names the batch was decoded for, when known; a batch of other
+        columns than the stream's now raises StreamRedefined.
         """
         plan = self._begin(conn)
         stream_columns = plan.stream.columns
+        if len(columns) != len(stream_columns) or decoded_as not in (None, plan.stream.column_names):
+            raise StreamRedefined(f"stream {self.stream_name}: the batch was decoded for its columns before a change")
         if plan.to_deltas is not None:
             literals = [arrays.ops_literal(ops), *arrays.column_literals(columns, stream_columns)]
             return self._run(conn, plan, literals, [])
@@ -276,7 +290,8 @@ class StreamMaintainer:
         else:
             recorded = ()
             source = stream_sql.delta_table(stream)
-            temp_tables = [stream_sql.create_delta_table(stream)]
+            # Made again with each plan: after ADD/DROP COLUMN the session's table has the old columns.
+            temp_tables = [sql.SQL("DROP TABLE IF EXISTS {}").format(source), stream_sql.create_delta_table(stream)]
             clear_tables = [sql.SQL("DELETE FROM {}").format(source)]
         per_view = []
         for compiled in views:

@@ -269,6 +269,9 @@ class StreamRunner:
             except Exception:  # a decoder bug: only the records it fails on are lost to the dead letters
                 log.exception("batch decoding failed; decoding record by record", stream=source.stream.name)
                 decoded = source.decoder.decode_each(group, undecodable=UNDECODABLE)
+            if any(error.reason == "unknown_field" for _, error in decoded.rejected) and self._redeclared(source):
+                source = self.sources[topic]  # ALTER STREAM ADD COLUMN since its decoder was built
+                decoded = source.decoder.decode_batch(group)
             rejected.extend((group[index], error) for index, error in decoded.rejected)
             # Records, not changes: a Debezium update is one record and two changes (delete, insert).
             records = len(group) - len(decoded.rejected) - decoded.skipped
@@ -280,6 +283,26 @@ class StreamRunner:
                 size += records
             counts[topic] = records
         return Decoded(payload, size, rejected, counts)
+
+    def _redeclared(self, source: Source) -> bool:
+        """After an event was refused for a field the stream lacks: its stored declaration, if it changed since.
+
+        A field added by ALTER STREAM ADD COLUMN reaches the topic as soon as the ALTER commits; the
+        catalog is read again between polls only. Asking now keeps such events from the dead letters.
+        """
+        try:
+            conn = self._catalog_connection()
+            if catalog.catalog_version(conn) == self.version:
+                return False
+            stream = declared_streams(conn).get(source.stream.name)
+        except psycopg.Error as e:
+            log.warning("cannot read the catalog; will retry", error=str(e).strip())
+            self._close()
+            return False
+        if stream is None or stream == source.stream or stream.topic != source.stream.topic:
+            return False
+        self.sources[stream.topic] = Source(stream, source.target, StreamDecoder(stream))
+        return True
 
     def _ensure_topics(self, sources: Iterable[Source]) -> None:
         partitions: dict[str, int] = {}

@@ -95,7 +95,9 @@ class ViewSink:
                 if outcome.isolate:
                     changed += isolation.StreamIsolation(conn, maintainer, changes, outcome, self).apply()
                 else:
-                    changed += maintainer.apply(conn, changes.ops, changes.columns)
+                    changed += maintainer.apply(
+                        conn, changes.ops, changes.columns, decoded_as=_decoded_as(name, changes)
+                    )
             except StreamDropped:
                 log.warning("stream dropped; skipping its records", stream=name, records=len(changes.ops))
                 continue
@@ -137,3 +139,12 @@ class ViewSink:
 
     def __str__(self) -> str:
         return "views of the declared streams"
+
+
+def _decoded_as(stream: str, changes: StreamChanges) -> tuple[str, ...] | None:
+    """The columns a stream's own changes were decoded for (None when fed `into` it: those match by position)."""
+    decoders = {o.decoder for o in changes.origins}
+    if len(decoders) != 1:
+        return None
+    declared = getattr(next(iter(decoders)), "stream", None)
+    return declared.column_names if declared is not None and declared.name == stream else None

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from pipelines.cv.frontend.changes import AlterStream, parse_change, stream_with_options
+from pipelines.cv.frontend.changes import AlterStream, parse_change, stream_with_column, stream_with_options
 from pipelines.cv.frontend.statements import NO_SCOPE, parse, read_script
 from pipelines.cv.model import DefinitionError
 
@@ -68,7 +68,16 @@ def test_alter_stream_sets_and_resets_its_topic_options():
         ("ALTER STREAM s SET (start_offset = 'latest')", "option 'start_offset' cannot be changed"),
         ("ALTER STREAM s SET (retention = 7)", "option retention takes a quoted string"),
         ("ALTER STREAM x.s SET (retention = '1 day')", "a stream's name has no schema"),
-        ("ALTER STREAM s ALTER COLUMN a TYPE text", r"only SET \(option = '...'\) and RESET \(option\)"),
+        (
+            "ALTER STREAM s ALTER COLUMN a TYPE text",
+            "the type of column a cannot change: its views' state was computed",
+        ),
+        ("ALTER STREAM s ALTER COLUMN a SET DEFAULT 1", "supported: SET / RESET .*, ADD COLUMN, DROP COLUMN"),
+        ("ALTER STREAM s ADD COLUMN b int, ADD COLUMN c int", "one ADD COLUMN or DROP COLUMN per statement"),
+        ("ALTER STREAM s ADD COLUMN b int, SET (retention = '1 day')", "one ADD COLUMN or DROP COLUMN per statement"),
+        ("ALTER STREAM s DROP COLUMN b CASCADE", "CASCADE is not supported"),
+        ("ALTER STREAM s DROP COLUMN IF EXISTS b", "DROP COLUMN IF EXISTS is not supported"),
+        ("ALTER STREAM s ADD COLUMN IF NOT EXISTS b int", "ADD COLUMN IF NOT EXISTS is not supported"),
     ],
 )
 def test_an_alter_stream_of_what_cannot_change_is_refused_in_one_line(statement, match):
@@ -95,3 +104,43 @@ def test_options_added_to_a_statement_without_any_and_all_reset_away():
     added = stream_with_options("CREATE STREAM s (a bigint)", {"retention": "2 days"}, ())
     assert added == "CREATE STREAM s (a bigint)\nWITH (retention = '2 days')"
     assert stream_with_options(added, {}, ("retention",)) == "CREATE STREAM s (a bigint)"
+
+
+def test_add_and_drop_column_name_the_column():
+    assert parse_change("ALTER STREAM s ADD COLUMN country text DEFAULT 'unknown'") == AlterStream(
+        "s", {}, (), add_column="country text DEFAULT 'unknown'"
+    )
+    assert parse_change("ALTER STREAM s ADD c int") == AlterStream("s", {}, (), add_column="c integer")  # deparsed
+    assert parse_change("ALTER STREAM s DROP COLUMN c;") == AlterStream("s", {}, (), drop_column="c")
+
+
+DEFINITION = (
+    "CREATE STREAM s (a bigint DEFAULT (1), b text CHECK (b <> 'x, y'), -- the referrer\n"
+    "  ts timestamptz, CHECK (a > 0)) WITH (topic = 't');"
+)
+
+
+def test_a_column_added_goes_last_and_the_rest_stays_as_written():
+    added = stream_with_column(DEFINITION, "country text DEFAULT 'unknown'", None)
+
+    assert added == (
+        "CREATE STREAM s (a bigint DEFAULT (1), b text CHECK (b <> 'x, y'), -- the referrer\n"
+        "  ts timestamptz, CHECK (a > 0),\n    country text DEFAULT 'unknown'\n) WITH (topic = 't')"
+    )
+    assert parse(added, NO_SCOPE).column_names == ("a", "b", "ts", "country")
+
+
+@pytest.mark.parametrize(("column", "columns"), [("a", ("b", "ts")), ("b", ("a", "ts")), ("ts", ("a", "b"))])
+def test_a_column_dropped_leaves_the_others_and_the_table_checks(column, columns):
+    dropped = stream_with_column(DEFINITION, None, column)
+
+    if column == "a":  # the table CHECK reads it: the statement no longer parses, and the catalog says so
+        with pytest.raises(DefinitionError, match=r"CHECK \(a > 0\) uses a, which it may not"):
+            parse(dropped, NO_SCOPE)
+        return
+    assert parse(dropped, NO_SCOPE).column_names == columns
+
+
+def test_dropping_a_column_the_stream_does_not_have_is_refused():
+    with pytest.raises(DefinitionError, match="DROP COLUMN zz: the stream has no such column"):
+        stream_with_column(DEFINITION, None, "zz")

@@ -18,6 +18,7 @@ from psycopg import sql
 
 from pipelines.cv.catalog import stream_inserts
 from pipelines.cv.catalog.locks import Outcome, lock_stream_for_change, lock_tables
+from pipelines.cv.catalog.stream_columns import change_column
 from pipelines.cv.frontend.changes import AlterStream, stream_with_options
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import DefinitionError, StreamDef
@@ -101,10 +102,15 @@ def declared_topic_configs(conn: psycopg.Connection, streams: Iterable[StreamDef
 def alter_stream(
     conn: psycopg.Connection, change: AlterStream, streams: Mapping[str, StreamDef]
 ) -> tuple[Outcome, StreamDef]:
-    """ALTER STREAM SET / RESET of its topic's options: its statement rewritten, its state and views untouched."""
+    """ALTER STREAM SET / RESET of its topic's options: its statement rewritten, its state and views untouched.
+
+    ADD COLUMN and DROP COLUMN: pipelines.cv.catalog.stream_columns.
+    """
     stored = streams.get(change.name)
     if stored is None:
         raise DefinitionError(f"ALTER STREAM: no stream named {change.name}")
+    if change.add_column is not None or change.drop_column is not None:
+        return change_column(conn, change, stored, streams)
     definition = stream_with_options(stored.definition, change.set_options, change.reset_options)
     stream = parse(definition, NO_SCOPE)
     assert isinstance(stream, StreamDef)

@@ -5,6 +5,8 @@
     ALTER CONTINUOUS VIEW social.object_likes_hourly SET (changes = true);  -- its change stream
     ALTER STREAM clicks SET (retention = '7 days', retention_bytes = '10 GB');  -- its topic's
     ALTER STREAM clicks RESET (retention_bytes);
+    ALTER STREAM clicks ADD COLUMN country text DEFAULT 'unknown';    -- events without it take the default
+    ALTER STREAM clicks DROP COLUMN referrer;                         -- when no view reads it
     DROP CONTINUOUS VIEW [IF EXISTS] social.object_likes_hourly;
     DROP STREAM [IF EXISTS] clicks;
 
@@ -42,11 +44,18 @@ class AlterView:
 
 @dataclass(frozen=True)
 class AlterStream:
-    """ALTER STREAM name SET (option = 'value', ...) or RESET (option, ...): options of its topic only."""
+    """ALTER STREAM name SET (option = 'value', ...) / RESET (option, ...) of its topic, or ADD / DROP COLUMN.
+
+    Attributes:
+        add_column: ADD COLUMN's column definition as SQL text (`country text DEFAULT 'unknown'`).
+        drop_column: DROP COLUMN's column name.
+    """
 
     name: str
     set_options: dict[str, str]
     reset_options: tuple[str, ...]
+    add_column: str | None = None
+    drop_column: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,15 +101,45 @@ def parse_change(statement: str) -> AlterView | AlterStream | Drop | None:
         if node.relation.schemaname:
             raise DefinitionError(f"{what}: a stream's name has no schema")
         name = plain_identifier(node.relation.relname, what)
-        return AlterStream(name, *_set_reset(node, ALTERABLE_STREAM_OPTIONS, what))
+        return _alter_columns(node, name, what) or AlterStream(name, *_set_reset(node, ALTERABLE_STREAM_OPTIONS, what))
     if isinstance(node, ast.AlterTableStmt) and noun == "CONTINUOUS VIEW":
         relation = node.relation
         name = f"{plain_identifier(relation.schemaname or 'public', what)}.{plain_identifier(relation.relname, what)}"
         return AlterView(name, *_set_reset(node, ALTERABLE, what))
     raise DefinitionError(
         f"{what}: supported: ALTER CONTINUOUS VIEW ... SET/RESET (ttl, changes), "
-        "ALTER STREAM ... SET/RESET (retention, retention_bytes), DROP STREAM, DROP CONTINUOUS VIEW"
+        "ALTER STREAM ... SET/RESET (retention, retention_bytes) or ADD/DROP COLUMN, DROP STREAM, DROP CONTINUOUS VIEW"
     )
+
+
+def _alter_columns(node: ast.AlterTableStmt, name: str, what: str) -> AlterStream | None:
+    """ALTER STREAM ADD COLUMN / DROP COLUMN (one per statement); None when the statement changes no column."""
+    column_cmds = [
+        cmd
+        for cmd in node.cmds
+        if cmd.subtype not in (AlterTableType.AT_SetRelOptions, AlterTableType.AT_ResetRelOptions)
+    ]
+    if not column_cmds:
+        return None
+    if column_cmds[0].subtype == AlterTableType.AT_AlterColumnType:
+        raise DefinitionError(
+            f"{what}: the type of column {column_cmds[0].name} cannot change: its views' state was computed from "
+            "values of the old type; add a column of the new type (ADD COLUMN) and define views over it"
+        )
+    if len(node.cmds) > 1:
+        raise DefinitionError(f"{what}: one ADD COLUMN or DROP COLUMN per statement, without SET or RESET")
+    [cmd] = column_cmds
+    if cmd.subtype == AlterTableType.AT_AddColumn:
+        if cmd.missing_ok:
+            raise DefinitionError(f"{what}: ADD COLUMN IF NOT EXISTS is not supported")
+        return AlterStream(name, {}, (), add_column=RawStream()(cmd.def_))
+    if cmd.subtype == AlterTableType.AT_DropColumn:
+        if cmd.behavior.name != "DROP_RESTRICT":
+            raise DefinitionError(f"{what}: CASCADE is not supported; drop the views reading the column first")
+        if cmd.missing_ok:
+            raise DefinitionError(f"{what}: DROP COLUMN IF EXISTS is not supported")
+        return AlterStream(name, {}, (), drop_column=plain_identifier(cmd.name, what))
+    raise DefinitionError(f"{what}: supported: SET / RESET (retention, retention_bytes), ADD COLUMN, DROP COLUMN")
 
 
 def _set_reset(
@@ -157,3 +196,40 @@ def with_options(definition: str, options: dict[str, str]) -> str:
     with_clause = f" WITH ({options_sql})" if options else ""
     view, query = RawStream()(node.view), RawStream()(node.query)
     return f"CREATE CONTINUOUS VIEW {view}{with_clause} AS {query}"
+
+
+def stream_with_column(definition: str, add_column: str | None, drop_column: str | None) -> str:
+    """A CREATE STREAM statement with a column added (last) or dropped; everything else kept as written.
+
+    Raises:
+        DefinitionError: The column to drop is not one of the stream's.
+    """
+    text = definition.strip().rstrip(";").rstrip()
+    # The column list's items: (start, end, first word) of each, split at its top-level commas.
+    depth, items, start, word, close = 0, [], 0, "", None
+    for token in pglast.parser.scan(text):
+        if close is not None:
+            break
+        if token.name == "ASCII_41" and depth == 1:  # ) closing the list
+            items.append((start, token.start, word))
+            close = token.start
+        elif token.name == "ASCII_44" and depth == 1:  # ,
+            items.append((start, token.start, word))
+            start, word = token.end + 1, ""
+        elif depth == 1 and not word and token.name not in ("SQL_COMMENT", "C_COMMENT"):
+            word = text[token.start : token.end + 1]
+        if token.name == "ASCII_40":  # (
+            depth += 1
+            if depth == 1:
+                start = token.end + 1
+        elif token.name == "ASCII_41":
+            depth -= 1
+    assert close is not None, definition
+    if add_column is not None:
+        return f"{text[:close]},\n    {add_column}\n{text[close:]}"
+    for index, (first, end, name) in enumerate(items):
+        if name == drop_column:
+            if index > 0:  # from the comma before it
+                return text[: items[index - 1][1]] + text[end:]
+            return text[:first] + text[items[1][0] :]
+    raise DefinitionError(f"ALTER STREAM: DROP COLUMN {drop_column}: the stream has no such column")
