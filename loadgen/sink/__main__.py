@@ -4,13 +4,14 @@ Issue 25's performance figures for sinks (`CREATE SINK`, docs/views.md "Sinks"):
 
 1. Produce `--events` page views (loadgen.workloads.pageviews: url uniform among `--urls`) to a
    topic of `--partitions`.
-2. Drain it four times, each in a throwaway schema, stream and consumer group, with the `basic`
-   view of loadgen.pageviews (count, sum, max per url) and ONE runner: without a sink, with an
-   upsert sink on the view (its changes recorded, and the sinks' relay of the run's group
-   publishing them: `python -m pipelines.cv.relay --group G`), with, without (ABBA, so drift on a
-   shared machine weighs on both alike). Each drain is timed in ops.kafka_offsets from its first
-   commit; each variant's figure is the median of its two runs; the target is >= 0.9x. A sink run
-   also times the relay's catch-up after the drain.
+2. Drain it six times, each in a throwaway schema, stream and consumer group, with the `basic`
+   view of loadgen.pageviews (count, sum, max per url) and ONE runner: without a sink (A), with the
+   view recording its changes and no sink (B: what the change stream itself costs the runner), with
+   an upsert sink on the view (C: its changes recorded, and the sinks' relay of the run's group
+   publishing them, `python -m pipelines.cv.relay --group G`), then C, B, A again (so drift on a
+   shared machine weighs on all alike). Each drain is timed in ops.kafka_offsets from its first
+   commit; each variant's figure is the median of its two runs; the target is C >= 0.9x A. A sink
+   run also times the relay's catch-up after the drain.
 3. Latency: a fresh topic, the view with its sink, the runner and the relay started; page views
    produced steadily at half the with-sink rate of step 2 for `--seconds`, plus a marker page view
    (a url of its own) every 20 ms; a consumer of the sink's topic times each marker's first record
@@ -41,7 +42,8 @@ from pipelines.settings import KafkaSettings, PostgresSettings
 
 log = get_logger("loadgen.sink")
 
-ORDER = (False, True, True, False)  # ABBA: without, with, with, without
+# Without (A), changes recorded without a sink (B), with the sink (C): A B C C B A.
+ORDER = ("without", "changes", "with", "with", "changes", "without")
 
 
 def throughput(args: argparse.Namespace, kafka: KafkaSettings, postgres: PostgresSettings) -> dict[str, list[float]]:
@@ -50,17 +52,18 @@ def throughput(args: argparse.Namespace, kafka: KafkaSettings, postgres: Postgre
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     topic = unique_name("bench-sink-pv", sep="-")
     create_topic(admin, topic, args.partitions)
-    figures: dict[str, list[float]] = {"without": [], "with": [], "catch_up": []}
+    figures: dict[str, list[float]] = {"without": [], "changes": [], "with": [], "catch_up": []}
     try:
         produce_all(topic, range(args.events), views.encode, kafka)
-        for with_sink in ORDER:
-            with SinkRun(topic, sink=with_sink, kafka=kafka, postgres=postgres).running() as run:
+        for variant in ORDER:
+            sink, changes = variant == "with", variant == "changes"
+            with SinkRun(topic, sink=sink, changes=changes, kafka=kafka, postgres=postgres).running() as run:
                 drain = run.drain()
-                figures["with" if with_sink else "without"].append(drain.rate(args.events))
-                if with_sink:
+                figures[variant].append(drain.rate(args.events))
+                if sink:
                     figures["catch_up"].append(run.relay_caught_up())
                 run.check(views)
-                log.info("drained", sink=with_sink, events_per_s=round(drain.rate(args.events)))
+                log.info("drained", variant=variant, events_per_s=round(drain.rate(args.events)))
     finally:
         delete_topic(admin, topic)
     return figures
@@ -122,12 +125,14 @@ def measure(args: argparse.Namespace) -> BenchResult:
     """ABBA drains with and without the sink, then the latency at half the with-sink rate."""
     kafka, postgres = KafkaSettings(), PostgresSettings()
     results = Results()
-    figures = results.measure("throughput", lambda: throughput(args, kafka, postgres))
+    figures = None if args.rate else results.measure("throughput", lambda: throughput(args, kafka, postgres))
+    if args.rate:
+        results.values["with"] = 2 * args.rate  # the latency phase alone, at the rate given
     if figures:
-        results.values["without"] = statistics.median(figures["without"])
-        results.values["with"] = statistics.median(figures["with"])
+        for variant in ("without", "changes", "with"):
+            results.values[variant] = statistics.median(figures[variant])
         results.values["catch_up"] = max(figures["catch_up"])
-    results.same_note(["without", "with", "catch_up"], "throughput")
+    results.same_note(["without", "changes", "with", "catch_up"], "throughput" if not args.rate else "--rate")
     if "with" in results.values:
         rate = results.values["with"] / 2
         results.values["latency_rate"] = rate
@@ -137,9 +142,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
             results.values["p99"] = percentile(latencies, 99)
     results.same_note(["latency_rate", "p50", "p99"], "latency")
     runs = (
-        ", ".join(f"{r:,.0f}" for r in figures["without"])
-        + " without; "
-        + ", ".join(f"{r:,.0f}" for r in figures["with"])
+        "; ".join(f"{v}: " + ", ".join(f"{r:,.0f}" for r in figures[v]) for v in ("without", "changes", "with"))
         if figures
         else "not run"
     )
@@ -148,6 +151,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
         results,
         [
             ("one runner, no sink (events/s, median of 2)", "without"),
+            ("one runner, the view recording its changes, no sink (events/s)", "changes"),
             ("one runner, upsert sink on the view (events/s, median of 2)", "with"),
             ("relay catch-up after a drain, the longer (s)", "catch_up", ".1f"),
             ("steady load for the latency (events/s, half the with-sink rate)", "latency_rate"),
@@ -156,13 +160,15 @@ def measure(args: argparse.Namespace) -> BenchResult:
         ],
         comparisons=[
             Comparison("with an upsert sink / without", "with", "without", target=0.9),
+            Comparison("changes recorded, no sink / without", "changes", "without"),
+            Comparison("with an upsert sink / changes recorded, no sink", "with", "changes"),
             Comparison("event -> record p99 at half the sustained rate", "p99", limit=1000.0, unit="ms"),
         ],
         header=[
             f"upsert sink benchmark ({machine_line(postgres)})",
             f"  workload: {args.events:,} page views, url uniform among {args.urls:,}, {args.partitions} partitions;"
             f" view basic: {VIEW.select.format(stream='<stream>')}",
-            "  runs in ABBA order (without, with, with, without), each a fresh group draining the same topic",
+            "  runs in the order without, changes, sink, sink, changes, without: each a fresh group draining one topic",
         ],
         notes=[f"drains (events/s, in order of each variant): {runs}"],
     )
@@ -176,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=6, help="partitions of the bench topics")
     parser.add_argument("--seconds", type=float, default=15.0, help="steady load of the latency phase")
     parser.add_argument("--seed", type=int, default=1, help="same seed, same events")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="only the latency phase, at this many events/s (0: half the measured)"
+    )
     return cli.run(parser, measure, "loadgen.sink", argv)
 
 

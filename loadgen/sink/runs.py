@@ -2,7 +2,8 @@
 
 - `SinkRun`: the page-views `basic` view (loadgen.pageviews) in a throwaway schema over a topic,
   one runner draining it and, with a sink, the sinks' relay of the run's group
-  (`python -m pipelines.cv.relay --group G`) publishing the view's changes to an upsert topic;
+  (`python -m pipelines.cv.relay --group G`) publishing the view's changes to an upsert topic; or,
+  with `changes` alone, the view recording its changes (`WITH (changes = true)`) and no relay;
 - `RecordProbe`: a consumer of the sink's topic that times each marker url's first record.
 """
 
@@ -42,8 +43,11 @@ VIEW = VIEWS["basic"]  # count(*), sum(latency), max(latency) per url
 class SinkRun:
     """A throwaway stream over `topic`, the basic view, with or without an upsert sink, and its processes."""
 
-    def __init__(self, topic: str, *, sink: bool, kafka: KafkaSettings, postgres: PostgresSettings) -> None:
+    def __init__(
+        self, topic: str, *, sink: bool, kafka: KafkaSettings, postgres: PostgresSettings, changes: bool = False
+    ) -> None:
         self.topic, self.with_sink, self.kafka, self.postgres = topic, sink, kafka, postgres
+        self.changes = changes
         run_id = unique_name("", sep="")
         self.schema, self.stream, self.group = f"bench_{run_id}", f"bench_pv_{run_id}", f"bench-sink-{run_id}"
         self.sink, self.out = f"bench_sink_{run_id}", f"bench-sink-out-{run_id}"
@@ -52,7 +56,7 @@ class SinkRun:
 
     def statements(self) -> list[str]:
         """The stream and view of loadgen.pageviews, and the sink on the view when there is one."""
-        statements = definitions(self.schema, self.stream, self.topic, self.group, VIEW.select)
+        statements = definitions(self.schema, self.stream, self.topic, self.group, VIEW.select, self.changes)
         if self.with_sink:
             statements.append(
                 f"CREATE SINK {self.sink} FROM {self.schema}.{VIEW_NAME} WITH (topic = '{self.out}', format = 'upsert')"
