@@ -171,6 +171,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
             "  runs in the order without, changes, sink, sink, changes, without: each a fresh group draining one topic",
         ],
         notes=[f"drains (events/s, in order of each variant): {runs}"],
+        check="every drained view matches what was produced (loadgen.pageviews' basic check)" if figures else None,
     )
 
 
