@@ -220,7 +220,7 @@ class PipelineSettings(_Settings):
     # page is taken once), the most upstream changes one transaction applies to the views reading
     # them, and the seconds between checks when no NOTIFY woke the feeds.
     feeds: bool = True
-    feed_page: int = Field(10_000, gt=0)
+    feed_page: int = Field(50_000, gt=0)
     feed_poll_s: float = Field(1.0, gt=0)
     # Backfills of new views from their topic's retained history (pipelines/cv/backfill.py): whether
     # this runner catches them up (a thread beside the Kafka loop), the most records of one catch-up

@@ -308,8 +308,9 @@ class StreamMaintainer:
             quarantined=sorted(quarantined),
             transforms=[name for name, _ in recorded],
         )
-        feed_batch = stream_sql.changes_batch(stream) if stream.is_feed else None
-        to_deltas = stream_sql.batch_to_deltas(stream, feed_batch) if stream.key is not None else None
+        to_deltas = None
+        if stream.key is not None:  # a view's rows read as a stream: its changes are already effective
+            to_deltas = stream_sql.feed_to_deltas(stream) if stream.is_feed else stream_sql.batch_to_deltas(stream)
         return _Plan(
             version,
             stream,

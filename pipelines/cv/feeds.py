@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,10 +88,11 @@ class ViewFeeds:
     """Applies every feed stream's pending upstream changes; `run` loops until stopped."""
 
     conninfo: str
-    page: int = 10_000
+    page: int = 50_000
     poll_s: float = 1.0
     view_retry_s: float = 30.0
     group_id: str = ""
+    roots: Callable[[str], bool] = lambda stream: True  # which chains it feeds, by their declared stream
     maintainers: dict[str, StreamMaintainer] = field(default_factory=dict)
     backoff: dict[str, _Backoff] = field(default_factory=dict)
     _next_housekeeping: float = 0.0
@@ -108,8 +110,8 @@ class ViewFeeds:
                 self.housekeeping(conn)
                 for _ in conn.notifies(timeout=self.poll_s, stop_after=1):
                     pass
-            except psycopg.Error as e:
-                log.warning("view feeds: database unavailable; will retry", error=describe_error(e))
+            except Exception as e:  # the database gone, or a bug: logged in one line, the loop goes on
+                log.error("view feeds failed; retrying", error=describe_error(e))
                 if conn is not None:
                     conn.close()
                 conn = None
@@ -118,15 +120,22 @@ class ViewFeeds:
             conn.close()
 
     def pending(self, conn: psycopg.Connection) -> list[Feed]:
-        """Every feed, upstream first: a feed whose upstream reads another feed comes after that one."""
+        """The feeds this runner applies, upstream first: a feed whose upstream reads another comes after it.
+
+        A feed is this runner's when the declared stream its chain starts from is (`roots`): a chain
+        is fed by the runners of its Kafka stream, not by every runner of every group.
+        """
         rows = conn.execute(PENDING_SQL).fetchall()
         feeds = {name: (Feed(name, upstream, position, last), reads) for name, upstream, position, last, reads in rows}
 
-        def depth(name: str, seen: frozenset[str] = frozenset()) -> int:
-            reads = feeds[name][1]
-            return 0 if reads not in feeds or reads in seen else 1 + depth(reads, seen | {name})
+        def chain(name: str) -> list[str]:  # the feed, then the feeds above it, then the declared stream
+            names = [name]
+            while names[-1] in feeds and len(names) <= len(feeds):
+                names.append(feeds[names[-1]][1])
+            return names
 
-        return [feeds[name][0] for name in sorted(feeds, key=lambda n: (depth(n), n))]
+        mine = [name for name in feeds if self.roots(chain(name)[-1])]
+        return [feeds[name][0] for name in sorted(mine, key=lambda n: (len(chain(n)), n))]
 
     def step(self, conn: psycopg.Connection) -> int:
         """One pass over the feeds, upstream first, each read anew; the changes applied."""

@@ -131,8 +131,8 @@ class StreamRunner:
         Views over views are fed beside the Kafka loop, in a thread of their own (pipelines.cv.feeds):
         their changes come from PostgreSQL, not from a poll, and a chain should not wait for the next
         Kafka batch (nor a Kafka batch for a chain); it works in the database, so the GIL is not what
-        it shares. Every runner process feeds them unless PIPELINE_FEEDS=false: the reader positions
-        are fenced, so several runners take each page once.
+        it shares. A runner feeds the chains of the streams it consumes (unless PIPELINE_FEEDS=false);
+        the reader positions are fenced, so several runners of a group take each page once.
         """
         stop = threading.Event()
         feeds = None
@@ -161,6 +161,7 @@ class StreamRunner:
             poll_s=self.settings.feed_poll_s,
             view_retry_s=self.settings.view_retry_s,
             group_id=self.group_id,
+            roots=lambda stream: stream in self.sink.streams,  # the chains of the streams this runner consumes
         )
 
     def tick(self) -> None:

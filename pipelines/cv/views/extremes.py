@@ -79,14 +79,26 @@ def forget_zeros(view: ViewDef, index: int) -> sql.Composed:
 
 
 def read(view: ViewDef, index: int, aggregate: Aggregate) -> sql.Composed:
-    """A stored row's extreme (`s` the storage row), from its group's counts: the first by the index."""
-    same_group = sql.SQL(" AND ").join(
-        sql.SQL("(m.{0} = s.{0} OR (m.{0} IS NULL AND s.{0} IS NULL))").format(ident(g.name)) for g in view.groups
+    """A stored row's extreme (`s` the storage row), from its group's counts: the first by the index.
+
+    A group without NULLs is looked up with plain equalities, which the unique index answers; the
+    NULL-matching ORs (for groups with a NULL) make PostgreSQL scan the whole table instead: measured
+    on 200,000 counts, 51 ms a row against 0.03 ms.
+    """
+    names = [ident(g.name) for g in view.groups]
+    matching = sql.SQL(" AND ").join(
+        sql.SQL("(m.{0} = s.{0} OR (m.{0} IS NULL AND s.{0} IS NULL))").format(n) for n in names
     )
-    order = "ASC" if aggregate.kind == "min" else "DESC"
-    return sql.SQL("(SELECT m.value FROM {} AS m WHERE {} ORDER BY m.value {} LIMIT 1)").format(
-        counts_table(view, index), same_group, sql.SQL(order)
-    )
+    equal = sql.SQL(" AND ").join(sql.SQL("m.{0} = s.{0}").format(n) for n in names)
+    no_null = sql.SQL(" AND ").join(sql.SQL("s.{} IS NOT NULL").format(n) for n in names)
+    order = sql.SQL("ASC" if aggregate.kind == "min" else "DESC")
+
+    def first(where: sql.Composable) -> sql.Composed:
+        return sql.SQL("(SELECT m.value FROM {} AS m WHERE {} ORDER BY m.value {} LIMIT 1)").format(
+            counts_table(view, index), where, order
+        )
+
+    return sql.SQL("(CASE WHEN {} THEN {} ELSE {} END)").format(no_null, first(equal), first(matching))
 
 
 def expire(view: ViewDef, index: int) -> sql.Composed | None:

@@ -52,7 +52,7 @@ def create_delta_table(stream: StreamDef) -> sql.Composed:
     )
 
 
-def batch_to_deltas(stream: StreamDef, batch: sql.Composable | None = None) -> sql.Composed:
+def batch_to_deltas(stream: StreamDef) -> sql.Composed:
     """One statement: a batch (parallel arrays: op, then each column) into deltas.
 
     Keyed streams replay each key's changes against its stored presence and keep the *effective*
@@ -64,18 +64,14 @@ def batch_to_deltas(stream: StreamDef, batch: sql.Composable | None = None) -> s
     aggregate as they were, but its like + unlike of a pair does reach monotonic aggregates (hll) again:
     replays are for the offsets to prevent. The stored rows of the batch's keys are locked in key
     order first.
-
-    `batch` (columns op, the stream's columns, seq) replaces the parameters' arrays: a feed stream's
-    batch is read from its upstream's change stream (`changes_batch`).
     """
     names = [ident(c.name) for c in stream.columns]
     # Each column is one array literal (pipelines.cv.arrays): PostgreSQL parses it in C, where
     # psycopg's array dumpers would spend a Python call per value in the committing thread.
     arrays = [sql.SQL("%t::{}[]").format(raw(c.type)) for c in stream.columns]
-    if batch is None:
-        batch = sql.SQL("SELECT * FROM unnest(%t::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
-            comma_list(arrays), comma_list(names)
-        )
+    batch = sql.SQL("SELECT * FROM unnest(%t::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
+        comma_list(arrays), comma_list(names)
+    )
     if stream.key is None:
         return sql.SQL("INSERT INTO {} (_cv_sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
             delta_table(stream), comma_list(names), comma_list(names), batch
@@ -200,8 +196,8 @@ def _row(stream: StreamDef, json: str) -> sql.Composed:
 def changes_batch(stream: StreamDef) -> sql.Composed:
     """A keyed feed stream's batch (op, columns, seq): per change, -1 with its old row, then +1 with its new.
 
-    Replayed against the feed's state (`batch_to_deltas`), a change retracts what the old row added
-    and adds the new row: a rollup over the upstream's current rows stays exact.
+    A change retracts what the old row added and adds the new row (`feed_to_deltas`): a rollup over
+    the upstream's current rows stays exact.
     """
     names = comma_list([sql.SQL("(c.r).{}").format(ident(c.name)) for c in stream.columns])
     return sql.SQL(
@@ -211,6 +207,44 @@ def changes_batch(stream: StreamDef) -> sql.Composed:
         " (1::int2, 1, v.after IS NOT NULL, {after})) AS s(op, side, present, r)"
         " WHERE present) AS c"
     ).format(names=names, changes=sql.SQL(_CHANGES), before=_row(stream, "v.before"), after=_row(stream, "v.after"))
+
+
+def feed_to_deltas(stream: StreamDef) -> sql.Composed:
+    """A keyed feed stream's batch into deltas: each change's old row leaving, its new row entering.
+
+    No replay against the state is needed (`batch_to_deltas`): the upstream's changes are already
+    effective and netted per group and transaction, and each one's old row is exactly the row the
+    state holds for its key (the state follows the same changes). The state is only brought to each
+    key's last row of the page (deleted when the group is gone), for a new view's backfill and a
+    quarantined view's rebuild. Measured on 43,000 changes of a per-minute view: 2.3 s replayed, this
+    way a fraction of it.
+    """
+    assert stream.key is not None
+    names = [ident(c.name) for c in stream.columns]
+    keys = [ident(k) for k in stream.key]
+    others = [ident(c.name) for c in stream.columns if c.name not in stream.key]
+    match = sql.SQL(" AND ").join(sql.SQL("st.{0} = fin.{0}").format(k) for k in keys)
+    upsert = (
+        sql.SQL("DO UPDATE SET {}").format(comma_list([sql.SQL("{0} = excluded.{0}").format(o) for o in others]))
+        if others
+        else sql.SQL("DO NOTHING")
+    )
+    return sql.SQL(
+        "WITH b AS MATERIALIZED ({batch}),"
+        " fin AS (SELECT DISTINCT ON ({key}) * FROM b ORDER BY {key}, seq DESC),"
+        " del AS (DELETE FROM {state} AS st USING fin WHERE fin.op = -1 AND {match}),"
+        " ins AS (INSERT INTO {state} ({cols}) SELECT {cols} FROM fin WHERE op = 1 ORDER BY {key}"
+        " ON CONFLICT ({key}) {upsert})"
+        " INSERT INTO {delta} (_cv_sign, {cols}) SELECT op, {cols} FROM b"
+    ).format(
+        batch=changes_batch(stream),
+        key=comma_list(keys),
+        state=state_table(stream),
+        match=match,
+        cols=comma_list(names),
+        upsert=upsert,
+        delta=delta_table(stream),
+    )
 
 
 def changes_source(stream: StreamDef) -> sql.Composed:
