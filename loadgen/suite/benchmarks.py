@@ -101,6 +101,13 @@ SUITE = (
         minutes=4,
     ),
     Benchmark(
+        "rollup",
+        "A minute -> hour -> day chain of views over views: its ingest cost and event -> day latency",
+        "loadgen.rollup",
+        quick="--events 50000 --probes 5",
+        minutes=4,
+    ),
+    Benchmark(
         "likes_at_size",
         "Likes per second as the state grows",
         "loadgen.likes_at_size",
