@@ -204,6 +204,8 @@ def measure(args: argparse.Namespace) -> BenchResult:
                     probe.start()
                     steady = SteadyProducer(topic, views, args.live_rate or results.values["live"] / 2, probe, kafka)
                     steady.start()
+                    quiet = time.monotonic()  # the same load without a backfill first: the baseline
+                    time.sleep(args.baseline_s)
                     define = definitions(schema, stream, topic, group, "loaded_stats")[1]
                     started = time.monotonic()
                     rate = backfill_rate(conn, define, f"{schema}.loaded_stats", runner, args.timeout)
@@ -217,10 +219,11 @@ def measure(args: argparse.Namespace) -> BenchResult:
                     probe.stop()
                     probe.join(10)
                     markers = len(probe.latencies)
-                    within = [1000 * lat for (at, lat) in probe.samples if started <= at <= ended]
-                    if within:
-                        results.values["freshness_p50"] = percentile(within, 50)
-                        results.values["freshness_p99"] = percentile(within, 99)
+                    for key, since, until in (("baseline", quiet + 1, started), ("freshness", started, ended)):
+                        within = [1000 * lat for (at, lat) in probe.samples if since <= at <= until]
+                        if within:
+                            results.values[f"{key}_p50"] = percentile(within, 50)
+                            results.values[f"{key}_p99"] = percentile(within, 99)
                     results.values["steady_rate"] = steady.produced / max(steady.seconds, 1e-9)
                     # 3. every view equals the live one; the live one counts every page view produced
                     wait_drained(conn, runner, high_watermarks(topic, kafka))
@@ -253,6 +256,8 @@ def measure(args: argparse.Namespace) -> BenchResult:
         ("backfill of new_stats from the same backlog (events/s)", "backfill"),
         ("backfill of loaded_stats under the steady load (events/s)", "backfill_loaded"),
         ("steady load meanwhile (page views/s, bench producer)", "steady_rate"),
+        ("live_stats freshness p50 under that load, before the backfill (ms)", "baseline_p50"),
+        ("  same, p99 (ms)", "baseline_p99"),
         ("live_stats freshness p50 during that backfill (ms)", "freshness_p50"),
         ("live_stats freshness p99 during that backfill (ms)", "freshness_p99"),
     ]
@@ -281,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--backfill-pause-s", type=float, help="the runner's PIPELINE_BACKFILL_PAUSE_S (default: its own)"
     )
+    parser.add_argument("--baseline-s", type=float, default=5.0, help="seconds of the load before the backfill")
     parser.add_argument("--seed", type=int, default=1, help="same seed, same events")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the backfill may take")
     return cli.run(parser, measure, "loadgen.backfill", argv)

@@ -72,6 +72,13 @@ SUITE = (
         minutes=3,
     ),
     Benchmark(
+        "backfill",
+        "A new view backfilled from 2M retained page views, beside the live runner; freshness meanwhile",
+        "loadgen.backfill",
+        quick="--events 200000 --baseline-s 2",
+        minutes=3,
+    ),
+    Benchmark(
         "aggregates",
         "Each aggregate's own cost in the engine",
         "loadgen.aggregates",
