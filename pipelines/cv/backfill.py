@@ -21,7 +21,7 @@ the live views' way: its own consumer (assigned partitions, no group membership:
 never rebalanced), bounded batches (`PIPELINE_BACKFILL_BATCH_MAX`), and a pause between batches
 (`PIPELINE_BACKFILL_PAUSE_S`) that lets the live loop take the interpreter and the database first.
 Records the stream's decoder rejects are skipped: the live runner dead-lettered them already.
-One backfill at a time, oldest first.
+One backfill at a time, oldest first; a quarantined view's waits until it is maintained again.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from pipelines.settings import KafkaSettings, PipelineSettings
 log = get_logger("cv.backfill")
 
 Partition = tuple[str, int]
+BACKFILL_LOCK = 0x62666C6C  # the advisory lock class of backfills ('bfll'), keyed by the backfill's group
 
 
 class BackfillStopped(StreamviewsError):
@@ -154,27 +155,38 @@ class Backfiller:
         self._close()
 
     def step(self, stop: threading.Event) -> bool:
-        """Catch up the oldest pending backfill of a stream this runner runs; False when there was none."""
+        """Catch up the oldest pending backfill of a stream this runner runs; False when there was none.
+
+        Several runner processes of one group each look: the first to take a backfill's advisory
+        lock (session-level, released when its connection ends, kill -9 included) catches it up, the
+        others take the next one or wait, instead of fencing each other batch after batch.
+        """
         conn = self._connection()
         conn.execute("SELECT cv.forget_backfill_offsets()")  # of backfills dropped or rebuilt
-        pending = self.pending(conn)
-        if pending is None:
-            return False
-        self.catch_up(pending, stop)
-        return True
+        for pending in self.pending(conn):
+            if conn.execute(
+                "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (BACKFILL_LOCK, pending.group_id)
+            ).fetchone()[0]:
+                try:
+                    self.catch_up(pending, stop)
+                finally:
+                    conn.execute("SELECT pg_advisory_unlock(%s, hashtext(%s))", (BACKFILL_LOCK, pending.group_id))
+                return True
+        return False
 
-    def pending(self, conn: psycopg.Connection) -> Pending | None:
-        """The oldest backfill not done whose stream this runner runs."""
+    def pending(self, conn: psycopg.Connection) -> list[Pending]:
+        """The backfills not done whose stream this runner runs and whose view is maintained, oldest first."""
         rows = conn.execute(
             "SELECT b.view, b.stream, b.group_id, b.rule, array_agg(p.topic), array_agg(p.partition),"
             " array_agg(p.switch_offset) FROM cv.backfills AS b JOIN cv.backfill_partitions AS p ON p.view = b.view"
-            " WHERE b.done_at IS NULL GROUP BY b.view ORDER BY b.id"
+            " WHERE b.done_at IS NULL AND NOT EXISTS (SELECT FROM cv.view_failures AS f WHERE f.view = b.view)"
+            " GROUP BY b.view ORDER BY b.id"
         ).fetchall()
-        for view, stream, group_id, rule, topics, partitions, offsets in rows:
-            if self.runs(stream):
-                switch = {(t, p): o for t, p, o in zip(topics, partitions, offsets, strict=True)}
-                return Pending(view, stream, group_id, rule, switch)
-        return None
+        return [
+            Pending(view, stream, group_id, rule, dict(zip(zip(topics, partitions, strict=True), offsets, strict=True)))
+            for view, stream, group_id, rule, topics, partitions, offsets in rows
+            if self.runs(stream)
+        ]
 
     def catch_up(self, backfill: Pending, stop: threading.Event) -> None:
         """Read [start, switch) of each partition into the view, batch by batch, until done, stopped or gone.
