@@ -186,7 +186,7 @@ def test_status_shows_lag_last_commit_and_dead_letters(cli, pg, kafka, name):
         return stream
 
     stream = wait_for(lambda: (s := status())["lag"] == 5 and s, what="lag of 5")
-    assert stream | {"lag_by_partition": None} == {
+    assert stream | {"lag_by_partition": None, "oldest_retained_event": None} == {
         "stream": name,
         "topic": name,
         "partitions": 2,
@@ -199,7 +199,12 @@ def test_status_shows_lag_last_commit_and_dead_letters(cli, pg, kafka, name):
         "held": None,
         "failed_views": [],
         "change_positions": {},
+        "transforms": {},
+        "backfills": [],
+        "retained_offsets": 5,  # how far back a backfill reaches: the 5 records, the oldest produced just now
+        "oldest_retained_event": None,
     }
+    assert stream["oldest_retained_event"] is not None
     assert stream["lag_by_partition"] == {"0": 5, "1": 0}
 
     # The group has committed 3 records of partition 0 and counted a dead letter.
@@ -216,7 +221,9 @@ def test_status_shows_lag_last_commit_and_dead_letters(cli, pg, kafka, name):
     assert (stream["lag"], stream["dead_letters"]) == (2, {"invalid_json": 4})
     assert stream["last_commit"] is not None
 
-    header, columns, row = ok(cli("status", "--group", group, name, user="sv_writer"))
+    header, columns, row, *reach = ok(cli("status", "--group", group, name, user="sv_writer"))
+    assert reach[:3] == ["", "retained history (how far back a backfill reaches)", reach[2]]
+    assert reach[3].split()[:3] == [name, name, "5"]  # the stream, its topic, the offsets it retains
     assert header == f"consumer group {group}"
     assert columns.split() == [
         "STREAM",
