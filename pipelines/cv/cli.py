@@ -222,7 +222,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     settings, kafka = PostgresSettings(), KafkaSettings()
     with database(settings, settings.user) as conn:
         statuses = runner_status(conn, kafka_admin(kafka), kafka, group, args.streams)
-        sinks = sink_states(conn)
+        sinks = [s for s in sink_states(conn) if not args.streams or s.stream in args.streams]  # of those streams
         feeds = feed_states(conn)
     if args.json:
         print(
