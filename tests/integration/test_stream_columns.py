@@ -8,6 +8,8 @@ dead-lettered, and none counted twice.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from confluent_kafka import Producer
@@ -41,61 +43,58 @@ def define(pg, text: str) -> list[str]:
         return catalog.define(conn, text)
 
 
-def test_a_column_added_to_an_append_only_stream_while_events_flow(stack, pg, kafka):
+@contextmanager
+def clicks(stack, pg, **env: str) -> Iterator[tuple[str, str, str]]:
+    """An append-only stream of urls with a view counting them, and its runner: (group, schema, stream)."""
     group, schema = unique("it-addcol"), unique("addcol")
-    stream = topic = f"{schema}_clicks"
+    stream = f"{schema}_clicks"
     definitions = f"""
         CREATE STREAM {stream} (url text NOT NULL) WITH (consumer_group = '{group}');
         CREATE CONTINUOUS VIEW {schema}.by_url AS SELECT url, count(*) AS n FROM {stream} GROUP BY url;
     """
     with throwaway_views(pg, schema, [stream], definitions):
-        runner = start_runner(stack, group)
+        runner = start_runner(stack, group, **env)
         try:
-            produce(kafka, topic, [{"url": "/a"}] * 30)
-            wait_for(lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 30}, what="before the change")
-
-            assert define(pg, f"ALTER STREAM {stream} ADD COLUMN country text DEFAULT 'unknown';") == [
-                f"stream {stream} altered: column country added"
-            ]
-            produce(kafka, topic, [{"url": "/a", "country": "fr"}] * 20 + [{"url": "/b"}] * 10)  # at once
-            wait_for(
-                lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 50, "/b": 10},
-                what="the view kept its state and counted every event after the change once",
-            )
-            # A view of the new column sees the history too (backfilled): older events with the default.
-            define(
-                pg,
-                f"CREATE CONTINUOUS VIEW {schema}.by_country AS "
-                f"SELECT country, count(*) AS n FROM {stream} GROUP BY country",
-            )
-            wait_for(
-                lambda: rows(pg, f"SELECT country, n FROM {schema}.by_country") == {"unknown": 40, "fr": 20},
-                what="the new view over every retained event",
-            )
-            assert dead_letters(pg, group) == {}
+            yield group, schema, stream
         finally:
             stop_runner(runner)
+
+
+def test_a_column_added_to_an_append_only_stream_while_events_flow(stack, pg, kafka):
+    with clicks(stack, pg) as (group, schema, stream):
+        produce(kafka, stream, [{"url": "/a"}] * 30)
+        wait_for(lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 30}, what="before the change")
+
+        assert define(pg, f"ALTER STREAM {stream} ADD COLUMN country text DEFAULT 'unknown';") == [
+            f"stream {stream} altered: column country added"
+        ]
+        produce(kafka, stream, [{"url": "/a", "country": "fr"}] * 20 + [{"url": "/b"}] * 10)  # at once
+        wait_for(
+            lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 50, "/b": 10},
+            what="the view kept its state and counted every event after the change once",
+        )
+        # A view of the new column sees the history too (backfilled): older events with the default.
+        define(
+            pg,
+            f"CREATE CONTINUOUS VIEW {schema}.by_country AS "
+            f"SELECT country, count(*) AS n FROM {stream} GROUP BY country",
+        )
+        wait_for(
+            lambda: rows(pg, f"SELECT country, n FROM {schema}.by_country") == {"unknown": 40, "fr": 20},
+            what="the new view over every retained event",
+        )
+        assert dead_letters(pg, group) == {}
 
 
 def test_events_with_the_new_field_are_decoded_anew_even_before_the_runner_reads_the_catalog(stack, pg, kafka):
-    group, schema = unique("it-addcol-race"), unique("addrace")
-    stream = topic = f"{schema}_clicks"
-    definitions = f"""
-        CREATE STREAM {stream} (url text NOT NULL) WITH (consumer_group = '{group}');
-        CREATE CONTINUOUS VIEW {schema}.by_url AS SELECT url, count(*) AS n FROM {stream} GROUP BY url;
-    """
-    with throwaway_views(pg, schema, [stream], definitions):
-        # The catalog is read at start only: the decoder can learn of the ALTER from a refused event alone.
-        runner = start_runner(stack, group, PIPELINE_CATALOG_POLL_S="3600")
-        try:
-            produce(kafka, topic, [{"url": "/a"}] * 5)
-            wait_for(lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 5}, what="before the change")
-            define(pg, f"ALTER STREAM {stream} ADD COLUMN country text DEFAULT 'unknown';")
-            produce(kafka, topic, [{"url": "/a", "country": "fr"}] * 7 + [{"url": "/b"}] * 3)
-            wait_for(lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 12, "/b": 3}, what="after")
-            assert dead_letters(pg, group) == {}
-        finally:
-            stop_runner(runner)
+    # The catalog is read at start only: the decoder can learn of the ALTER from a refused event alone.
+    with clicks(stack, pg, PIPELINE_CATALOG_POLL_S="3600") as (group, schema, stream):
+        produce(kafka, stream, [{"url": "/a"}] * 5)
+        wait_for(lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 5}, what="before the change")
+        define(pg, f"ALTER STREAM {stream} ADD COLUMN country text DEFAULT 'unknown';")
+        produce(kafka, stream, [{"url": "/a", "country": "fr"}] * 7 + [{"url": "/b"}] * 3)
+        wait_for(lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 12, "/b": 3}, what="after")
+        assert dead_letters(pg, group) == {}
 
 
 def test_a_keyed_stream_gains_a_column_in_its_state_and_loses_it_once_no_view_reads_it(stack, pg, kafka):
