@@ -136,7 +136,8 @@ def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[
             return Outcome(f"stream {stream.name} unchanged", changed=False)
         if _shape(stored) != _shape(stream):
             raise DefinitionError(
-                f"stream {stream.name} already exists with other columns, key or target; drop it (and its views) first"
+                f"stream {stream.name} already exists with other columns, key or target: change its columns with "
+                f"ALTER STREAM {stream.name} ADD COLUMN / DROP COLUMN, or drop it (and its views) first"
             )
         # Only how events are read changed (topic, format, checks, ...): the state and views stay.
         conn.execute(
