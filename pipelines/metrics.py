@@ -218,8 +218,8 @@ INBOX_PUBLISHED = Counter(
     ("stream",),
     registry=None,
 )
-INBOX_WAITING = Gauge(
-    "streamviews_inbox_rows_waiting",
+INBOX_BEHIND = Gauge(
+    "streamviews_inbox_rows_behind",
     "Rows in cv.stream_inbox not yet published: committed ones, and those whose transaction is still open.",
     registry=None,
 )
@@ -228,7 +228,7 @@ FRESHNESS = Freshness()
 RUNNER_FAMILIES = ServiceFamilies(SLOT_LAG, SLOT_ACTIVE, VIEW_QUARANTINED, STREAM_HELD)
 PULLER_FAMILIES = ServiceFamilies(PULLER_ROWS_BEHIND, PULLER_SECONDS_BEHIND, PULLER_ROWS_INDEXED, BULK_FAILURES)
 SINK_FAMILIES = ServiceFamilies(SINK_PUBLISHED, SINK_LAG_CHANGES, SINK_LAG_SECONDS, SINK_FAILED)
-INBOX_FAMILIES = ServiceFamilies(INBOX_PUBLISHED, INBOX_WAITING)
+INBOX_FAMILIES = ServiceFamilies(INBOX_PUBLISHED, INBOX_BEHIND)
 for _collector in (FRESHNESS, RUNNER_FAMILIES, PULLER_FAMILIES, SINK_FAMILIES, INBOX_FAMILIES):
     REGISTRY.register(_collector)
 

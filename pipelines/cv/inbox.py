@@ -230,7 +230,7 @@ class InboxRelay:
 
     def _wait(self, conn: psycopg.Connection) -> None:
         """Until a transaction that wrote rows commits (its notification), or INBOX_WAKE_S at most."""
-        metrics.INBOX_WAITING.set(conn.execute("SELECT count(*) FROM cv.stream_inbox").fetchone()[0])
+        metrics.INBOX_BEHIND.set(conn.execute("SELECT count(*) FROM cv.stream_inbox").fetchone()[0])
         for _ in conn.notifies(timeout=self.settings.wake_s, stop_after=1):
             pass
 

@@ -52,6 +52,8 @@ CONTRACT = {
     "streamviews_sink_lag_changes",
     "streamviews_sink_lag_seconds",
     "streamviews_sink_failure_active",
+    "streamviews_inbox_rows_published_total",
+    "streamviews_inbox_rows_behind",
 }
 HISTOGRAMS = {"streamviews_batch_size_events", "streamviews_commit_duration_seconds"}
 # What every target has without us: Prometheus's own series and prometheus-client's process metrics.
