@@ -1,0 +1,344 @@
+r"""PipelineDB 1.0 regression cases read into steps this project can run.
+
+A case is PipelineDB's own `expected/<name>.out`: psql's echo of each statement followed by what it
+printed (a table of rows, an ERROR, a NOTICE). `read_case` splits it into statements with their
+expected output; `translate` turns each into a step against this project's SQL:
+
+- `CREATE FOREIGN TABLE s (...) SERVER pipelinedb` -> `CREATE STREAM` of a stream named for this run,
+  on a topic of its own, consumed by the run's own runner group;
+- `CREATE VIEW v [WITH (...)] AS SELECT ... FROM <stream>` -> `CREATE CONTINUOUS VIEW <schema>.v`
+  (`action = transform` is passed as written: the catalog reads PipelineDB's spelling);
+- `INSERT INTO <stream>` / `SELECT ...` / other PostgreSQL statements run as written, names rewritten;
+- what has no meaning here (PipelineDB's internals: matrels, its settings and catalog, psql's `\\d`)
+  is a step `unsupported` with the reason.
+
+Pure: no database. The runner (tests.pipelinedb_regress.runner) executes the steps.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pglast.parser import scan
+
+CASES = Path(__file__).parent / "cases"
+
+_TABLE_SEPARATOR = re.compile(r"^-+(\+-+)*$")
+_ROW_COUNT = re.compile(r"^\((\d+) rows?\)$")
+_MESSAGE = re.compile(r"^(ERROR|NOTICE|WARNING|DETAIL|HINT|CONTEXT|INFO|LINE \d+|QUERY|STATEMENT):")
+_SKIPPED_TOKENS = frozenset({"SQL_COMMENT", "C_COMMENT"})
+
+# What has no meaning on this system, by the words that show it, with the reason the table gives.
+INTERNALS: list[tuple[re.Pattern[str], str]] = [
+    (
+        re.compile(r"\boutputfunc\b|\bpipelinedb\.insert_into_stream\b", re.I),
+        "a transform's outputfunc (PipelineDB's trigger function per row): here a transform's rows are read "
+        "with output_of",
+    ),
+    (re.compile(r"_mrel\b|_seq\b|_osrel\b|\bmatrel\b", re.I), "reads a view's matrel (PipelineDB's storage internals)"),
+    (
+        re.compile(r"\bpipelinedb\.(?!activate|deactivate|truncate_continuous_view)\w+", re.I),
+        "PipelineDB's own catalog or settings (pipelinedb.*)",
+    ),
+    (
+        re.compile(
+            r"\bpg_class\b|\bpg_attribute\b|\bpg_index\b|\bpg_depend\b|\bpg_proc\b|\bpg_type\b|::regclass\b", re.I
+        ),
+        "PostgreSQL 11 catalog internals of PipelineDB's objects",
+    ),
+    (
+        re.compile(r"\b(combiner|worker|queue)_\w+\b|\bcontinuous_(queries|query)_\w+", re.I),
+        "combiner/worker settings of PipelineDB's processes",
+    ),
+    (re.compile(r"^\s*(ANALYZE|VACUUM|CLUSTER|REINDEX)\b", re.I), "storage maintenance of PipelineDB's matrels"),
+    (re.compile(r"\bEXPLAIN\b", re.I), "PipelineDB's plans (EXPLAIN output)"),
+    (re.compile(r"^\s*\\", re.I), "a psql meta-command"),
+    (re.compile(r"\bTRIGGER\b", re.I), "triggers on matrels (PipelineDB internals)"),
+    (re.compile(r"\bpg_get_viewdef\b|\bpipeline_get_\w+", re.I), "PipelineDB's stored definitions"),
+]
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What PipelineDB printed for a statement: rows of a table (as psql's text), or an error."""
+
+    columns: list[str] | None = None
+    rows: list[tuple[str | None, ...]] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Statement:
+    """One statement of a case, as written, with its expected output."""
+
+    text: str
+    expected: Expected = field(default_factory=Expected)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What the runner does for one statement.
+
+    kind: `stream` (catalog define), `view` (catalog define), `drop_stream`, `drop_view` (catalog
+    drop), `sql` (runs as written; compared when it prints rows or an error), or `unsupported`.
+    """
+
+    kind: str
+    statement: Statement
+    sql: str = ""
+    name: str = ""
+    reason: str = ""
+
+
+def significant(text: str) -> list:
+    """The scanner's tokens of `text` without comments; [] when it does not scan (an open string)."""
+    try:
+        return [t for t in scan(text) if t.name not in _SKIPPED_TOKENS]
+    except Exception:
+        return []
+
+
+def _complete(text: str) -> bool:
+    tokens = significant(text)
+    return bool(tokens) and tokens[-1].name == "ASCII_59"
+
+
+def read_case(text: str) -> list[Statement]:
+    """The statements of a psql echo (`.out` file), each with the table or error printed after it."""
+    lines = text.splitlines()
+    statements: list[Statement] = []
+    pending: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not pending and line.lstrip().startswith("\\"):  # a meta-command: one line, maybe a table after
+            i, expected = _output(lines, i + 1)
+            statements.append(Statement(line.strip(), expected))
+            continue
+        pending.append(line)
+        i += 1
+        joined = "\n".join(pending)
+        if _complete(joined):
+            i, expected = _output(lines, i)
+            statements.append(Statement(joined.strip(), expected))
+            pending = []
+    return statements
+
+
+def _output(lines: list[str], i: int) -> tuple[int, Expected]:
+    """Read what psql printed from line i: a table, then messages; where the next statement starts."""
+    columns = rows = None
+    error = None
+    if i + 1 < len(lines) and _TABLE_SEPARATOR.match(lines[i + 1].strip()) and lines[i + 1].strip():
+        columns = [c.strip() for c in lines[i].split("|")]
+        rows = []
+        i += 2
+        while i < len(lines) and not _ROW_COUNT.match(lines[i].strip()):
+            rows.append(_cells(lines[i], len(columns)))
+            i += 1
+        i += 1  # "(n rows)"
+        if i < len(lines) and not lines[i].strip():
+            i += 1
+    while i < len(lines) and (_MESSAGE.match(lines[i]) or (error and lines[i].startswith(" ") and "^" in lines[i])):
+        if lines[i].startswith("ERROR:") and error is None:
+            error = lines[i][len("ERROR:") :].strip()
+        i += 1
+    return i, Expected(columns, rows, error)
+
+
+def _cells(line: str, width: int) -> tuple[str | None, ...]:
+    """One row of psql's aligned table: cells trimmed; an empty cell is NULL or the empty string."""
+    cells = [c.strip() for c in line.split(" | ")] if width > 1 else [line.strip()]
+    if len(cells) != width:  # a '|' inside a value: split by the header's widths instead
+        cells = [c.strip() for c in line.split("|")][:width]
+    return tuple(c if c != "" else None for c in cells)
+
+
+# --- translation -------------------------------------------------------------------------------
+
+_FOREIGN_TABLE = re.compile(
+    r"^\s*CREATE\s+FOREIGN\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)\s*\((.*)\)\s*SERVER\s+pipelinedb\s*(.*?);?\s*$",
+    re.I | re.S,
+)
+_CREATE_VIEW = re.compile(
+    r"^\s*CREATE\s+(OR\s+REPLACE\s+)?VIEW\s+(\w+)\s*(WITH\s*\(.*?\))?\s*AS\s+(.*?);?\s*$", re.I | re.S
+)
+_DROP = re.compile(r"^\s*DROP\s+(FOREIGN\s+TABLE|VIEW)\s+(IF\s+EXISTS\s+)?([\w\s,]+?)(\s+CASCADE)?\s*;\s*$", re.I)
+_CREATE_TABLE = re.compile(r"^\s*CREATE\s+(?:TEMP\w*\s+|UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
+_CREATE_OTHER = re.compile(
+    r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TYPE|FUNCTION|AGGREGATE|SEQUENCE|INDEX\s+\w+\s+ON)"
+    r"\s+(\w+)",
+    re.I,
+)
+
+
+@dataclass
+class Names:
+    """The run's renaming: PipelineDB's stream, view and table names to this run's."""
+
+    schema: str
+    suffix: str
+    group: str
+    streams: dict[str, str] = field(default_factory=dict)
+    views: set[str] = field(default_factory=set)
+    tables: set[str] = field(default_factory=set)
+
+    def topic(self, stream: str) -> str:
+        return f"pdbregress-{self.suffix}-{stream}"
+
+    def rewrite(self, text: str, *, qualify_relations: bool) -> str:
+        """`text` with streams renamed and, in definitions, the case's views and tables schema-qualified.
+
+        Identifiers only (not inside strings or comments, not after a '.'); a view or table only where
+        a FROM list names a relation (a column `v` of a view `v` stays); `output_of('v')` too.
+        """
+        tokens = [t for t in _scan_all(text) if t.name not in _SKIPPED_TOKENS]
+        out, last, in_from = [], 0, False
+        for index, token in enumerate(tokens):
+            word = text[token.start : token.end + 1]
+            before = tokens[index - 1].name if index else ""
+            if token.name in ("FROM", "JOIN"):
+                in_from = True
+            elif token.name in _FROM_ENDS:
+                in_from = False
+            if token.name == "SCONST" or before == "ASCII_46" or not re.fullmatch(r"\w+", word):
+                continue
+            name = word.lower()
+            new = self.streams.get(name)
+            relation = in_from and before in ("FROM", "JOIN", "ASCII_44")
+            if new is None and qualify_relations and relation and (name in self.views or name in self.tables):
+                new = f"{self.schema}.{name}"
+            if new is not None:
+                out.append(text[last : token.start] + new)
+                last = token.end + 1
+        out.append(text[last:])
+        result = "".join(out)
+        return re.sub(
+            r"output_of\(\s*'(\w+)'\s*\)",
+            lambda m: (
+                f"output_of('{self.schema}.{m.group(1).lower()}')" if m.group(1).lower() in self.views else m.group(0)
+            ),
+            result,
+            flags=re.I,
+        )
+
+
+# Tokens that end a FROM list (after them a name is not a relation).
+_FROM_ENDS = frozenset(
+    {
+        "WHERE",
+        "GROUP_P",
+        "HAVING",
+        "ORDER",
+        "LIMIT",
+        "ON",
+        "USING",
+        "WINDOW",
+        "UNION",
+        "EXCEPT",
+        "INTERSECT",
+        "ASCII_41",
+        "ASCII_59",
+        "SELECT",
+        "OFFSET",
+    }
+)
+
+
+def _scan_all(text: str) -> list:
+    try:
+        return scan(text)
+    except Exception:
+        return []
+
+
+def code_of(text: str) -> str:
+    """`text` without its comments (they name internals in prose, which is no reason to skip)."""
+    out, last = [], 0
+    for token in _scan_all(text):
+        if token.name in _SKIPPED_TOKENS:
+            out.append(text[last : token.start])
+            last = token.end + 1
+    out.append(text[last:])
+    return "".join(out).strip()
+
+
+def unsupported_reason(text: str) -> str | None:
+    """Why a statement has no meaning here (PipelineDB's internals), or None."""
+    code = code_of(text)
+    for pattern, reason in INTERNALS:
+        if pattern.search(code):
+            return reason
+    return None
+
+
+def translate(statements: list[Statement], names: Names) -> list[Step]:
+    """The steps of a case, in order; names (streams, views, tables) are recorded in `names` as met."""
+    steps = []
+    for statement in statements:
+        steps.append(_step(statement, names))
+    return steps
+
+
+def _step(statement: Statement, names: Names) -> Step:
+    text = code_of(statement.text)
+    reason = unsupported_reason(text)
+    if reason is not None:  # named, so that what reads it is skipped too
+        created = _FOREIGN_TABLE.match(text) or _CREATE_VIEW.match(text)
+        name = (created.group(1) if _FOREIGN_TABLE.match(text) else created.group(2)).lower() if created else ""
+        return Step("unsupported", statement, reason=reason, name=name)
+    if m := _FOREIGN_TABLE.match(text):
+        return _stream(statement, names, m.group(1).lower(), m.group(2), m.group(3))
+    if m := _CREATE_VIEW.match(text):
+        name, options, body = m.group(2).lower(), m.group(3) or "", m.group(4)
+        if not _reads_a_stream(body, names):
+            names.tables.add(name)
+            return Step(
+                "sql",
+                statement,
+                sql=f"CREATE VIEW {names.schema}.{name} {options} AS " + names.rewrite(body, qualify_relations=True),
+                name=name,
+            )
+        verb = "CREATE VIEW" if re.search(r"action\s*=\s*'?transform", options, re.I) else "CREATE CONTINUOUS VIEW"
+        verb = verb.replace("CREATE", "CREATE OR REPLACE") if m.group(1) else verb
+        sql = f"{verb} {names.schema}.{name} {options} AS " + names.rewrite(body, qualify_relations=True)
+        names.views.add(name)
+        return Step("view", statement, sql=sql, name=f"{names.schema}.{name}")
+    if m := _DROP.match(text):
+        kind = "drop_stream" if m.group(1).upper().startswith("FOREIGN") else "drop_view"
+        targets = [t.strip().lower() for t in m.group(3).split(",")]
+        if kind == "drop_stream" and all(t in names.streams for t in targets):
+            return Step(kind, statement, name=",".join(names.streams[t] for t in targets))
+        if kind == "drop_view" and all(t in names.views for t in targets):
+            return Step(kind, statement, name=",".join(f"{names.schema}.{t}" for t in targets))
+        return Step("sql", statement, sql=names.rewrite(text, qualify_relations=True))
+    if m := (_CREATE_TABLE.match(text) or _CREATE_OTHER.match(text)):
+        names.tables.add(m.group(1).lower())
+    return Step("sql", statement, sql=names.rewrite(text, qualify_relations=False))
+
+
+def _stream(statement: Statement, names: Names, name: str, columns: str, rest: str) -> Step:
+    if rest.strip():
+        return Step("unsupported", statement, reason=f"stream options of PipelineDB ({rest.strip()[:40]})")
+    renamed = f"{name}_{names.suffix}"
+    names.streams[name] = renamed
+    # PipelineDB gives every stream an arrival_timestamp: here the stream's timestamp_column, filled
+    # with the INSERT's time.
+    sql = (
+        f"CREATE STREAM {renamed} ({columns}, arrival_ts timestamptz DEFAULT now()) WITH (topic = "
+        f"'{names.topic(name)}', consumer_group = '{names.group}', partitions = 1, timestamp_column = 'arrival_ts')"
+    )
+    return Step("stream", statement, sql=sql, name=renamed)
+
+
+def _reads_a_stream(body: str, names: Names) -> bool:
+    """A PipelineDB 1.0 `CREATE VIEW` is continuous when it reads a stream, a continuous view or output_of."""
+    words = {t.lower() for t in re.findall(r"\w+", body)}
+    return bool(words & set(names.streams)) or bool(words & names.views) or "output_of" in words
+
+
+def load(name: str) -> list[Statement]:
+    """A committed case (tests/pipelinedb_regress/cases/<name>.out), read."""
+    return read_case((CASES / f"{name}.out").read_text())

@@ -1,0 +1,139 @@
+"""PipelineDB's regression cases read into steps (tests/pipelinedb_regress/translator.py), without a database.
+
+The translator is the harness's one piece of logic that decides what a case means here: which
+statement declares a stream or a view, what names it gets, what PipelineDB printed after it, and
+what has no meaning on this system.
+"""
+
+from __future__ import annotations
+
+from tests.pipelinedb_regress.translator import CASES, Names, Statement, load, read_case, translate
+
+ECHO = """\
+-- a comment before the first statement; it names a matrel in prose
+CREATE FOREIGN TABLE s (k text, v int) SERVER pipelinedb;
+CREATE VIEW v AS SELECT k::text, sum(v) FROM s
+  GROUP BY k;
+INSERT INTO s (k, v) VALUES ('x', 1), ('y;', 2);
+SELECT * FROM v ORDER BY k;
+ k  | sum
+----+-----
+ x  |   1
+ y; |   2
+(2 rows)
+
+SELECT 1 WHERE false;
+ ?column?
+----------
+(0 rows)
+
+CREATE VIEW bad AS SELECT k FROM nowhere;
+ERROR:  relation "nowhere" does not exist
+LINE 1: CREATE VIEW bad AS SELECT k FROM nowhere;
+                                         ^
+SELECT * FROM v_mrel;
+ k | sum
+---+-----
+(0 rows)
+
+CREATE VIEW plain AS SELECT 1 AS one;
+SELECT NULL::text AS n, '' AS e;
+ n | e
+---+---
+   |
+(1 row)
+
+DROP FOREIGN TABLE s CASCADE;
+NOTICE:  drop cascades to view v
+"""
+
+
+def names() -> Names:
+    return Names(schema="sch", suffix="abc", group="grp")
+
+
+def test_a_psql_echo_is_read_into_statements_with_what_each_printed():
+    statements = read_case(ECHO)
+    assert [s.text.splitlines()[-1] for s in statements] == [
+        "CREATE FOREIGN TABLE s (k text, v int) SERVER pipelinedb;",
+        "  GROUP BY k;",
+        "INSERT INTO s (k, v) VALUES ('x', 1), ('y;', 2);",  # a semicolon in a string does not end it
+        "SELECT * FROM v ORDER BY k;",
+        "SELECT 1 WHERE false;",
+        "CREATE VIEW bad AS SELECT k FROM nowhere;",
+        "SELECT * FROM v_mrel;",
+        "CREATE VIEW plain AS SELECT 1 AS one;",
+        "SELECT NULL::text AS n, '' AS e;",
+        "DROP FOREIGN TABLE s CASCADE;",
+    ]
+    select = statements[3].expected
+    assert select.columns == ["k", "sum"]
+    assert select.rows == [("x", "1"), ("y;", "2")]
+    assert statements[4].expected.rows == []
+    assert statements[5].expected.error == 'relation "nowhere" does not exist'
+    assert statements[8].expected.rows == [(None, None)]  # psql prints NULL and '' alike
+    assert statements[9].expected.rows is None
+    assert statements[9].expected.error is None
+
+
+def test_streams_and_views_are_renamed_for_the_run_and_declared_in_this_projects_sql():
+    steps = translate(read_case(ECHO), names())
+    stream, view, insert, select = steps[:4]
+    assert stream.kind == "stream"
+    assert stream.name == "s_abc"
+    assert stream.sql.startswith("CREATE STREAM s_abc (k text, v int, arrival_ts timestamptz DEFAULT now()) WITH (")
+    assert "consumer_group = 'grp'" in stream.sql
+    assert "topic = 'pdbregress-abc-s'" in stream.sql
+    assert view.kind == "view"
+    assert view.name == "sch.v"
+    assert " ".join(view.sql.split()) == "CREATE CONTINUOUS VIEW sch.v AS SELECT k::text, sum(v) FROM s_abc GROUP BY k"
+    assert insert.sql == "INSERT INTO s_abc (k, v) VALUES ('x', 1), ('y;', 2);"  # the string is left as written
+    assert select.kind == "sql"
+    assert select.sql == "SELECT * FROM v ORDER BY k;"
+
+
+def test_what_has_no_meaning_here_is_skipped_with_the_reason_and_the_rest_runs_as_written():
+    steps = translate(read_case(ECHO), names())
+    by_text = {s.statement.text.splitlines()[-1]: s for s in steps}
+    mrel = by_text["SELECT * FROM v_mrel;"]
+    assert mrel.kind == "unsupported"
+    assert "matrel" in mrel.reason
+    assert by_text["CREATE FOREIGN TABLE s (k text, v int) SERVER pipelinedb;"].kind == "stream"  # the comment is prose
+    plain = by_text["CREATE VIEW plain AS SELECT 1 AS one;"]
+    assert plain.kind == "sql"
+    assert plain.sql.startswith("CREATE VIEW sch.plain")
+    drop = by_text["DROP FOREIGN TABLE s CASCADE;"]
+    assert drop.kind == "drop_stream"
+    assert drop.name == "s_abc"
+
+
+def test_definitions_qualify_the_cases_tables_and_views_but_not_columns_or_strings():
+    run = names()
+    steps = translate(
+        [
+            Statement("CREATE TABLE t (id int, s text);"),
+            Statement("CREATE FOREIGN TABLE st (id int) SERVER pipelinedb;"),
+            Statement("CREATE VIEW j AS SELECT st.id, t.s FROM st JOIN t ON t.id = st.id WHERE t.s <> 't';"),
+            Statement("CREATE VIEW up AS SELECT (new).id FROM output_of('j');"),
+            Statement("CREATE VIEW tr WITH (action = transform) AS SELECT id FROM st;"),
+        ],
+        run,
+    )
+    assert steps[0].kind == "sql"
+    join = " ".join(steps[2].sql.split())
+    assert join == (
+        "CREATE CONTINUOUS VIEW sch.j AS SELECT st_abc.id, t.s FROM st_abc JOIN sch.t ON t.id = st_abc.id "
+        "WHERE t.s <> 't'"
+    )
+    assert "output_of('sch.j')" in steps[3].sql
+    assert steps[4].sql.startswith("CREATE VIEW sch.tr WITH (action = transform) AS")  # PipelineDB's transform
+
+
+def test_every_committed_case_names_its_source_and_reads_into_statements():
+    cases = sorted(CASES.glob("*.out"))
+    assert len(cases) >= 20
+    for path in cases:
+        assert path.read_text().startswith("-- Source: pipelinedb/pipelinedb src/test/regress/expected/"), path
+        statements = load(path.stem)
+        assert statements, path
+        assert any(s.expected.rows for s in statements), path
