@@ -92,9 +92,10 @@ class Publisher:
                     raise DeliveryError(f"sink {sink}: cannot produce to {topic}: {error.str()}") from e
                 page.refused.append((record, error.str()))
         self._wait(sink, page, timeout)
-        if page.refused:
+        dead = len(page.refused)
+        if dead:
             self._dead_letter(sink, view, topic, page, timeout)
-        return len(page.refused)
+        return dead
 
     def _produce(
         self,

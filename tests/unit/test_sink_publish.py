@@ -1,0 +1,87 @@
+"""The relay's Kafka side without Kafka: every record acknowledged or dead-lettered, or the page fails.
+
+A fake producer stands for librdkafka: it records what was produced and calls each delivery callback
+with the error the test chose for that record when flushed.
+"""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from pipelines.cv.relay.publish import DeliveryError, Publisher, producer_config
+from pipelines.cv.relay.records import Record, records
+
+
+class FakeProducer:
+    """produce() queues, flush() delivers; `refuse` maps a key to the error its delivery reports."""
+
+    def __init__(self, refuse: dict[bytes, int] | None = None, too_large: frozenset[bytes] = frozenset()) -> None:
+        self.refuse, self.too_large = refuse or {}, too_large
+        self.queued: list[tuple] = []
+        self.delivered: list[tuple[str, bytes, bytes | None, dict[str, bytes]]] = []
+
+    def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
+        if key in self.too_large and not topic.endswith(".dlq"):
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+        self.queued.append((topic, key, value, headers, on_delivery))
+
+    def poll(self, _timeout=0):
+        return 0
+
+    def flush(self, _timeout=0):
+        for topic, key, value, headers, on_delivery in self.queued:
+            code = None if topic.endswith(".dlq") else self.refuse.get(key)
+            if code is None:
+                self.delivered.append((topic, key, value, dict(headers)))
+            on_delivery(None if code is None else KafkaError(code), None)
+        self.queued.clear()
+        return 0
+
+
+def record(position: int, key: str, value: str | None = "{}") -> Record:
+    return Record(position, key.encode(), None if value is None else value.encode(), 0.0)
+
+
+def test_records_are_produced_in_order_with_their_position_view_and_sink_headers():
+    producer = FakeProducer()
+    dead = Publisher(producer).publish("s", "public.v", "t", [record(1, "a"), record(2, "b", None)])
+    assert dead == 0
+    assert [(t, k, v) for t, k, v, _ in producer.delivered] == [("t", b"a", b"{}"), ("t", b"b", None)]
+    assert producer.delivered[1][3] == {
+        "streamviews.position": b"2",
+        "streamviews.view": b"public.v",
+        "streamviews.sink": b"s",
+    }
+
+
+def test_a_record_kafka_refuses_for_what_it_is_goes_to_the_dead_letter_topic_with_the_reason():
+    producer = FakeProducer(refuse={b"big": KafkaError.MSG_SIZE_TOO_LARGE}, too_large=frozenset({b"huge"}))
+    dead = Publisher(producer).publish("s", "public.v", "t", [record(1, "big"), record(2, "huge"), record(3, "ok")])
+    assert dead == 2
+    letters = [(k, h["dlq.reason"], h["streamviews.position"]) for t, k, _, h in producer.delivered if t == "t.dlq"]
+    assert sorted(letters) == [(b"big", b"refused", b"1"), (b"huge", b"refused", b"2")]
+    assert [k for t, k, _, _ in producer.delivered if t == "t"] == [b"ok"]
+
+
+def test_a_delivery_kafka_fails_for_its_own_sake_fails_the_page():
+    producer = FakeProducer(refuse={b"b": KafkaError._MSG_TIMED_OUT})
+    with pytest.raises(DeliveryError, match="1 records not delivered"):
+        Publisher(producer).publish("s", "public.v", "t", [record(1, "a"), record(2, "b")])
+
+
+def test_the_page_rows_give_the_records_that_passed_and_the_last_position_read():
+    rows = [
+        (4, True, '{"k": 1}', '{"n": 1}', 1.0),
+        (5, False, '{"k": 2}', None, 1.0),
+        (6, False, '{"k": 3}', None, 2.0),
+    ]
+    published, last = records(rows)
+    assert [(r.position, r.key) for r in published] == [(4, b'{"k": 1}')]
+    assert last == 6
+    assert records([]) == ([], None)
+
+
+def test_the_producer_is_idempotent_waits_for_every_replica_and_partitions_as_java_does():
+    config = producer_config("k:9092", "streamviews-sinks")
+    assert (config["enable.idempotence"], config["acks"], config["partitioner"]) == (True, "all", "murmur2_random")
