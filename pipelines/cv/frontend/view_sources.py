@@ -43,7 +43,7 @@ MAX_FEED_NAME = 63 - len("cv_delta_")
 
 def rows_stream(view: str, columns: tuple[tuple[str, str], ...], key: tuple[str, ...]) -> StreamDef:
     """The keyed feed stream of view `schema.name`'s current rows: `columns` (name, type), keyed by its groups."""
-    return _feed(view, view, tuple(Column(name, type_, not_null=name in key) for name, type_ in columns), key)
+    return _feed(view, view, tuple(Column(name, type_) for name, type_ in columns), key)  # a group may be NULL
 
 
 def changes_stream(view: str) -> StreamDef:
@@ -84,7 +84,7 @@ def from_definition(name: str, topic: str, definition: str) -> StreamDef:
     """A feed stream as cv.streams keeps it (the inverse of `to_definition`)."""
     try:
         shape = json.loads(definition)
-        columns = tuple(Column(n, t, not_null=n in (shape["key"] or ())) for n, t in shape["columns"])
+        columns = tuple(Column(n, t) for n, t in shape["columns"])
         key = tuple(shape["key"]) if shape["key"] is not None else None
         return StreamDef(name, topic, columns, key, definition, feed_of=shape["feed_of"])
     except (ValueError, KeyError, TypeError) as e:

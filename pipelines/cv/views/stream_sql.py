@@ -33,14 +33,23 @@ def delta_table(stream: StreamDef) -> sql.Identifier:
 
 
 def create_state_table(stream: StreamDef) -> sql.Composed:
-    """DDL of a keyed stream's state: one row per key, holding the row's current values."""
+    """DDL of a keyed stream's state: one row per key, holding the row's current values.
+
+    A view read as a stream is keyed by its groups, which may be NULL (a group of the rows whose url
+    is NULL): its key is unique with NULLs equal, as the view's own storage is.
+    """
     assert stream.key is not None
-    columns = [
-        sql.SQL("{} {}{}").format(ident(c.name), raw(c.type), sql.SQL(" NOT NULL" if c.name in stream.key else ""))
-        for c in stream.columns
-    ]
-    return sql.SQL("CREATE TABLE {} ({}, PRIMARY KEY ({}))").format(
-        state_table(stream), comma_list(columns), comma_list([ident(k) for k in stream.key])
+    if stream.is_feed:
+        columns = [sql.SQL("{} {}").format(ident(c.name), raw(c.type)) for c in stream.columns]
+        unique = sql.SQL("UNIQUE NULLS NOT DISTINCT")
+    else:
+        columns = [
+            sql.SQL("{} {}{}").format(ident(c.name), raw(c.type), sql.SQL(" NOT NULL" if c.name in stream.key else ""))
+            for c in stream.columns
+        ]
+        unique = sql.SQL("PRIMARY KEY")
+    return sql.SQL("CREATE TABLE {} ({}, {} ({}))").format(
+        state_table(stream), comma_list(columns), unique, comma_list([ident(k) for k in stream.key])
     )
 
 
@@ -224,6 +233,9 @@ def feed_to_deltas(stream: StreamDef) -> sql.Composed:
     keys = [ident(k) for k in stream.key]
     others = [ident(c.name) for c in stream.columns if c.name not in stream.key]
     match = sql.SQL(" AND ").join(sql.SQL("st.{0} = fin.{0}").format(k) for k in keys)
+    # A key with a NULL (rare) cannot be matched by equality, which the index answers: apart.
+    has_null = sql.SQL(" OR ").join(sql.SQL("fin.{} IS NULL").format(k) for k in keys)
+    match_null = sql.SQL(" AND ").join(sql.SQL("st.{0} IS NOT DISTINCT FROM fin.{0}").format(k) for k in keys)
     upsert = (
         sql.SQL("DO UPDATE SET {}").format(comma_list([sql.SQL("{0} = excluded.{0}").format(o) for o in others]))
         if others
@@ -233,6 +245,8 @@ def feed_to_deltas(stream: StreamDef) -> sql.Composed:
         "WITH b AS MATERIALIZED ({batch}),"
         " fin AS (SELECT DISTINCT ON ({key}) * FROM b ORDER BY {key}, seq DESC),"
         " del AS (DELETE FROM {state} AS st USING fin WHERE fin.op = -1 AND {match}),"
+        " del_null AS (DELETE FROM {state} AS st USING (SELECT * FROM fin WHERE op = -1 AND ({has_null})) AS fin"
+        " WHERE {match_null}),"
         " ins AS (INSERT INTO {state} ({cols}) SELECT {cols} FROM fin WHERE op = 1 ORDER BY {key}"
         " ON CONFLICT ({key}) {upsert})"
         " INSERT INTO {delta} (_cv_sign, {cols}) SELECT op, {cols} FROM b"
@@ -241,6 +255,8 @@ def feed_to_deltas(stream: StreamDef) -> sql.Composed:
         key=comma_list(keys),
         state=state_table(stream),
         match=match,
+        has_null=has_null,
+        match_null=match_null,
         cols=comma_list(names),
         upsert=upsert,
         delta=delta_table(stream),
