@@ -16,8 +16,10 @@ the stored values, given the call's result type as PostgreSQL resolves it.
 | bool_and / every / bool_or               | count(x), count(x) FILTER (WHERE x)         | yes   |
 | approx_count_distinct(x)                 | a HyperLogLog sketch                        | ~     |
 | percentile_cont(p or array) WITHIN GROUP | a t-digest (extension tdigest), 0 <= p <= 1 | ~     |
-| topk_agg(x, k), 1 <= k <= 1000           | a mergeable Misra-Gries summary             | ~     |
+| topk_agg(x, k [, weight]), 1 <= k <= 1000| a mergeable Misra-Gries summary (weighted)  | ~     |
 | any aggregate with a combine function    | its transition state (pg_aggregate)         | yes   |
+| keyed_max/min, first_values, set_agg,    | see pipelines.cv.frontend.pipelinedb_calls  |       |
+| array/string/json(b)_agg, hll_union_agg  |                                             |       |
 
 (*) x real is added up in double precision, as PostgreSQL's avg(real) does (its sum(real) adds up
 in real: a view's is then within a real's precision of it, and independent of the order of rows).
@@ -32,16 +34,14 @@ count(DISTINCT x) is kept as a HyperLogLog sketch (an exact distinct count canno
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 from pglast import ast
 from pglast.stream import RawStream
 
-from pipelines.cv.model import AggregateKind, DefinitionError
-
-# A reader turns the stored values (SQL, in the call's order) and the call's result type into SQL.
-Reader = Callable[[list[str], str], str]
+from pipelines.cv.frontend.pipelinedb_calls import COLLECTING, PIPELINEDB, translate_pipelinedb
+from pipelines.cv.frontend.stored_calls import Reader, Stored, Translation, read_as_stored
+from pipelines.cv.model import DefinitionError
 
 # Centroids per digest: p99 within ~0.1% of rank over many values; over 50 or fewer it is the maximum.
 TDIGEST_COMPRESSION = 100
@@ -57,31 +57,6 @@ TOPK_MAX_K = 1000
 def topk_capacity(k: int) -> int:
     """Values a top-`k` summary keeps: the error of each count is at most N / (capacity + 1)."""
     return max(TOPK_CAPACITY_PER_K * k, TOPK_MIN_CAPACITY)
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One value a call needs kept: an aggregate kind over an argument, under an optional filter."""
-
-    kind: AggregateKind
-    arg_sql: str | None = None
-    filter_sql: str | None = None
-    params: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Translation:
-    """A call as the engine keeps it: the stored values and how to read the call from them."""
-
-    function: str
-    stored: tuple[Stored, ...]
-    reader: Reader
-    retractable: bool = True  # False: the stored values cannot forget a row (append-only streams)
-
-
-def read_as_stored(refs: list[str], _type: str) -> str:
-    """The reader of a call kept as one stored aggregate whose value is the call's."""
-    return refs[0]
 
 
 def _cast(expression: str, type_: str) -> str:
@@ -208,11 +183,8 @@ GENERAL_BUILTINS = frozenset({"bit_and", "bit_or", "bit_xor"})
 REFUSED = {
     "percentile_disc": "use percentile_cont (kept as a t-digest: approximate)",
     "mode": "an online mode is not kept; topk_agg(x, 1) gives the most frequent value approximately",
-    "json_agg": "it keeps every value of the stream",
-    "jsonb_agg": "it keeps every value of the stream",
     "json_object_agg": "it keeps every value of the stream",
     "jsonb_object_agg": "it keeps every value of the stream",
-    "string_agg": "it keeps every value of the stream",
     "xmlagg": "it keeps every value of the stream",
     "range_agg": "it keeps every value of the stream",
     "range_intersect_agg": "its state cannot be combined",
@@ -220,7 +192,6 @@ REFUSED = {
     "dense_rank": "hypothetical-set aggregates are not kept",
     "percent_rank": "hypothetical-set aggregates are not kept",
     "cume_dist": "hypothetical-set aggregates are not kept",
-    "hll_union_agg": "it reads sketches, not stream values; use hll_add_agg(x)",
     "any_value": "its value depends on batch order",
 }
 KNOWN = frozenset(
@@ -230,6 +201,8 @@ KNOWN = frozenset(
     | GENERAL_BUILTINS
     | set(REFUSED)
     | {"percentile_cont", "topk_agg", "exact_count_distinct", "approx_count_distinct"}
+    | COLLECTING
+    | PIPELINEDB
 )
 
 
@@ -272,10 +245,17 @@ def translate(
         raise DefinitionError(f"{what}: {label}: window functions (OVER) are not supported in a continuous view")
     if name in REFUSED:
         raise DefinitionError(f"{what}: {label} is not supported: {REFUSED[name]}")
+    where = RawStream()(call.agg_filter) if call.agg_filter is not None else None
+    if name == "set_agg":  # PipelineDB's name for array_agg(DISTINCT x)
+        if call.agg_distinct or call.agg_within_group or len(call.args or ()) != 1:
+            raise DefinitionError(f"{what}: {label}: set_agg(x) takes one argument")
+        kept = _distinct("array_agg", (RawStream()(call.args[0]),), where, label, what, windowed, never_null)
+        return Translation("set_agg", kept.stored, kept.reader, kept.retractable)
+    if name in PIPELINEDB or (name in COLLECTING and not call.agg_distinct and not call.agg_order):
+        return translate_pipelinedb(name, call, where, label, what, windowed=windowed)
     if call.agg_order and not call.agg_within_group:
         raise DefinitionError(f"{what}: {label}: ORDER BY inside an aggregate is not supported")
     args = tuple(RawStream()(a) for a in call.args or ())
-    where = RawStream()(call.agg_filter) if call.agg_filter is not None else None
     if call.agg_distinct:
         return _distinct(name, args, where, label, what, windowed, never_null if count_nulls else None)
     if call.agg_within_group:
@@ -306,8 +286,6 @@ def translate(
     if name in {"count", "min", "max", "hll_add_agg"}:
         kind = "hll" if name == "hll_add_agg" else name
         return Translation(name, (Stored(kind, args[0], where),), read_as_stored, retractable=kind != "hll")
-    if name == "array_agg":
-        raise DefinitionError(f"{what}: {label} is not supported (only array_agg(DISTINCT x) keeps a set)")
     if name in MOMENTS:  # real through double precision: real's own cast to numeric keeps 6 digits
         x = f"({sum_term(args[0])})::numeric"
         stored = (Stored("count", args[0], where), Stored("sum", x, where), Stored("sum", f"{x} * {x}", where))
@@ -393,10 +371,10 @@ def _within_group(name: str, call: ast.FuncCall, where: str | None, label: str, 
 
 
 def _topk(call: ast.FuncCall, args: tuple[str, ...], where: str | None, label: str, what: str) -> Translation:
-    k_node = (call.args or (None, None))[1] if len(args) == 2 else None
+    k_node = (call.args or (None, None))[1] if len(args) in (2, 3) else None
     if not (isinstance(k_node, ast.A_Const) and isinstance(k_node.val, ast.Integer) and k_node.val.ival > 0):
         raise DefinitionError(
-            f"{what}: {label}: topk_agg(x, k) with k a positive integer constant (at most {TOPK_MAX_K})"
+            f"{what}: {label}: topk_agg(x, k [, weight]) with k a positive integer constant (at most {TOPK_MAX_K})"
         )
     if k_node.val.ival > TOPK_MAX_K:
         raise DefinitionError(
@@ -405,6 +383,8 @@ def _topk(call: ast.FuncCall, args: tuple[str, ...], where: str | None, label: s
     k = k_node.val.ival
     capacity = str(topk_capacity(k))
     stored = Stored("topk", args[0], where, (capacity,))
+    if len(args) == 3:  # PipelineDB's weighted form: each value counts its weight (a bigint; <= 0 counts nothing)
+        stored = Stored("topk", f"{args[0]}, ({args[2]})::bigint", where, (capacity, "weighted"))
     return Translation("topk_agg", (stored,), lambda refs, _t: f"cv.topk_top({refs[0]}, {k})", False)
 
 

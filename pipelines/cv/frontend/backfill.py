@@ -28,13 +28,21 @@ from pipelines.cv.model import Aggregate, DefinitionError, StreamDef
 EARLIEST, NONE = "earliest", "none"
 DEFAULT = EARLIEST
 # Stored aggregate kinds whose merge does not depend on the order batches come in (see above).
-ORDER_FREE_KINDS = frozenset({"count", "sum", "min", "max", "count_distinct", "hll", "set", "tdigest", "topk"})
+# keyed_max/min break ties by the least value and first_values keeps values by their sort order: order-free.
+# The collecting aggregates (kind append: array_agg, string_agg, json_agg) keep arrival order: not.
+ORDER_FREE_KINDS = frozenset(
+    {"count", "sum", "min", "max", "count_distinct", "hll", "set", "tdigest", "topk", "keyed", "first"}
+)
 
 
 def order_dependent(aggregates: Sequence[Aggregate]) -> list[str]:
     """The stored aggregates whose result may depend on the order of batches (user aggregates' states)."""
     return [
-        a.params[0] if a.kind == "state" and a.params else a.kind
+        a.params[0]
+        if a.kind == "state" and a.params
+        else "array_agg/json_agg/string_agg"
+        if a.kind == "append"
+        else a.kind
         for a in aggregates
         if a.kind not in ORDER_FREE_KINDS and not (a.kind == "state" and a.params and a.params[0] in GENERAL_BUILTINS)
     ]

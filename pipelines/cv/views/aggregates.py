@@ -14,6 +14,7 @@ How each kind merges a batch (`v` the stored row, `d` the batch's aggregate for 
 | topk                 | jsonb summary       | cv.topk_merge, Misra-Gries (append-only streams)  |
 | state                | the aggregate's     | its combine function (append-only streams)        |
 |                      | transition state    |                                                   |
+| keyed, first, append | see pipelines.cv.views.pipelinedb_columns (append-only streams)         |
 
 Any kind but the DISTINCT ones takes a FILTER (WHERE ...). Each view also keeps the number of stream
 rows behind a group (ROWS), and, with array_agg(DISTINCT), the values a batch removes (REMOVED). See
@@ -29,7 +30,10 @@ from dataclasses import dataclass
 from psycopg import sql
 
 from pipelines.cv.model import Aggregate, ViewDef
+from pipelines.cv.sqltext.parsing import split_arguments
 from pipelines.cv.views.general import StateFunctions
+from pipelines.cv.views.pipelinedb_columns import either as _either
+from pipelines.cv.views.pipelinedb_columns import pipelinedb_column
 from pipelines.cv.views.sql_text import ident, raw
 
 ROWS = "_cv_rows"  # stream rows behind a group: the group is deleted when it reaches 0
@@ -105,8 +109,11 @@ def stored_columns(
             )
         elif aggregate.kind == "hll":
             merge = _either(col, sql.SQL("hll_union(v.{0}, excluded.{0})").format(col))
-            batch = sql.SQL("hll_add_agg({}) FILTER (WHERE _cv_sign > 0{})").format(a, _and(where))
+            adding = "hll_union_agg" if aggregate.params[:1] == ("union",) else "hll_add_agg"
+            batch = sql.SQL(adding + "({}) FILTER (WHERE _cv_sign > 0{})").format(a, _and(where))
             columns.append(StoredColumn(aggregate.name, batch, merge))
+        elif aggregate.kind in {"keyed", "first", "append"}:
+            columns.append(StoredColumn(aggregate.name, *pipelinedb_column(view, aggregate, where)))
         elif aggregate.kind == "tdigest":
             merge = _either(col, sql.SQL("tdigest_union(v.{0}, excluded.{0})").format(col))
             # A digest built from the group's values in one call: the aggregate tdigest() keeps a ~13 kB
@@ -121,6 +128,12 @@ def stored_columns(
             batch = sql.SQL("cv.topk_add(NULL, array_agg({}) FILTER (WHERE _cv_sign > 0{}), {})").format(
                 a, _and(where), capacity
             )
+            if aggregate.params[1:] == ("weighted",):  # topk_agg(x, k, weight): values and weights side by side
+                x, w = (raw(e) for e in split_arguments(aggregate.arg_sql or ""))
+                batch = sql.SQL(
+                    "cv.topk_add_weighted(NULL, array_agg({0}) FILTER (WHERE _cv_sign > 0{2}),"
+                    " array_agg({1}) FILTER (WHERE _cv_sign > 0{2}), {3})"
+                ).format(x, w, _and(where), capacity)
             merge = sql.SQL("cv.topk_merge(v.{0}, excluded.{0}, {1})").format(col, capacity)
             columns.append(StoredColumn(aggregate.name, batch, merge))
         elif aggregate.kind == "state":
@@ -143,13 +156,6 @@ def stored_columns(
         columns.append(StoredColumn(REMOVED, leaving, sql.SQL("NULL")))
     columns.append(StoredColumn(ROWS, rows, sql.SQL("v.{0} + excluded.{0}").format(ident(ROWS))))
     return columns
-
-
-def _either(col: sql.Identifier, both: sql.Composable) -> sql.Composed:
-    """A merge of nullable states: either side when the other is NULL, else `both`."""
-    return sql.SQL(
-        "CASE WHEN excluded.{0} IS NULL THEN v.{0} WHEN v.{0} IS NULL THEN excluded.{0} ELSE {1} END"
-    ).format(col, both)
 
 
 def _filter(where: sql.Composable | None) -> sql.Composable:

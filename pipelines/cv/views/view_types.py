@@ -16,6 +16,7 @@ from pglast import ast
 from psycopg import sql
 
 from pipelines.cv.frontend.aggregate_calls import OWN_RESULT_TYPES
+from pipelines.cv.frontend.pipelinedb_calls import typing_sql
 from pipelines.cv.model import DefinitionError, StreamDef, ViewDef
 from pipelines.cv.sqltext.parsing import split_arguments, walk
 from pipelines.cv.views import general
@@ -94,7 +95,9 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
         types_of(["(" + view.where_sql + ")::boolean"])
     # Each call's result type, as PostgreSQL types the call itself: this also checks its arguments
     # the way users expect (avg(ts) fails as avg, not as the sum it is kept as). The readers cast to it.
-    call_types = [OWN_RESULT_TYPES.get(call.function) or types_of([call.sql], as_named=True)[0] for call in view.calls]
+    call_types = [
+        OWN_RESULT_TYPES.get(call.function) or types_of([typing_sql(call.sql)], as_named=True)[0] for call in view.calls
+    ]
     aggregate_types = []
     states = {}
     for aggregate in view.aggregates:
@@ -105,7 +108,8 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
                 types_of([aggregate.arg_sql])
             aggregate_types.append("bigint")
         elif aggregate.kind == "hll":
-            types_of([f"hll_add_agg({aggregate.arg_sql})"])
+            union = aggregate.params[:1] == ("union",)  # hll_union_agg: the argument is a sketch
+            types_of([f"{'hll_union_agg' if union else 'hll_add_agg'}({aggregate.arg_sql})"])
             aggregate_types.append("hll")
         elif aggregate.kind == "tdigest":
             try:
@@ -116,8 +120,12 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
                     "extract(epoch FROM x) for an interval or a time"
                 ) from e
         elif aggregate.kind == "topk":
-            types_of([aggregate.arg_sql or ""])
+            types_of(split_arguments(aggregate.arg_sql or ""))
             aggregate_types.append("jsonb")
+        elif aggregate.kind == "keyed":  # the value at the extreme key; a tie keeps the least value: min() types it
+            aggregate_types.append(types_of([f"min({split_arguments(aggregate.arg_sql or '')[1]})"])[0])
+        elif aggregate.kind in {"first", "append"}:
+            aggregate_types.append(types_of([f"array_agg({aggregate.arg_sql})"])[0])
         elif aggregate.kind == "sum":
             aggregate_types.append(types_of([f"sum({aggregate.arg_sql})"])[0])
         elif aggregate.kind == "state":

@@ -1,0 +1,144 @@
+"""PipelineDB's own aggregates, and PostgreSQL's value-collecting ones, as a view keeps them.
+
+| call                                        | stored                                         | bound          |
+| keyed_max(k, v) / keyed_min(k, v)           | max(k) / min(k), and the value at it (keyed)   | exact          |
+| first_values(n) WITHIN GROUP (ORDER BY x),  | the first n values of x in that order (first), | exact,         |
+|   first_values(n, x) (PipelineDB's form)    |   NULLs where ORDER BY puts them               | n <= 1000      |
+| set_agg(x)                                  | as array_agg(DISTINCT x)                       | exact          |
+| array_agg, json_agg, jsonb_agg(x),          | the values in the order batches come (append), | the first      |
+|   string_agg(x, 'constant delimiter')       |   at most APPEND_MAX_VALUES per group          | 1000 values    |
+| hll_union_agg(h) over a column of type hll  | the union of the sketches (hll)                | HyperLogLog's  |
+
+All of them are order-free but `append`: keyed_* break a tie of keys by the least value (so any
+order of batches keeps the same one), and first_values keeps values by their sort order, not by
+arrival. The collecting aggregates keep values in the order their batches come, as a stream's
+arrival order; within a batch, in the order PostgreSQL aggregates it (PostgreSQL's own array_agg
+without ORDER BY promises no order either). A group keeps at most APPEND_MAX_VALUES values per call:
+later ones are dropped, so a group's row stays bounded (values x their size) and each batch's merge
+rewrites at most that many. None of them can forget a value: they need an append-only stream, and
+none is kept in a sliding window.
+"""
+
+from __future__ import annotations
+
+import pglast
+from pglast import ast
+from pglast.stream import RawStream
+
+from pipelines.cv.frontend.stored_calls import Stored, Translation, read_as_stored
+from pipelines.cv.model import DefinitionError
+
+# Values a collecting aggregate keeps per group; later values of the group are dropped.
+APPEND_MAX_VALUES = 1000
+# The largest n of first_values(n): the stored array is re-sorted at each batch.
+FIRST_VALUES_MAX_N = 1000
+COLLECTING = frozenset({"array_agg", "json_agg", "jsonb_agg", "string_agg"})
+PIPELINEDB = frozenset({"keyed_max", "keyed_min", "first_values", "set_agg", "hll_union_agg"})
+
+
+def translate_pipelinedb(
+    name: str, call: ast.FuncCall, where: str | None, label: str, what: str, *, windowed: bool
+) -> Translation:
+    """What a view keeps for a PipelineDB aggregate or a collecting one (not set_agg: see aggregate_calls).
+
+    Raises:
+        DefinitionError: The call is malformed or cannot be kept here, with what to write instead.
+    """
+    args = tuple(RawStream()(a) for a in call.args or ())
+    if windowed and name != "hll_union_agg":
+        raise DefinitionError(f"{what}: {label} is not kept in a sliding-window view")
+    if name in {"keyed_max", "keyed_min"}:
+        if len(args) != 2 or call.agg_within_group:
+            raise DefinitionError(f"{what}: {label}: {name}(key, value) takes two arguments")
+        extreme = name.removeprefix("keyed_")
+        key, value = args
+        stored = (Stored(extreme, key, where), Stored("keyed", f"{key}, {value}", where, (extreme,)))
+        return Translation(name, stored, lambda refs, _t: refs[1], False)
+    if name == "first_values":
+        return _first_values(call, args, where, label, what)
+    if name == "hll_union_agg":
+        if len(args) != 1:
+            raise DefinitionError(f"{what}: {label} takes one argument, a column of type hll")
+        return Translation(name, (Stored("hll", args[0], where, ("union",)),), read_as_stored, False)
+    return _collecting(name, call, args, where, label, what)
+
+
+def typing_sql(call_sql: str) -> str:
+    """SQL that PostgreSQL types as the call `call_sql` would be: PipelineDB's names are not PostgreSQL functions."""
+    call = pglast.parse_sql(f"SELECT {call_sql}")[0].stmt.targetList[0].val
+    if not isinstance(call, ast.FuncCall):
+        return call_sql
+    name = ".".join(n.sval for n in call.funcname).lower()
+    args = [RawStream()(a) for a in call.args or ()]
+    if name in {"keyed_max", "keyed_min"}:
+        return f"min({args[1]})"
+    if name == "first_values":
+        x = RawStream()(call.agg_order[0].node) if call.agg_within_group else args[1]
+        return f"array_agg({x})"
+    if name == "set_agg":
+        return f"array_agg({args[0]})"
+    return call_sql
+
+
+def _first_values(call: ast.FuncCall, args: tuple[str, ...], where: str | None, label: str, what: str) -> Translation:
+    """first_values(n) WITHIN GROUP (ORDER BY x [ASC | DESC] [NULLS FIRST | LAST]), or first_values(n, x)."""
+    usage = f"{what}: {label}: first_values(n) WITHIN GROUP (ORDER BY x), n a positive integer constant"
+    order = call.agg_order or ()
+    n_node = (call.args or (None,))[0]
+    if call.agg_within_group:
+        if len(args) != 1 or len(order) != 1:
+            raise DefinitionError(usage)
+        x, direction = RawStream()(order[0].node), _direction(order[0])
+    else:
+        if len(args) != 2:
+            raise DefinitionError(
+                f"{usage} (PipelineDB's first_values(n, x) keeps one column; several make a composite, not kept)"
+            )
+        x, direction = args[1], "ASC NULLS LAST"
+    if not (isinstance(n_node, ast.A_Const) and isinstance(n_node.val, ast.Integer) and n_node.val.ival > 0):
+        raise DefinitionError(usage)
+    if n_node.val.ival > FIRST_VALUES_MAX_N:
+        raise DefinitionError(f"{what}: {label}: n is at most {FIRST_VALUES_MAX_N}")
+    stored = Stored("first", x, where, (str(n_node.val.ival), direction))
+    return Translation("first_values", (stored,), read_as_stored, False)
+
+
+def _direction(sort: ast.SortBy) -> str:
+    """The ORDER BY direction as SQL, with PostgreSQL's defaults (NULLS LAST ascending, FIRST descending)."""
+    descending = sort.sortby_dir == 2  # SORTBY_DESC
+    if sort.sortby_dir not in (0, 1, 2) or sort.useOp:
+        raise DefinitionError("first_values: ORDER BY ... USING is not supported")
+    nulls_first = {0: descending, 1: True, 2: False}[sort.sortby_nulls]
+    return f"{'DESC' if descending else 'ASC'} NULLS {'FIRST' if nulls_first else 'LAST'}"
+
+
+def _collecting(
+    name: str, call: ast.FuncCall, args: tuple[str, ...], where: str | None, label: str, what: str
+) -> Translation:
+    """array_agg, json_agg, jsonb_agg and string_agg: the values kept in the order batches come (capped)."""
+    cap = (str(APPEND_MAX_VALUES),)
+    if name != "string_agg":
+        if len(args) != 1:
+            raise DefinitionError(f"{what}: {label} takes one argument")
+        stored = Stored("append", args[0], where, cap)
+        if name == "array_agg":
+            return Translation(name, (stored,), read_as_stored, False)
+        return Translation(name, (stored,), lambda refs, _t: _over_elements(f"{name}(e ORDER BY o)", refs[0]), False)
+    delimiter = (call.args or (None, None))[1] if len(args) == 2 else None
+    if delimiter is None or not _constant(delimiter):
+        raise DefinitionError(f"{what}: {label}: string_agg(x, delimiter) with a constant delimiter")
+    # string_agg skips NULL values (and is NULL over none): only the others are kept.
+    not_null = f"({args[0]}) IS NOT NULL" + (f" AND ({where})" if where else "")
+    stored = Stored("append", args[0], not_null, cap)
+    return Translation(
+        name, (stored,), lambda refs, _t: _over_elements(f"string_agg(e, {args[1]} ORDER BY o)", refs[0]), False
+    )
+
+
+def _constant(node: ast.Node) -> bool:
+    return isinstance(node, ast.A_Const) or (isinstance(node, ast.TypeCast) and _constant(node.arg))
+
+
+def _over_elements(aggregate: str, array: str) -> str:
+    """`aggregate` over the stored array's elements `e` at positions `o` (a one-row subquery of the read view)."""
+    return f"(SELECT {aggregate} FROM unnest({array}) WITH ORDINALITY AS u(e, o))"  # noqa: S608
