@@ -260,3 +260,36 @@ def test_a_view_over_a_view_names_what_it_cannot_do(pg, chain):
                 f"CREATE CONTINUOUS VIEW {schema}.c AS"
                 f" SELECT count(*) AS n, 1 AS g FROM output_of('{schema}.nope') GROUP BY g",
             )
+
+
+def test_a_quarantined_view_over_a_view_is_rebuilt_from_its_feed_once_it_runs_again(pg, writer, chain):
+    schema, append = chain["schema"], chain["append"]
+    define_levels(pg, schema)
+    with pg("sv_owner", autocommit=True) as conn:  # guarded(n) fails while the table `broken` has a row
+        conn.execute(f"CREATE TABLE {schema}.broken (yes boolean)")
+        conn.execute(f"GRANT SELECT ON {schema}.broken TO sv_writer")
+        conn.execute(
+            f"CREATE FUNCTION {schema}.guarded(n bigint) RETURNS bigint LANGUAGE plpgsql STABLE AS $$ BEGIN"
+            f" IF EXISTS (SELECT FROM {schema}.broken) THEN RAISE EXCEPTION 'broken'; END IF; RETURN n; END $$"
+        )
+        catalog.define(
+            conn,
+            f"CREATE CONTINUOUS VIEW {schema}.guarded_hourly AS SELECT url, sum({schema}.guarded(n)) AS n"
+            f" FROM {schema}.per_minute GROUP BY url",
+        )
+        conn.execute(f"INSERT INTO {schema}.broken VALUES (true)")
+    clicks = [("/a", 5, T0), ("/a", 6, T0 + timedelta(minutes=1)), ("/b", 7, T0)]
+    apply_rows(writer, append, [1] * 3, clicks)
+    feeds = ViewFeeds("", view_retry_s=0.01)
+    while feeds.step(writer):
+        pass
+    quarantined = writer.execute("SELECT view FROM cv.view_failures WHERE view = %s", (f"{schema}.guarded_hourly",))
+    assert quarantined.fetchall() == [(f"{schema}.guarded_hourly",)]
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(f"DELETE FROM {schema}.broken")
+    feeds.housekeeping(writer)  # the retry: probed, rebuilt from the feed's state, resumed
+    assert writer.execute("SELECT count(*) FROM cv.view_failures WHERE view LIKE %s", (f"{schema}.%",)).fetchone() == (
+        0,
+    )
+    rows = writer.execute(f"SELECT url, n FROM {schema}.guarded_hourly ORDER BY url").fetchall()
+    assert rows == [("/a", 2), ("/b", 1)]
