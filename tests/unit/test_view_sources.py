@@ -1,12 +1,16 @@
-"""A view over a view as the front end reads it: FROM <view> and FROM output_of(<view>), and what it refuses."""
+"""Views over views as the front end reads them (FROM <view>, FROM output_of(<view>), refusals), and their status."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import pytest
 
+from pipelines.cv.feeds import FeedState
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.frontend.view_sources import changes_stream, from_definition, rows_stream, to_definition
 from pipelines.cv.model import DefinitionError, Scope
+from pipelines.cv.status import feeds_table
 
 CLICKS = parse("CREATE STREAM clicks (url text, ms int, ts timestamptz) WITH (topic = 'clicks')", NO_SCOPE)
 PER_MINUTE = rows_stream(
@@ -83,3 +87,23 @@ def test_what_cannot_be_read_is_refused_in_one_line(select, message):
 def test_a_feed_stream_is_read_through_its_view_not_by_its_name():
     scope = Scope({"clicks": CLICKS, "web.per_minute": PER_MINUTE}, frozenset())
     assert view("SELECT url, sum(n) AS n FROM web.per_minute GROUP BY url", scope).stream == "web.per_minute"
+
+
+def test_status_lists_each_feed_with_its_lag_and_views():
+    feed = FeedState(
+        "web.per_minute", "web.per_minute", 40, 42, datetime(2026, 11, 26, 20, 0, tzinfo=UTC), "web.hourly", 1
+    )
+    assert feed.as_json() | {"taken_at": None} == {
+        "feed": "web.per_minute",
+        "upstream": "web.per_minute",
+        "position": 40,
+        "upstream_last": 42,
+        "lag": 2,
+        "taken_at": None,
+        "views": ["web.hourly"],
+        "quarantined_views": 1,
+    }
+    lines = feeds_table([feed]).splitlines()
+    assert lines[2] == "views over views"
+    assert lines[-1].split() == ["web.per_minute", "web.per_minute", "2", "2026-11-26", "20:00:00", "web.hourly", "1"]
+    assert feeds_table([]) == ""
