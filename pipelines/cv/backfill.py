@@ -37,6 +37,7 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from pipelines.cv import catalog
+from pipelines.cv.catalog.backfills import live_group
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.engine import StreamMaintainer, declared_streams
 from pipelines.cv.frontend.backfill import rule_ms
@@ -197,11 +198,9 @@ class Backfiller:
         catch-up starts again from the stored positions.
         """
         streams = declared_streams(self._connection())
-        decoders = {
-            s.topic: StreamDecoder(s)
-            for s in streams.values()
-            if s.name == backfill.stream or s.into == backfill.stream
-        }
+        sources = [s for s in streams.values() if s.name == backfill.stream or s.into == backfill.stream]
+        decoders = {s.topic: StreamDecoder(s) for s in sources}
+        live = {(s.topic, live_group(s)) for s in sources}
         checkpoint: Checkpoint[psycopg.Connection, HistoryBatch] = Checkpoint(
             PostgresOffsets(self.conninfo, backfill.group_id), self.sink
         )
@@ -235,6 +234,7 @@ class Backfiller:
                 spent["waited_s"] += time.perf_counter() - read
                 inflight = committer.submit(checkpoint.commit, batch) if batch is not None else None
                 stop.wait(self.settings.backfill_pause_s)  # the live loop goes first
+                self._yield_to_live(consumer, live, stop)
             if inflight is not None and not self._committed(inflight, backfill):
                 return
             if not todo:
@@ -243,6 +243,32 @@ class Backfiller:
             committer.shutdown(wait=True)
             consumer.close()
             checkpoint.close()
+
+    def _yield_to_live(self, consumer: Consumer, live: set[tuple[str, str]], stop: threading.Event) -> None:
+        """Wait while the live runner is more than PIPELINE_BACKFILL_YIELD_LAG records behind on the stream's topics.
+
+        The live views' freshness comes first: a backfill takes the CPU and the database the live
+        batches need, so it reads on once they have caught up again (or after PIPELINE_BACKFILL_YIELD_MAX_S,
+        so that a live runner that is down does not stop it).
+        """
+        if not self.settings.backfill_yield_lag:
+            return
+        deadline = time.monotonic() + self.settings.backfill_yield_max_s
+        while not stop.is_set() and time.monotonic() < deadline:
+            behind = 0
+            for topic, group in live:
+                stored = dict(
+                    self._connection().execute(
+                        "SELECT partition, next_offset FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s",
+                        (group, topic),
+                    )
+                )
+                for partition, offset in stored.items():
+                    high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)[1]
+                    behind += max(0, high - offset)
+            if behind <= self.settings.backfill_yield_lag:
+                return
+            stop.wait(0.05)
 
     @staticmethod
     def _committed(inflight: Future[int], backfill: Pending) -> bool:

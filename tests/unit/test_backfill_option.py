@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from pipelines.cv import status
-from pipelines.cv.backfill import Progress
+from pipelines.cv.backfill import Backfiller, Progress
 from pipelines.cv.frontend.backfill import backfill_rule, order_dependent, rule_ms
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import DefinitionError, Scope
+from pipelines.settings import KafkaSettings, PipelineSettings
 
 CLICKS = "CREATE STREAM clicks (url text, ms int, ts timestamptz) WITH (topic = 'clicks')"
 USERS = "CREATE STREAM users (id int, name text) WITH (topic = 'users', key = 'id')"
@@ -92,3 +95,28 @@ def test_status_shows_each_view_catching_up_with_its_offsets_done_and_eta():
     assert s.as_json()["backfills"] == [
         {"view": "t.v", "rule": "earliest", "done": 2500, "total": 10_000, "complete": False, "eta_s": 30.0}
     ]
+
+
+class FakeConsumer:
+    def __init__(self, highs):
+        self.highs = highs
+
+    def get_watermark_offsets(self, tp, timeout=-1, cached=False):
+        return 0, self.highs.pop(0) if len(self.highs) > 1 else self.highs[0]
+
+
+class FakeConnection:
+    def execute(self, query, params):
+        return [(0, 100)]  # the live group stands at offset 100 of partition 0
+
+
+def test_the_backfill_waits_while_the_live_runner_is_behind_and_no_longer_than_its_cap(monkeypatch):
+    settings = PipelineSettings(backfill_yield_lag=10, backfill_yield_max_s=5)
+    backfiller = Backfiller("", KafkaSettings(), settings)
+    monkeypatch.setattr(backfiller, "_connection", FakeConnection)
+    consumer = FakeConsumer([150, 130, 105])  # 50, then 30 records behind, then 5: caught up
+    backfiller._yield_to_live(consumer, {("t", "live")}, threading.Event())
+    assert consumer.highs == [105]
+    capped = Backfiller("", KafkaSettings(), PipelineSettings(backfill_yield_lag=10, backfill_yield_max_s=0.1))
+    monkeypatch.setattr(capped, "_connection", FakeConnection)
+    capped._yield_to_live(FakeConsumer([10_000]), {("t", "live")}, threading.Event())  # returns after its cap
