@@ -293,3 +293,28 @@ def test_a_quarantined_view_over_a_view_is_rebuilt_from_its_feed_once_it_runs_ag
     )
     rows = writer.execute(f"SELECT url, n FROM {schema}.guarded_hourly ORDER BY url").fetchall()
     assert rows == [("/a", 2), ("/b", 1)]
+
+
+def test_an_upstream_replaced_with_the_same_columns_keeps_feeding_its_readers(pg, writer, chain):
+    schema, keyed = chain["schema"], chain["keyed"]
+    define_levels(pg, schema)
+    events = Events(random.Random(5))
+    feeds = ViewFeeds("", page=3)  # small pages: the feed's statements are prepared by the server
+    for _ in range(4):
+        events.likes_batch(writer, keyed)
+        while feeds.step(writer):
+            pass
+    with pg("sv_owner", autocommit=True) as conn:  # rebuilt (another filter), same columns: its rows leave and enter
+        catalog.define(
+            conn,
+            f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.likes_minute AS"
+            f" {LIKES_MINUTE.format(src=keyed).replace(' GROUP BY', ' WHERE uid > 0 GROUP BY')}",
+        )
+    for _ in range(3):
+        events.likes_batch(writer, keyed)
+        while feeds.step(writer):
+            pass
+    with writer.transaction(force_rollback=True):
+        expected = oracle(writer, chain, [], events.likes)
+    for name in ("likes_minute", "likes_hourly", "likes_daily"):
+        assert view(writer, schema, name) == expected[name], name
