@@ -31,10 +31,24 @@ from typing import Literal
 from pipelines.errors import StreamviewsError
 
 AggregateKind = Literal[
-    "count", "count_distinct", "sum", "min", "max", "set", "hll", "tdigest", "topk", "state", "keyed", "first", "append"
+    "count",
+    "count_distinct",
+    "sum",
+    "min",
+    "max",
+    "set",
+    "hll",
+    "tdigest",
+    "topk",
+    "state",
+    "keyed",
+    "first",
+    "append",
+    "bloom",
+    "freq",
 ]
 # Aggregates that cannot forget a value: a retraction leaves them as they are.
-MONOTONIC: frozenset[str] = frozenset({"hll", "tdigest", "topk", "state", "keyed", "first", "append"})
+MONOTONIC: frozenset[str] = frozenset({"hll", "tdigest", "topk", "state", "keyed", "first", "append", "bloom", "freq"})
 DISTINCT_KINDS: frozenset[str] = frozenset({"count_distinct", "set"})
 # How a boolean view option (`changes`) may be spelled, as PostgreSQL's reloptions take them.
 TRUE_WORDS: frozenset[str] = frozenset({"true", "on", "yes", "1"})

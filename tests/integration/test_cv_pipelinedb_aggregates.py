@@ -39,19 +39,31 @@ ORACLE = """
     FROM {stream} GROUP BY g"""
 
 
+SKETCHES = """
+    SELECT g, bloom_agg(x) AS xb, bloom_contains(bloom_agg(x), 3) AS has3, freq_agg(t) AS tf,
+           freq(freq_agg(t), 'a'::text) AS fa, dist_agg(x) AS xd, dist_quantile(dist_agg(x), 0.5) AS med,
+           dist_cdf(dist_agg(x), 0) AS below0, count(x) AS n
+    FROM {stream} GROUP BY g"""
+
+
 @pytest.fixture(scope="module")
 def streams(stack, pg):
     name = unique("pdbagg")
-    events, hlls = f"{name}_events", f"{name}_hlls"
+    events, hlls, timed = f"{name}_events", f"{name}_hlls", f"{name}_timed"
     definitions = f"""
         CREATE STREAM {events} ({COLUMNS}) WITH (topic = '{events}');
         CREATE STREAM {hlls} (g bigint, h text) WITH (topic = '{hlls}');
         CREATE CONTINUOUS VIEW {name}.pdb AS {VIEW.format(stream=events)};
+        CREATE CONTINUOUS VIEW {name}.sketches AS {SKETCHES.format(stream=events)};
+        CREATE STREAM {timed} (g bigint, x bigint, ts timestamptz) WITH (topic = '{timed}');
+        CREATE CONTINUOUS VIEW {name}.recent AS
+            SELECT g, bloom_agg(x) AS b, freq_agg(x) AS f, dist_agg(x) AS d FROM {timed}
+            WHERE ts > clock_timestamp() - interval '1 hour' GROUP BY g;
         CREATE CONTINUOUS VIEW {name}.unions AS
             SELECT g, hll_cardinality(hll_union_agg(h::hll)) AS n, hll_union_agg(h::hll) AS h FROM {hlls} GROUP BY g;
     """
-    with throwaway_views(pg, name, [events, hlls], definitions):
-        yield {"schema": name, "events": events, "hlls": hlls}
+    with throwaway_views(pg, name, [events, hlls, timed], definitions):
+        yield {"schema": name, "events": events, "hlls": hlls, "timed": timed}
 
 
 def rows_of(conn, query, params=()):
@@ -114,11 +126,38 @@ def test_pipelinedb_aggregates_equal_the_exact_answer_whatever_the_batching(writ
             if t is not None and w is not None and w > 0:
                 weights[t] += w
         assert_topk_within_bound(v["top_t"], weights, k=2)
+        check_sketches(writer, streams["schema"], g, mine)
         if v["top_t"] is None:  # no positive weight yet: NULL, as topk_agg over no values
             assert (v["top_values"], v["top_freqs"]) == (None, None)
         else:
             assert v["top_values"] == [e["value"] for e in v["top_t"]]
             assert v["top_freqs"] == [e["count"] for e in v["top_t"]]
+
+
+def check_sketches(writer, schema, group, mine):
+    """bloom_agg, freq_agg and dist_agg of one group against its rows, within PipelineDB's bounds."""
+    xs = sorted(x for _, _, x, _, _ in mine if x is not None)
+    ts = Counter(t for _, _, _, t, _ in mine if t is not None)
+    row = writer.execute(
+        f"SELECT has3, fa, med, below0, n, (SELECT bool_and(bloom_contains(xb, v)) FROM unnest(%s::bigint[]) AS v),"
+        f" (SELECT array_agg(freq(tf, v) ORDER BY v) FROM unnest(%s::text[]) AS v) FROM {schema}.sketches WHERE g = %s",
+        (xs, sorted(ts), group),
+    ).fetchone()
+    if row is None:
+        return
+    has3, fa, med, below0, n, all_in, counts = row
+    assert n == len(xs)
+    assert all_in is not False  # a Bloom filter never misses a value it was given
+    assert has3 or 3 not in xs
+    eps_n = 0.002 * sum(ts.values())  # freq_agg's default eps: over by at most eps * N (w.p. 0.995 each)
+    for value, estimate in zip(sorted(ts), counts or [], strict=True):
+        assert ts[value] <= estimate <= ts[value] + max(eps_n, 0)
+    assert ts["a"] <= (fa or 0) <= ts["a"] + eps_n
+    if xs:  # dist_agg: a t-digest of 100 centroids keeps these few values exactly, interpolated
+        assert xs[0] <= med <= xs[-1]
+        assert abs(below0 - sum(x <= 0 for x in xs) / len(xs)) <= 1 / len(xs) + 1e-9
+    else:
+        assert (med, below0) == (None, None)
 
 
 def assert_topk_within_bound(top, weights, k):
@@ -180,3 +219,14 @@ def test_json_agg_reads_as_json_and_jsonb_agg_as_jsonb(writer, streams):
     assert row[:2] == ("json", "jsonb")
     assert row[2] == ["x"]
     assert json.dumps(row[2]) == '["x"]'
+
+
+def test_sketches_in_a_sliding_window_merge_its_steps_on_read(writer, streams):
+    now = writer.execute("SELECT now()").fetchone()[0]
+    for batch in ([1, 2, 2], [3, 2], [100]):
+        apply_rows(writer, streams["timed"], [1] * len(batch), [(1, x, now) for x in batch])
+    row = writer.execute(
+        "SELECT bloom_contains(b, 3), bloom_contains(b, 4), freq(f, 2), dist_quantile(d, 0), dist_quantile(d, 1)"
+        f" FROM {streams['schema']}.recent WHERE g = 1"
+    ).fetchone()
+    assert row == (True, False, 3, 1.0, 100.0)

@@ -102,3 +102,43 @@ def test_pipelinedb_calls_are_typed_as_postgresql_would_type_their_result():
     assert typing_sql("first_values(2) WITHIN GROUP (ORDER BY x DESC)") == "array_agg(x)"
     assert typing_sql("set_agg(x)") == "array_agg(x)"
     assert typing_sql("array_agg(x)") == "array_agg(x)"
+
+
+def test_sketches_take_pipelinedbs_defaults_or_constant_parameters(view):
+    v = view(
+        "SELECT g, bloom_agg(x) AS b, bloom_agg(t, 0.01, 1000) AS b2, freq_agg(t) AS f, freq_agg(x, 0.01, 0.99) AS f2,"
+        " dist_agg(x) AS d, dist_agg(x, 200) AS d2 FROM ev GROUP BY g"
+    )
+    assert kinds(v) == [
+        ("bloom", "x", ("0.02", "16384")),
+        ("bloom", "t", ("0.01", "1000")),
+        ("freq", "t", ("0.002", "0.995")),
+        ("freq", "x", ("0.01", "0.99")),
+        ("tdigest", "(x)::float8", ("100",)),
+        ("tdigest", "(x)::float8", ("200",)),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("call", "says"),
+    [
+        ("bloom_agg(x, 1.5, 100)", r"p in \(0, 1\)"),
+        ("bloom_agg(x, 0.1, 0)", "n a positive integer"),
+        ("bloom_agg(x, 0.1)", "constants"),
+        ("freq_agg(x, 0.1, w)", "constants"),
+        ("dist_agg(x, 5)", "compression an integer"),
+    ],
+)
+def test_sketch_parameters_out_of_range_are_refused(view, call, says):
+    with pytest.raises(DefinitionError, match=says):
+        view(f"SELECT g, {call} AS s FROM ev GROUP BY g")
+
+
+def test_sketches_are_kept_in_sliding_windows_but_not_over_keyed_streams(view):
+    windowed = view(
+        "SELECT g, bloom_agg(x) AS b, freq_agg(x) AS f, dist_agg(x) AS d FROM ev"
+        " WHERE ts > clock_timestamp() - interval '1 minute' GROUP BY g"
+    )
+    assert [a.kind for a in windowed.aggregates] == ["bloom", "freq", "tdigest"]
+    with pytest.raises(DefinitionError, match="cannot forget"):
+        view("SELECT g, bloom_agg(x) AS b FROM kv GROUP BY g")

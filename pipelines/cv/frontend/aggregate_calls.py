@@ -207,7 +207,14 @@ KNOWN = frozenset(
 
 
 # Result types of the calls PostgreSQL itself does not know (the others are typed by PostgreSQL).
-OWN_RESULT_TYPES = {"topk_agg": "jsonb", "approx_count_distinct": "bigint", "count_distinct": "bigint"}
+OWN_RESULT_TYPES = {
+    "topk_agg": "jsonb",
+    "approx_count_distinct": "bigint",
+    "count_distinct": "bigint",
+    "bloom_agg": "bytea",
+    "freq_agg": "bytea",
+    "dist_agg": "tdigest",
+}
 
 
 def function_name(call: ast.FuncCall) -> str:

@@ -28,10 +28,11 @@ from pipelines.cv.model import Aggregate, DefinitionError, StreamDef
 EARLIEST, NONE = "earliest", "none"
 DEFAULT = EARLIEST
 # Stored aggregate kinds whose merge does not depend on the order batches come in (see above).
-# keyed_max/min break ties by the least value and first_values keeps values by their sort order: order-free.
+# keyed_max/min break ties by the least value and first_values keeps values by their sort order, and Bloom
+# filters (OR) and count-min sketches (+) merge in any order: order-free.
 # The collecting aggregates (kind append: array_agg, string_agg, json_agg) keep arrival order: not.
 ORDER_FREE_KINDS = frozenset(
-    {"count", "sum", "min", "max", "count_distinct", "hll", "set", "tdigest", "topk", "keyed", "first"}
+    {"count", "sum", "min", "max", "count_distinct", "hll", "set", "tdigest", "topk", "keyed", "first", "bloom", "freq"}
 )
 
 

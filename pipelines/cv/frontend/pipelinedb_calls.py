@@ -8,6 +8,10 @@
 | array_agg, json_agg, jsonb_agg(x),          | the values in the order batches come (append), | the first      |
 |   string_agg(x, 'constant delimiter')       |   at most APPEND_MAX_VALUES per group          | 1000 values    |
 | hll_union_agg(h) over a column of type hll  | the union of the sketches (hll)                | HyperLogLog's  |
+| bloom_agg(x [, p, n])                       | a Bloom filter (bloom, pgext/sketches.c)       | false positives|
+|                                             |   default p 0.02, n 16384                      | p up to n      |
+| freq_agg(x [, eps, p])                      | a count-min sketch (freq, pgext/sketches.c)    | + eps*N, w.p. p|
+| dist_agg(x [, compression])                 | a t-digest (tdigest), as percentile_cont       | t-digest's     |
 
 All of them are order-free but `append`: keyed_* break a tie of keys by the least value (so any
 order of batches keeps the same one), and first_values keeps values by their sort order, not by
@@ -15,8 +19,8 @@ arrival. The collecting aggregates keep values in the order their batches come, 
 arrival order; within a batch, in the order PostgreSQL aggregates it (PostgreSQL's own array_agg
 without ORDER BY promises no order either). A group keeps at most APPEND_MAX_VALUES values per call:
 later ones are dropped, so a group's row stays bounded (values x their size) and each batch's merge
-rewrites at most that many. None of them can forget a value: they need an append-only stream, and
-none is kept in a sliding window.
+rewrites at most that many. None of them can forget a value: they need an append-only stream; only
+the sketches (hll_union_agg, bloom_agg, freq_agg, dist_agg) are kept in a sliding window.
 """
 
 from __future__ import annotations
@@ -33,7 +37,17 @@ APPEND_MAX_VALUES = 1000
 # The largest n of first_values(n): the stored array is re-sorted at each batch.
 FIRST_VALUES_MAX_N = 1000
 COLLECTING = frozenset({"array_agg", "json_agg", "jsonb_agg", "string_agg"})
-PIPELINEDB = frozenset({"keyed_max", "keyed_min", "first_values", "set_agg", "hll_union_agg"})
+PIPELINEDB = frozenset(
+    {"keyed_max", "keyed_min", "first_values", "set_agg", "hll_union_agg", "bloom_agg", "freq_agg", "dist_agg"}
+)
+# PipelineDB's defaults: a Bloom filter for 16,384 distinct values at 2% false positives (about 16 KB),
+# a count-min sketch over-counting by at most 0.2% of all values with probability 99.5% (6 x 1,360
+# counters, about 64 KB), a t-digest of 100 centroids (as percentile_cont here).
+BLOOM_DEFAULTS = (0.02, 16384)
+# Sketches merge a sliding window's steps at read time; the others keep values a window cannot merge.
+MERGED_IN_WINDOWS = frozenset({"hll_union_agg", "bloom_agg", "freq_agg", "dist_agg"})
+FREQ_DEFAULTS = (0.002, 0.995)
+DIST_COMPRESSION = (100, 10, 10000)  # default, least, most
 
 
 def translate_pipelinedb(
@@ -45,7 +59,7 @@ def translate_pipelinedb(
         DefinitionError: The call is malformed or cannot be kept here, with what to write instead.
     """
     args = tuple(RawStream()(a) for a in call.args or ())
-    if windowed and name != "hll_union_agg":
+    if windowed and name not in MERGED_IN_WINDOWS:
         raise DefinitionError(f"{what}: {label} is not kept in a sliding-window view")
     if name in {"keyed_max", "keyed_min"}:
         if len(args) != 2 or call.agg_within_group:
@@ -56,6 +70,8 @@ def translate_pipelinedb(
         return Translation(name, stored, lambda refs, _t: refs[1], False)
     if name == "first_values":
         return _first_values(call, args, where, label, what)
+    if name in {"bloom_agg", "freq_agg", "dist_agg"}:
+        return _sketch(name, call, args, where, label, what)
     if name == "hll_union_agg":
         if len(args) != 1:
             raise DefinitionError(f"{what}: {label} takes one argument, a column of type hll")
@@ -142,3 +158,46 @@ def _constant(node: ast.Node) -> bool:
 def _over_elements(aggregate: str, array: str) -> str:
     """`aggregate` over the stored array's elements `e` at positions `o` (a one-row subquery of the read view)."""
     return f"(SELECT {aggregate} FROM unnest({array}) WITH ORDINALITY AS u(e, o))"  # noqa: S608
+
+
+def _sketch(
+    name: str, call: ast.FuncCall, args: tuple[str, ...], where: str | None, label: str, what: str
+) -> Translation:
+    """bloom_agg(x [, p, n]), freq_agg(x [, eps, p]), dist_agg(x [, compression]): constants checked here."""
+    given = [_number(a) for a in (call.args or ())[1:]]
+    if name == "dist_agg":
+        default, least, most = DIST_COMPRESSION
+        compression = given[0] if len(given) == 1 else default if not given else None
+        if compression is None or not (least <= compression <= most) or compression != int(compression):
+            raise DefinitionError(
+                f"{what}: {label}: dist_agg(x [, compression]), compression an integer {least}..{most}"
+            )
+        not_null = f"({args[0]}) IS NOT NULL" + (f" AND ({where})" if where else "")
+        stored = Stored("tdigest", f"({args[0]})::float8", not_null, (str(int(compression)),))
+        return Translation(name, (stored,), read_as_stored, False)
+    defaults = BLOOM_DEFAULTS if name == "bloom_agg" else FREQ_DEFAULTS
+    params = given if len(given) == 2 else list(defaults) if not given else None
+    usage = (
+        "bloom_agg(x [, p, n]): p in (0, 1), n a positive integer"
+        if name == "bloom_agg"
+        else ("freq_agg(x [, eps, p]): eps and p in (0, 1)")
+    )
+    if params is None or any(v is None for v in params):
+        raise DefinitionError(f"{what}: {label}: {usage}, constants")
+    first, second = params
+    valid = 0 < first < 1 and (second >= 1 and second == int(second) if name == "bloom_agg" else 0 < second < 1)
+    if not valid:
+        raise DefinitionError(f"{what}: {label}: {usage}")
+    kind = "bloom" if name == "bloom_agg" else "freq"
+    second_text = str(int(second)) if name == "bloom_agg" else repr(second)
+    stored = Stored(kind, args[0], where, (repr(first), second_text))
+    return Translation(name, (stored,), read_as_stored, False)
+
+
+def _number(node: ast.Node) -> float | None:
+    """A numeric constant's value (an integer or a decimal, maybe negated); None for anything else."""
+    if isinstance(node, ast.A_Const) and isinstance(node.val, ast.Integer):
+        return float(node.val.ival)
+    if isinstance(node, ast.A_Const) and isinstance(node.val, ast.Float):
+        return float(node.val.fval)
+    return None

@@ -112,7 +112,7 @@ def stored_columns(
             adding = "hll_union_agg" if aggregate.params[:1] == ("union",) else "hll_add_agg"
             batch = sql.SQL(adding + "({}) FILTER (WHERE _cv_sign > 0{})").format(a, _and(where))
             columns.append(StoredColumn(aggregate.name, batch, merge))
-        elif aggregate.kind in {"keyed", "first", "append"}:
+        elif aggregate.kind in {"keyed", "first", "append", "bloom", "freq"}:
             columns.append(StoredColumn(aggregate.name, *pipelinedb_column(view, aggregate, where)))
         elif aggregate.kind == "tdigest":
             merge = _either(col, sql.SQL("tdigest_union(v.{0}, excluded.{0})").format(col))
@@ -186,6 +186,8 @@ def window_merge(aggregate: Aggregate, column: str, type_: str, states: Mapping[
         return f"tdigest({column})"
     if kind == "topk":
         return f"cv.topk_merge_agg({column}, {int(aggregate.params[0])})"
+    if kind in {"bloom", "freq"}:  # pgext's aggregates, in public
+        return f"{'bloom_union_agg' if kind == 'bloom' else 'freq_merge_agg'}({column})"
     if kind == "state":
         return states[aggregate.name].final_of(f"{states[aggregate.name].combine_aggregate}({column})")
     raise AssertionError(f"{kind} is not kept in sliding windows")  # DISTINCT kinds: refused by the parser

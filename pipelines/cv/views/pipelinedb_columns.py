@@ -5,6 +5,8 @@
 |        |         | least v), beside max(k) / min(k)      | sibling max/min column); a tie: least(v)   |
 | first  | x[]     | the first n x in the ORDER BY's order | the first n of both arrays, re-sorted      |
 | append | x[]     | the batch's values, at most the cap   | stored || batch, cut at the cap            |
+| bloom  | bytea   | streamviews.bloom_add (pgext)         | streamviews.bloom_union: OR of the bits    |
+| freq   | bytea   | streamviews.freq_add (pgext)          | streamviews.freq_merge: counters added     |
 
 `keyed` reads its key from the max(k) / min(k) stored beside it (same key, same filter): in an
 upsert's SET every `v.` reference is the row before the update, so that column's old and new values
@@ -41,6 +43,16 @@ def pipelinedb_column(
         ).format(kc=kc, c=col)
         return batch, merge
     x = raw(aggregate.arg_sql or "")
+    if aggregate.kind in {"bloom", "freq"}:  # pgext/sketches.c: NULL state makes a new sketch of that shape
+        add, merge_ = ("bloom_add", "bloom_union") if aggregate.kind == "bloom" else ("freq_add", "freq_merge")
+        first, second = float(aggregate.params[0]), float(aggregate.params[1])
+        shape = [sql.Literal(first), sql.SQL("{}::bigint").format(sql.Literal(int(second)))]
+        if aggregate.kind == "freq":
+            shape[1] = sql.Literal(second)
+        batch = sql.SQL("streamviews." + add + "(NULL, array_agg({x}) FILTER (WHERE {e}), {a}::float8, {b})").format(
+            x=x, e=entering, a=shape[0], b=shape[1]
+        )
+        return batch, sql.SQL("streamviews." + merge_ + "(v.{0}, excluded.{0})").format(col)
     if aggregate.kind == "first":
         n, order = sql.Literal(int(aggregate.params[0])), sql.SQL(_order(aggregate.params[1]))
         batch = sql.SQL("(array_agg({x} ORDER BY {x} {o}) FILTER (WHERE {e}))[1:{n}]").format(

@@ -124,6 +124,9 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
             aggregate_types.append("jsonb")
         elif aggregate.kind == "keyed":  # the value at the extreme key; a tie keeps the least value: min() types it
             aggregate_types.append(types_of([f"min({split_arguments(aggregate.arg_sql or '')[1]})"])[0])
+        elif aggregate.kind in {"bloom", "freq"}:  # bytea sketches of pgext/sketches.c
+            types_of([aggregate.arg_sql or ""])
+            aggregate_types.append("bytea")
         elif aggregate.kind in {"first", "append"}:
             aggregate_types.append(types_of([f"array_agg({aggregate.arg_sql})"])[0])
         elif aggregate.kind == "sum":

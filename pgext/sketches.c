@@ -1,0 +1,378 @@
+/*
+ * sketches.c: Bloom filters and count-min sketches for continuous views (PipelineDB's bloom_agg and
+ * freq_agg), which neither Debian's hll nor tdigest extension offers.
+ *
+ * Both are plain bytea values, so a view stores them in a column and merges a batch into the stored
+ * one in its upsert: a batch's values come in one call per group (`*_add(NULL, array_agg(x), ...)`,
+ * one palloc for the whole batch), and two sketches of the same shape merge bit by bit (Bloom: OR)
+ * or counter by counter (count-min: +), so the order batches come in never matters.
+ *
+ * A value is hashed through its type's text output (hash_bytes_extended with two seeds; the k or
+ * depth positions by double hashing, h1 + i * h2): bloom_contains(b, 5) finds a bigint 5 added to b,
+ * whatever the integer type it is asked with. NULL values are skipped.
+ *
+ * Layouts (native byte order: a sketch is read by the server that wrote it):
+ *   Bloom:     uint32 magic, uint32 k, uint64 m (bits), then m bits
+ *   count-min: uint32 magic, uint32 depth, uint32 width, uint32 pad, int64 total, int64 counters[depth][width]
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "port/pg_bitutils.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+
+#define BLOOM_MAGIC 0x424c4f31	/* "BLO1" */
+#define FREQ_MAGIC 0x434d5331	/* "CMS1" */
+#define BLOOM_MAX_BITS ((uint64) 1 << 33)	/* 1 GB of bits: refused beyond */
+#define FREQ_MAX_COUNTERS (1 << 24)
+
+typedef struct BloomHeader
+{
+	uint32		magic;
+	uint32		k;
+	uint64		m;
+} BloomHeader;
+
+typedef struct FreqHeader
+{
+	uint32		magic;
+	uint32		depth;
+	uint32		width;
+	uint32		pad;
+	int64		total;
+} FreqHeader;
+
+/* The two hashes of a value, through its type's output function. */
+static void
+value_hashes(Datum value, Oid typoutput, uint64 *h1, uint64 *h2)
+{
+	char	   *text = OidOutputFunctionCall(typoutput, value);
+	size_t		len = strlen(text);
+
+	*h1 = hash_bytes_extended((const unsigned char *) text, (int) len, 0x5eed0001);
+	*h2 = hash_bytes_extended((const unsigned char *) text, (int) len, 0x5eed0002) | 1;
+	pfree(text);
+}
+
+/* The non-NULL elements of an array argument, with their type's output function. */
+static int
+array_values(ArrayType *array, Datum **values, Oid *typoutput)
+{
+	Oid			element = ARR_ELEMTYPE(array);
+	int16		typlen;
+	bool		typbyval;
+	char		typalign;
+	bool		varlena;
+	bool	   *nulls;
+	int			n;
+	int			kept = 0;
+
+	get_typlenbyvalalign(element, &typlen, &typbyval, &typalign);
+	getTypeOutputInfo(element, typoutput, &varlena);
+	deconstruct_array(array, element, typlen, typbyval, typalign, values, &nulls, &n);
+	for (int i = 0; i < n; i++)
+		if (!nulls[i])
+			(*values)[kept++] = (*values)[i];
+	return kept;
+}
+
+static BloomHeader *
+bloom_of(bytea *b)
+{
+	BloomHeader *h = (BloomHeader *) VARDATA_ANY(b);
+
+	if (VARSIZE_ANY_EXHDR(b) < sizeof(BloomHeader) || h->magic != BLOOM_MAGIC
+		|| VARSIZE_ANY_EXHDR(b) != sizeof(BloomHeader) + (h->m + 7) / 8)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("not a Bloom filter of bloom_agg")));
+	return h;
+}
+
+static bytea *
+bloom_new(double p, int64 n)
+{
+	uint64		m;
+	uint32		k;
+	Size		size;
+	bytea	   *b;
+	BloomHeader *h;
+
+	if (!(p > 0 && p < 1) || n < 1)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("bloom_agg: p must be in (0, 1) and n at least 1")));
+	m = (uint64) ceil(-(double) n * log(p) / (M_LN2 * M_LN2));
+	if (m < 8)
+		m = 8;
+	if (m > BLOOM_MAX_BITS)
+		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("bloom_agg: p and n ask for too many bits")));
+	k = (uint32) Max(1, (int) round((double) m / n * M_LN2));
+	size = VARHDRSZ + sizeof(BloomHeader) + (m + 7) / 8;
+	b = (bytea *) palloc0(size);
+	SET_VARSIZE(b, size);
+	h = (BloomHeader *) VARDATA(b);
+	h->magic = BLOOM_MAGIC;
+	h->k = k;
+	h->m = m;
+	return b;
+}
+
+PG_FUNCTION_INFO_V1(sv_bloom_add);
+
+/* bloom_add(bloom, values anyarray, p, n): the filter (a new one sized by p and n when NULL) with the values added. */
+Datum
+sv_bloom_add(PG_FUNCTION_ARGS)
+{
+	bytea	   *b;
+	BloomHeader *h;
+	uint8	   *bits;
+	Datum	   *values;
+	Oid			typoutput;
+	int			n;
+
+	if (PG_ARGISNULL(0))
+	{
+		if (PG_ARGISNULL(2) || PG_ARGISNULL(3))
+			PG_RETURN_NULL();
+		b = bloom_new(PG_GETARG_FLOAT8(2), PG_GETARG_INT64(3));
+	}
+	else
+		b = PG_GETARG_BYTEA_P_COPY(0);
+	if (PG_ARGISNULL(1))
+		PG_RETURN_BYTEA_P(b);
+	h = bloom_of(b);
+	bits = (uint8 *) (h + 1);
+	n = array_values(PG_GETARG_ARRAYTYPE_P(1), &values, &typoutput);
+	for (int i = 0; i < n; i++)
+	{
+		uint64		h1,
+					h2;
+
+		CHECK_FOR_INTERRUPTS();
+		value_hashes(values[i], typoutput, &h1, &h2);
+		for (uint32 j = 0; j < h->k; j++)
+		{
+			uint64		bit = (h1 + j * h2) % h->m;
+
+			bits[bit / 8] |= (uint8) (1 << (bit % 8));
+		}
+	}
+	PG_RETURN_BYTEA_P(b);
+}
+
+PG_FUNCTION_INFO_V1(sv_bloom_union);
+
+/* bloom_union(a, b): the filter of both streams (same p and n); NULL on one side gives the other. */
+Datum
+sv_bloom_union(PG_FUNCTION_ARGS)
+{
+	bytea	   *a,
+			   *b;
+	BloomHeader *ha,
+			   *hb;
+	uint8	   *bits_a,
+			   *bits_b;
+
+	if (PG_ARGISNULL(0) && PG_ARGISNULL(1))
+		PG_RETURN_NULL();
+	if (PG_ARGISNULL(0))
+		PG_RETURN_BYTEA_P(PG_GETARG_BYTEA_P_COPY(1));
+	if (PG_ARGISNULL(1))
+		PG_RETURN_BYTEA_P(PG_GETARG_BYTEA_P_COPY(0));
+	a = PG_GETARG_BYTEA_P_COPY(0);
+	b = PG_GETARG_BYTEA_PP(1);
+	ha = bloom_of(a);
+	hb = bloom_of(b);
+	if (ha->m != hb->m || ha->k != hb->k)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("bloom_union: the filters differ in size (bloom_agg's p and n)")));
+	bits_a = (uint8 *) (ha + 1);
+	bits_b = (uint8 *) (hb + 1);
+	for (uint64 i = 0; i < (ha->m + 7) / 8; i++)
+		bits_a[i] |= bits_b[i];
+	PG_RETURN_BYTEA_P(a);
+}
+
+PG_FUNCTION_INFO_V1(sv_bloom_contains);
+
+/* bloom_contains(bloom, value): false when the value was surely never added; true when it may have been. */
+Datum
+sv_bloom_contains(PG_FUNCTION_ARGS)
+{
+	bytea	   *b = PG_GETARG_BYTEA_PP(0);
+	BloomHeader *h = bloom_of(b);
+	uint8	   *bits = (uint8 *) (h + 1);
+	Oid			typoutput;
+	bool		varlena;
+	uint64		h1,
+				h2;
+
+	getTypeOutputInfo(get_fn_expr_argtype(fcinfo->flinfo, 1), &typoutput, &varlena);
+	value_hashes(PG_GETARG_DATUM(1), typoutput, &h1, &h2);
+	for (uint32 j = 0; j < h->k; j++)
+	{
+		uint64		bit = (h1 + j * h2) % h->m;
+
+		if (!(bits[bit / 8] & (1 << (bit % 8))))
+			PG_RETURN_BOOL(false);
+	}
+	PG_RETURN_BOOL(true);
+}
+
+PG_FUNCTION_INFO_V1(sv_bloom_cardinality);
+
+/* bloom_cardinality(bloom): the distinct values added, estimated from the bits set (Swamidass & Baldi). */
+Datum
+sv_bloom_cardinality(PG_FUNCTION_ARGS)
+{
+	bytea	   *b = PG_GETARG_BYTEA_PP(0);
+	BloomHeader *h = bloom_of(b);
+	uint8	   *bits = (uint8 *) (h + 1);
+	uint64		set = pg_popcount((const char *) bits, (int) ((h->m + 7) / 8));
+
+	if (set >= h->m)
+		PG_RETURN_INT64((int64) h->m);	/* full: the estimate diverges */
+	PG_RETURN_INT64((int64) llround(-((double) h->m / h->k) * log(1.0 - (double) set / h->m)));
+}
+
+static FreqHeader *
+freq_of(bytea *b)
+{
+	FreqHeader *h = (FreqHeader *) VARDATA_ANY(b);
+
+	if (VARSIZE_ANY_EXHDR(b) < sizeof(FreqHeader) || h->magic != FREQ_MAGIC
+		|| VARSIZE_ANY_EXHDR(b) != sizeof(FreqHeader) + (Size) h->depth * h->width * sizeof(int64))
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("not a count-min sketch of freq_agg")));
+	return h;
+}
+
+PG_FUNCTION_INFO_V1(sv_freq_add);
+
+/* freq_add(sketch, values anyarray, eps, p): the sketch (a new one sized by eps and p when NULL) with each value counted once. */
+Datum
+sv_freq_add(PG_FUNCTION_ARGS)
+{
+	bytea	   *b;
+	FreqHeader *h;
+	int64	   *counters;
+	Datum	   *values;
+	Oid			typoutput;
+	int			n;
+
+	if (PG_ARGISNULL(0))
+	{
+		double		eps,
+					p;
+		uint32		width,
+					depth;
+		Size		size;
+
+		if (PG_ARGISNULL(2) || PG_ARGISNULL(3))
+			PG_RETURN_NULL();
+		eps = PG_GETARG_FLOAT8(2);
+		p = PG_GETARG_FLOAT8(3);
+		if (!(eps > 0 && eps < 1) || !(p > 0 && p < 1))
+			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+							errmsg("freq_agg: eps and p must be in (0, 1)")));
+		width = (uint32) ceil(M_E / eps);
+		depth = (uint32) Max(1, ceil(log(1.0 / (1.0 - p))));
+		if ((double) width * depth > FREQ_MAX_COUNTERS)
+			ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("freq_agg: eps and p ask for too many counters")));
+		size = VARHDRSZ + sizeof(FreqHeader) + (Size) width * depth * sizeof(int64);
+		b = (bytea *) palloc0(size);
+		SET_VARSIZE(b, size);
+		h = (FreqHeader *) VARDATA(b);
+		h->magic = FREQ_MAGIC;
+		h->depth = depth;
+		h->width = width;
+	}
+	else
+		b = PG_GETARG_BYTEA_P_COPY(0);
+	if (PG_ARGISNULL(1))
+		PG_RETURN_BYTEA_P(b);
+	h = freq_of(b);
+	counters = (int64 *) (h + 1);
+	n = array_values(PG_GETARG_ARRAYTYPE_P(1), &values, &typoutput);
+	for (int i = 0; i < n; i++)
+	{
+		uint64		h1,
+					h2;
+
+		CHECK_FOR_INTERRUPTS();
+		value_hashes(values[i], typoutput, &h1, &h2);
+		for (uint32 row = 0; row < h->depth; row++)
+			counters[(Size) row * h->width + (h1 + row * h2) % h->width] += 1;
+	}
+	h->total += n;
+	PG_RETURN_BYTEA_P(b);
+}
+
+PG_FUNCTION_INFO_V1(sv_freq_merge);
+
+/* freq_merge(a, b): the sketch of both streams (same eps and p); NULL on one side gives the other. */
+Datum
+sv_freq_merge(PG_FUNCTION_ARGS)
+{
+	bytea	   *a,
+			   *b;
+	FreqHeader *ha,
+			   *hb;
+	int64	   *ca,
+			   *cb;
+
+	if (PG_ARGISNULL(0) && PG_ARGISNULL(1))
+		PG_RETURN_NULL();
+	if (PG_ARGISNULL(0))
+		PG_RETURN_BYTEA_P(PG_GETARG_BYTEA_P_COPY(1));
+	if (PG_ARGISNULL(1))
+		PG_RETURN_BYTEA_P(PG_GETARG_BYTEA_P_COPY(0));
+	a = PG_GETARG_BYTEA_P_COPY(0);
+	b = PG_GETARG_BYTEA_PP(1);
+	ha = freq_of(a);
+	hb = freq_of(b);
+	if (ha->depth != hb->depth || ha->width != hb->width)
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("freq_merge: the sketches differ in size (freq_agg's eps and p)")));
+	ca = (int64 *) (ha + 1);
+	cb = (int64 *) (hb + 1);
+	for (Size i = 0; i < (Size) ha->depth * ha->width; i++)
+		ca[i] += cb[i];
+	ha->total += hb->total;
+	PG_RETURN_BYTEA_P(a);
+}
+
+PG_FUNCTION_INFO_V1(sv_freq);
+
+/* freq(sketch, value): how often the value was added, never under the truth (the least of its counters). */
+Datum
+sv_freq(PG_FUNCTION_ARGS)
+{
+	bytea	   *b = PG_GETARG_BYTEA_PP(0);
+	FreqHeader *h = freq_of(b);
+	int64	   *counters = (int64 *) (h + 1);
+	Oid			typoutput;
+	bool		varlena;
+	uint64		h1,
+				h2;
+	int64		least = PG_INT64_MAX;
+
+	getTypeOutputInfo(get_fn_expr_argtype(fcinfo->flinfo, 1), &typoutput, &varlena);
+	value_hashes(PG_GETARG_DATUM(1), typoutput, &h1, &h2);
+	for (uint32 row = 0; row < h->depth; row++)
+		least = Min(least, counters[(Size) row * h->width + (h1 + row * h2) % h->width]);
+	PG_RETURN_INT64(least);
+}
+
+PG_FUNCTION_INFO_V1(sv_freq_total);
+
+/* freq_total(sketch): the number of values added (PipelineDB's cmsketch_total). */
+Datum
+sv_freq_total(PG_FUNCTION_ARGS)
+{
+	PG_RETURN_INT64(freq_of(PG_GETARG_BYTEA_PP(0))->total);
+}
