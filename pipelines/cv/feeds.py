@@ -43,6 +43,7 @@ log = get_logger("cv.feeds")
 CHANNEL = "streamviews_changes"
 MAX_RETRY_S = 60.0
 HOUSEKEEPING_S = 5.0
+MAX_QUARANTINES = 20  # views quarantined while one page is applied: beyond, the feed itself is at fault
 # Every feed stream with its reader, the upstream's last position, and the stream the upstream reads
 # (a feed too, when the upstream is itself a view over a view: it goes first).
 PENDING_SQL = """
@@ -105,9 +106,9 @@ class ViewFeeds:
                 if conn is None or conn.closed:
                     conn = psycopg.connect(self.conninfo, autocommit=True)
                     conn.execute(f"LISTEN {CHANNEL}")
+                self.housekeeping(conn)  # first: under steady load the passes below never come up empty
                 if self.step(conn):
                     continue  # more may be pending (a page's end, a level below): no wait
-                self.housekeeping(conn)
                 for _ in conn.notifies(timeout=self.poll_s, stop_after=1):
                     pass
             except Exception as e:  # the database gone, or a bug: logged in one line, the loop goes on
@@ -161,7 +162,7 @@ class ViewFeeds:
         """One page of a feed's changes in one transaction; the changes taken (0: another runner took them)."""
         upto = min(feed.last, feed.position + self.page)
         maintainer = self._maintainer(feed.stream)
-        while True:
+        for _ in range(MAX_QUARANTINES):
             try:
                 with conn.transaction():
                     catalog.lock_stream(conn, feed.stream, shared=True)
@@ -182,6 +183,7 @@ class ViewFeeds:
             except BaseException:
                 maintainer.forget_sessions()
                 raise
+        raise RuntimeError(f"feed {feed.stream}: {MAX_QUARANTINES} views quarantined in a row; the feed itself fails")
 
     def housekeeping(self, conn: psycopg.Connection) -> None:
         """Now and then: time buckets past the views' ttl deleted, quarantined views retried."""
