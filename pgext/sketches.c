@@ -83,6 +83,25 @@ array_values(ArrayType *array, Datum **values, Oid *typoutput)
 	return kept;
 }
 
+/*
+ * The two sketches a merge takes: true with `a` a copy to merge into and `b` the other; false when
+ * either is NULL, with `a` the other one's copy (the result), or NULL when both are (fcinfo->isnull set).
+ */
+static bool
+both_given(FunctionCallInfo fcinfo, bytea **a, bytea **b)
+{
+	if (PG_ARGISNULL(0) || PG_ARGISNULL(1))
+	{
+		*a = PG_ARGISNULL(0) && PG_ARGISNULL(1) ? NULL
+			: PG_ARGISNULL(0) ? PG_GETARG_BYTEA_P_COPY(1) : PG_GETARG_BYTEA_P_COPY(0);
+		fcinfo->isnull = *a == NULL;
+		return false;
+	}
+	*a = PG_GETARG_BYTEA_P_COPY(0);
+	*b = PG_GETARG_BYTEA_PP(1);
+	return true;
+}
+
 static BloomHeader *
 bloom_of(bytea *b)
 {
@@ -178,14 +197,8 @@ sv_bloom_union(PG_FUNCTION_ARGS)
 	uint8	   *bits_a,
 			   *bits_b;
 
-	if (PG_ARGISNULL(0) && PG_ARGISNULL(1))
-		PG_RETURN_NULL();
-	if (PG_ARGISNULL(0))
-		PG_RETURN_BYTEA_P(PG_GETARG_BYTEA_P_COPY(1));
-	if (PG_ARGISNULL(1))
-		PG_RETURN_BYTEA_P(PG_GETARG_BYTEA_P_COPY(0));
-	a = PG_GETARG_BYTEA_P_COPY(0);
-	b = PG_GETARG_BYTEA_PP(1);
+	if (!both_given(fcinfo, &a, &b))
+		return a ? PointerGetDatum(a) : (Datum) 0;
 	ha = bloom_of(a);
 	hb = bloom_of(b);
 	if (ha->m != hb->m || ha->k != hb->k)
@@ -325,14 +338,8 @@ sv_freq_merge(PG_FUNCTION_ARGS)
 	int64	   *ca,
 			   *cb;
 
-	if (PG_ARGISNULL(0) && PG_ARGISNULL(1))
-		PG_RETURN_NULL();
-	if (PG_ARGISNULL(0))
-		PG_RETURN_BYTEA_P(PG_GETARG_BYTEA_P_COPY(1));
-	if (PG_ARGISNULL(1))
-		PG_RETURN_BYTEA_P(PG_GETARG_BYTEA_P_COPY(0));
-	a = PG_GETARG_BYTEA_P_COPY(0);
-	b = PG_GETARG_BYTEA_PP(1);
+	if (!both_given(fcinfo, &a, &b))
+		return a ? PointerGetDatum(a) : (Datum) 0;
 	ha = freq_of(a);
 	hb = freq_of(b);
 	if (ha->depth != hb->depth || ha->width != hb->width)

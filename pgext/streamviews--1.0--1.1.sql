@@ -1,5 +1,6 @@
 -- streamviews 1.1: Bloom filters and count-min sketches (PipelineDB's bloom_agg and freq_agg), and
--- PipelineDB's names for reading t-digests (dist_agg); see sketches.c.
+-- PipelineDB's names for reading t-digests (dist_agg); see sketches.c. A new database runs 1.0's
+-- script, then this one (CREATE EXTENSION follows the update path: one declaration of each function).
 \echo Use "ALTER EXTENSION streamviews UPDATE" to load this file. \quit
 
 -- How a view adds a batch's values to a stored filter (NULL: a new one for at most n distinct values

@@ -23,13 +23,21 @@ def db(stack, pg):
         yield conn
 
 
-def bloom(db, batches, p=0.02, n=1000):
-    """A filter built batch by batch, as a view merges them."""
+def built(db, kind, batches, *shape):
+    """A sketch built batch by batch, as a view merges them: bloom (bigint values) or freq (text values)."""
+    add, merge, element = {"bloom": ("bloom_add", "bloom_union", "bigint"), "freq": ("freq_add", "freq_merge", "text")}[
+        kind
+    ]
     state = None
     for batch in batches:
-        added = db.execute("SELECT streamviews.bloom_add(NULL, %s::bigint[], %s, %s)", (batch, p, n)).fetchone()[0]
-        state = db.execute("SELECT streamviews.bloom_union(%s, %s)", (state, added)).fetchone()[0]
+        query = f"SELECT streamviews.{add}(NULL, %s::{element}[], %s, %s)"
+        added = db.execute(query, (batch, *shape)).fetchone()[0]
+        state = db.execute(f"SELECT streamviews.{merge}(%s, %s)", (state, added)).fetchone()[0]
     return state
+
+
+def bloom(db, batches, p=0.02, n=1000):
+    return built(db, "bloom", batches, p, n)
 
 
 def test_a_bloom_filter_never_misses_and_keeps_false_positives_near_p(db):
@@ -56,11 +64,7 @@ def test_a_bloom_filter_is_the_same_whatever_the_batching(db, values, cut):
 
 
 def freq(db, batches, eps=0.002, p=0.995):
-    state = None
-    for batch in batches:
-        added = db.execute("SELECT streamviews.freq_add(NULL, %s::text[], %s, %s)", (batch, eps, p)).fetchone()[0]
-        state = db.execute("SELECT streamviews.freq_merge(%s, %s)", (state, added)).fetchone()[0]
-    return state
+    return built(db, "freq", batches, eps, p)
 
 
 def test_a_count_min_sketch_never_under_counts_and_over_counts_within_eps_n(db):
