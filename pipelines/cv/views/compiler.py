@@ -326,13 +326,24 @@ def fix_extremes(view: ViewDef, stream: StreamDef) -> sql.Composed | None:
     """min/max over a keyed stream of the rows a batch kept (by ctid), read from their value counts.
 
     A separate statement because the upsert's INSERT branch takes the batch's own extreme, which a
-    retraction later in the same batch may have taken away.
+    retraction later in the same batch may have taken away. Only the rows whose extreme moved are
+    written: a rollup's groups mostly keep theirs, and each write costs a row version (and, for a
+    view that records changes, a captured row).
     """
     kept = extremes.kept_extremes(view, stream)
     if not kept:
         return None
-    sets = [sql.SQL("{} = {}").format(ident(a.name), extremes.read(view, i, a)) for i, a in kept]
-    return sql.SQL("UPDATE {} AS s SET {} WHERE ctid = ANY(%s::tid[])").format(storage_table(view), comma_list(sets))
+    names = [ident(a.name) for _, a in kept]
+    reads = [sql.SQL("{} AS {}").format(extremes.read(view, i, a), ident(a.name)) for i, a in kept]
+    return sql.SQL(
+        "UPDATE {storage} AS t SET {sets} FROM (SELECT s.ctid AS _cv_tid, {reads} FROM {storage} AS s"
+        " WHERE s.ctid = ANY(%s::tid[])) AS f WHERE t.ctid = f._cv_tid AND ({moved})"
+    ).format(
+        storage=storage_table(view),
+        sets=comma_list([sql.SQL("{0} = f.{0}").format(n) for n in names]),
+        reads=comma_list(reads),
+        moved=sql.SQL(" OR ").join(sql.SQL("t.{0} IS DISTINCT FROM f.{0}").format(n) for n in names),
+    )
 
 
 def _aggregate_inputs(view: ViewDef) -> tuple[list[tuple[str, str]], tuple[Aggregate, ...]]:
