@@ -89,11 +89,14 @@ def test_a_join_enriches_an_append_only_stream_from_a_table(view):
     ("select", "match"),
     [
         ("SELECT p.s, count(*) AS n FROM likes l JOIN pages p ON p.oid = l.oid GROUP BY p.s", "has a key"),
-        ("SELECT p.s, count(*) AS n FROM clicks c JOIN pages p USING (url) GROUP BY p.s", "ON"),
+        ("SELECT p.s, count(*) AS n FROM clicks c NATURAL JOIN pages p GROUP BY p.s", "USING"),
+        ("SELECT p.s, count(*) AS n FROM clicks c FULL JOIN pages p ON p.url = c.url GROUP BY p.s", "LEFT JOIN"),
         ("SELECT p.s, count(*) AS n FROM clicks c RIGHT JOIN pages p ON p.url = c.url GROUP BY p.s", "LEFT JOIN"),
         ("SELECT x.s, count(*) AS n FROM clicks c JOIN pages p ON p.url = c.url GROUP BY x.s", "neither"),
         ("SELECT c.nope, count(*) AS n FROM clicks c JOIN pages p ON p.url = c.url GROUP BY c.nope", "not a column"),
-        ("SELECT p.s, count(*) AS n FROM pages p JOIN clicks c ON p.url = c.url GROUP BY p.s", "not a stream"),
+        ("SELECT p.s, count(*) AS n FROM pages p LEFT JOIN clicks c ON p.url = c.url GROUP BY p.s", "LEFT JOIN"),
+        ("SELECT p.s, count(*) AS n FROM clicks c JOIN pages p ON true JOIN t ON true GROUP BY p.s", "PostgreSQL view"),
+        ("SELECT p.s, count(*) AS n FROM clicks c, pages p, t WHERE true GROUP BY p.s", "PostgreSQL view"),
     ],
 )
 def test_a_join_that_cannot_be_kept_is_refused(view, select, match):

@@ -13,17 +13,18 @@ Types are resolved later, by PostgreSQL, when the view is compiled.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pglast import ast
-from pglast.enums import JoinType, SetOperation
+from pglast.enums import SetOperation
 from pglast.stream import RawStream
 
 from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
 from pipelines.cv.frontend.backfill import check_backfill_option
 from pipelines.cv.frontend.buckets import NAMED, bucket_unit
-from pipelines.cv.frontend.view_sources import refuse_combine, refuse_feed_by_name, source_of
-from pipelines.cv.frontend.windows import split_window, step_group
+from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP, from_stream, hidden_group, plain_join
+from pipelines.cv.frontend.view_sources import refuse_combine
+from pipelines.cv.frontend.windows import option_window, split_window, step_group
 from pipelines.cv.model import (
     BOOLEAN_WORDS,
     DISTINCT_KINDS,
@@ -55,7 +56,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
     what = f"continuous view {schema}.{name}"
     if len(schema) + len(name) > MAX_VIEW_NAME:
         raise DefinitionError(f"{what}: schema and view names together may take {MAX_VIEW_NAME} characters")
-    options = options_of(node.options, {"ttl", "changes", "backfill"}, what)
+    options = view_options(node.options, what)
     select = node.query
     if not isinstance(select, ast.SelectStmt) or select.op != SetOperation.SETOP_NONE:
         raise DefinitionError(f"{what}: the query must be a single SELECT (no UNION/INTERSECT/EXCEPT)")
@@ -67,7 +68,6 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
             (select.limitCount, "LIMIT"),
             (select.limitOffset, "OFFSET"),
             (select.windowClause, "WINDOW"),
-            (select.distinctClause, "SELECT DISTINCT"),
             (select.lockingClause, "FOR UPDATE/SHARE"),
             (node.aliases, "column aliases"),
         ),
@@ -75,11 +75,12 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         " in a continuous view",
     )
     refuse_combine(select, what)
-    stream, join = _from_stream(select, scope, what)
+    _distinct_as_groups(select, what)
+    stream, join = from_stream(select, scope, what)
     columns = set(stream.column_names)
     names = _Names(columns, join)
     if join is not None:
-        _check_expression((select.fromClause[0].quals,), names, what, user_aggregates)
+        _check_expression(tuple(select.fromClause), names, what, user_aggregates)
     outputs: list[tuple[str, ast.ResTarget, bool]] = []  # (name, target, is an aggregate expression)
     plain = []
     for target in select.targetList:
@@ -93,23 +94,28 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         if any(out == o for o, _, _ in outputs):
             raise DefinitionError(f"{what}: two output columns are named {out!r}")
         outputs.append((out, target, bool(calls)))
-    if not any(is_aggregate for _, _, is_aggregate in outputs):
-        raise DefinitionError(f"{what}: no aggregate; a continuous view aggregates its stream")
+    if not any(is_aggregate for _, _, is_aggregate in outputs) and not select.groupClause:
+        raise DefinitionError(
+            f"{what}: no aggregate and no GROUP BY; a continuous view keeps groups: for the stream's rows, write "
+            "CREATE CONTINUOUS TRANSFORM ... AS SELECT ..., for its distinct values SELECT DISTINCT or GROUP BY"
+        )
     window, where = split_window(select.whereClause, stream, what)
+    window = option_window(options, window, stream, what)
     kept = _KeptCalls(
         what, names, user_aggregates, stream, windowed=window is not None, count_nulls=scope.count_distinct_nulls
     )
     expressions = {out: kept.replace(target.val, out) for out, target, is_aggregate in outputs if is_aggregate}
-    groups = _groups(select, plain, columns, set(expressions), what, window is not None)
+    groups = _groups(select, plain, names, set(expressions), what, window is not None, user_aggregates)
     if window is not None:
         if "ttl" in options:
             raise DefinitionError(f"{what}: a sliding window keeps only its width; ttl does not apply")
         groups = (*groups, step_group(window))
+    groups = _ttl_column(groups, options, stream, what)
     check_changes_option(options, window is not None, what)
     if where is not None:
         _check_expression((where,), names, what, user_aggregates)
     read: list[Output] = []
-    group_names = {g.name for g in groups}
+    group_names = {g.name for g in groups if not g.name.startswith("_cv_")}  # the storage's own are not shown
     for out, _, is_aggregate in outputs:
         if is_aggregate:
             _check_over_groups(expressions[out], group_names, out, what)
@@ -138,6 +144,23 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
     )
     _check_semantics(view, what)
     return view
+
+
+def _distinct_as_groups(select: ast.SelectStmt, what: str) -> None:
+    """`SELECT DISTINCT a, b FROM s` is `SELECT a, b FROM s GROUP BY a, b`: each distinct row a group."""
+    if not select.distinctClause:
+        return
+    if select.distinctClause != (None,):
+        raise DefinitionError(
+            f"{what}: DISTINCT ON keeps the row first in an order, which a stream does not have; keep the "
+            "value of the latest row with keyed_max(ts, x) ... GROUP BY <the DISTINCT ON expressions>"
+        )
+    if select.groupClause or any(_aggregate_calls(t.val, frozenset()) for t in select.targetList or ()):
+        raise DefinitionError(f"{what}: SELECT DISTINCT over aggregates is not supported; drop DISTINCT")
+    select.groupClause = tuple(ast.A_Const(val=ast.Integer(ival=i + 1)) for i in range(len(select.targetList or ())))
+
+
+_join = plain_join  # what a transform joins (pipelines.cv.frontend.transforms reads it here)
 
 
 class _KeptCalls:
@@ -181,60 +204,6 @@ class _KeptCalls:
             names.append(self.stored[item])
         self.calls.append(AggregateCall(translation.function, RawStream()(call), tuple(names)))
         return ast.ColumnRef(fields=(ast.String(sval=call_placeholder(len(self.calls) - 1)),))
-
-
-def _from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[StreamDef, Join | None]:
-    """The stream a view reads (a declared one, or a view read as one), and the table it joins each event with."""
-    streams = scope.streams
-    items = select.fromClause or ()
-    feed = source_of(items[0], streams, scope.views, what) if len(items) == 1 else None
-    if feed is not None:
-        return feed, None
-    if len(items) != 1 or not isinstance(items[0], (ast.RangeVar, ast.JoinExpr)):
-        raise DefinitionError(f"{what}: FROM must name one stream, maybe joined with one table (no subqueries)")
-    item = items[0]
-    relation = item if isinstance(item, ast.RangeVar) else item.larg
-    if not isinstance(relation, ast.RangeVar):
-        raise DefinitionError(f"{what}: FROM must start with the stream: FROM stream [AS s] JOIN table ...")
-    stream = streams.get(relation.relname)
-    if relation.schemaname or stream is None:
-        known = ", ".join(sorted(s.name for s in streams.values() if not s.is_feed)) or "none"
-        raise DefinitionError(
-            f"{what}: {RawStream()(relation)} is not a stream (streams: {known}) nor a continuous view"
-        )
-    if stream.is_feed:
-        refuse_feed_by_name(stream, what)
-    alias = relation.alias.aliasname if relation.alias is not None else stream.name
-    if isinstance(item, ast.RangeVar):
-        if relation.alias is not None:
-            raise DefinitionError(f"{what}: an alias on the stream is only needed with a join; name its columns")
-        return stream, None
-    return stream, _join(item, stream, alias, what)
-
-
-def _join(item: ast.JoinExpr, stream: StreamDef, alias: str, what: str) -> Join:
-    table = item.rarg
-    if not isinstance(table, ast.RangeVar):
-        raise DefinitionError(f"{what}: a stream joins one table (no subqueries or second joins)")
-    if item.jointype not in (JoinType.JOIN_INNER, JoinType.JOIN_LEFT) or item.isNatural or item.usingClause:
-        raise DefinitionError(f"{what}: a stream joins a table with JOIN or LEFT JOIN ... ON <condition>")
-    if item.quals is None:
-        raise DefinitionError(f"{what}: JOIN needs ON <condition>")
-    if stream.key is not None:
-        raise DefinitionError(
-            f"{what}: {stream.name} has a key: a retraction would be joined with the table's rows of now, not "
-            "those its row was counted with; join an append-only stream"
-        )
-    table_alias = table.alias.aliasname if table.alias is not None else table.relname
-    if table_alias == alias:
-        raise DefinitionError(f"{what}: the stream and the table need different names (aliases)")
-    return Join(
-        stream_alias=alias,
-        table=RawStream()(ast.RangeVar(schemaname=table.schemaname, relname=table.relname, inh=True)),
-        table_alias=table_alias,
-        left=item.jointype == JoinType.JOIN_LEFT,
-        on_sql=RawStream()(item.quals),
-    )
 
 
 def _aggregate_calls(node: ast.Node, user_aggregates: frozenset[str]) -> list[ast.FuncCall]:
@@ -312,17 +281,27 @@ def _by_position(item: ast.Node, select: ast.SelectStmt, plain: list[ast.ResTarg
 def _groups(
     select: ast.SelectStmt,
     plain: list[ast.ResTarget],
-    columns: set[str],
+    names: _Names,
     aggregated: set[str],
     what: str,
     windowed: bool = False,
+    user_aggregates: frozenset[str] = frozenset(),
 ) -> tuple[GroupColumn, ...]:
+    """The view's group columns: its GROUP BY outputs, then the GROUP BY expressions no output shows.
+
+    Without GROUP BY, a view is one row, kept under a constant group (GLOBAL_GROUP); a sliding
+    window's steps are groups of their own.
+    """
+    columns = names.columns
     by_name = {_output_name(t, what): t for t in plain}
     by_text = {RawStream()(t.val): t for t in plain}
-    grouped = []
+    grouped: list[ast.ResTarget] = []
+    hidden: list[GroupColumn] = []
     for item in select.groupClause or ():
         if not isinstance(item, ast.Node) or isinstance(item, ast.GroupingSet):
-            raise DefinitionError(f"{what}: GROUPING SETS, ROLLUP and CUBE are not supported")
+            raise DefinitionError(
+                f"{what}: GROUPING SETS, ROLLUP and CUBE are not supported; define one view per grouping"
+            )
         text = RawStream()(item)
         target = by_text.get(text) or _by_position(item, select, plain, what)
         is_name = isinstance(item, ast.ColumnRef) and len(item.fields) == 1
@@ -331,21 +310,26 @@ def _groups(
             target = by_name.get(item.fields[0].sval)
         if target is None and is_name and item.fields[0].sval in aggregated:
             raise DefinitionError(f"{what}: GROUP BY {text}: {text} is an aggregate")
-        if target is None:
-            raise DefinitionError(f"{what}: GROUP BY {text} must also be an output column")
+        if target is None:  # grouped by, but not shown: a group column of the storage only
+            _check_expression((item,), names, what, user_aggregates)
+            if any(g.sql == text for g in hidden):
+                raise DefinitionError(f"{what}: GROUP BY names {text} twice")
+            hidden.append(hidden_group(len(hidden), item))
+            continue
         if target in grouped:
             raise DefinitionError(f"{what}: GROUP BY names {text} twice")
         grouped.append(target)
     missing = [RawStream()(t.val) for t in plain if t not in grouped]
     if missing:
         raise DefinitionError(f"{what}: {', '.join(missing)} must appear in GROUP BY or be aggregated")
-    if not grouped and not windowed:  # a window's steps are groups of their own
-        raise DefinitionError(f"{what}: GROUP BY is required (a view is keyed by its groups)")
     result = []
     for target in grouped:
         name = _output_name(target, what)
         source = target.val.fields[0].sval if isinstance(target.val, ast.ColumnRef) else None
         result.append(GroupColumn(name, RawStream()(target.val), source, bucket_unit(target.val, columns)))
+    result += hidden
+    if not result and not windowed:
+        return (GLOBAL_GROUP,)
     return tuple(result)
 
 
@@ -401,6 +385,40 @@ def _check_semantics(view: ViewDef, what: str) -> None:
         )
     if view.ttl is not None and view.bucket is None:
         raise DefinitionError(f"{what}: ttl needs a time bucket in GROUP BY, e.g. date_trunc('hour', ts) or hour(ts)")
+
+
+_OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor"})
+_TIME_KINDS = frozenset({"timestamptz", "timestamp", "date"})
+
+
+def view_options(defs: tuple | None, what: str) -> dict[str, str]:
+    """WITH (...) of a view: each a quoted string; step_factor also an integer, as PipelineDB wrote it."""
+    factor = tuple(d for d in defs or () if d.defname == "step_factor")
+    others = tuple(d for d in defs or () if d.defname != "step_factor")
+    return {**options_of(others, _OPTIONS, what), **options_of(factor, _OPTIONS, what, integers=True)}
+
+
+def _ttl_column(
+    groups: tuple[GroupColumn, ...], options: Mapping[str, str], stream: StreamDef, what: str
+) -> tuple[GroupColumn, ...]:
+    """PipelineDB's `ttl_column`: the GROUP BY output a ttl expires groups by, a time bucket or a time column.
+
+    Without it, a ttl expires by the view's first time bucket (date_trunc, hour(), ...).
+    """
+    column = options.get("ttl_column")
+    if column is None:
+        return groups
+    if "ttl" not in options:
+        raise DefinitionError(f"{what}: ttl_column names the column a ttl expires rows by; give ttl too")
+    kinds = {c.name: c.kind for c in stream.columns}
+    chosen = next((g for g in groups if g.name == column and not g.name.startswith("_cv_")), None)
+    if chosen is None or not (chosen.bucket_unit or kinds.get(chosen.source_column or "") in _TIME_KINDS):
+        raise DefinitionError(
+            f"{what}: ttl_column {column!r} must be a GROUP BY output that is a time bucket or a timestamp column "
+            "of the stream, e.g. SELECT minute(ts) AS m, ... GROUP BY m WITH (ttl = '1 hour', ttl_column = 'm')"
+        )
+    # The ttl expires by this column alone: it is the view's one bucket.
+    return tuple(replace(g, bucket_unit=(g.bucket_unit or "column") if g is chosen else None) for g in groups)
 
 
 def check_changes_option(options: Mapping[str, str], windowed: bool, what: str) -> None:

@@ -1,4 +1,6 @@
-"""Sliding windows read from a view's WHERE clause: `WHERE ts > now() - interval '5 minutes'`.
+"""Sliding windows read from a view's WHERE clause, `WHERE ts > now() - interval '5 minutes'`, or option.
+
+PipelineDB's option `WITH (sw = '5 minutes')` is a window over arrival_timestamp (`option_window`).
 
 PipelineDB's clock_timestamp() works too, and `arrival_timestamp`, PipelineDB's arrival time, names
 the stream's `timestamp_column` (the event's time, or the Kafka record's when the event has none).
@@ -7,6 +9,8 @@ the steps are stored, merged and expired is pipelines.cv.views.windows.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from pglast import ast
 from pglast.enums import BoolExprType, SQLValueFunctionOp
@@ -57,7 +61,12 @@ def _window_of(node: ast.Node, stream: StreamDef, what: str) -> Window | None:
         raise DefinitionError(
             f"{what}: a sliding window's width must be a constant interval, e.g. interval '5 minutes'"
         )
-    column = left.fields[0].sval
+    return _checked(Window(left.fields[0].sval, width), stream, what)
+
+
+def _checked(window: Window, stream: StreamDef, what: str) -> Window:
+    """The window over a timestamptz column of the stream (arrival_timestamp: its timestamp_column)."""
+    column = window.column
     if column == "arrival_timestamp" and "arrival_timestamp" not in stream.column_names:
         if stream.timestamp_column is None:
             raise DefinitionError(
@@ -67,7 +76,32 @@ def _window_of(node: ast.Node, stream: StreamDef, what: str) -> Window | None:
     kinds = {c.name: c.kind for c in stream.columns}
     if kinds.get(column) != "timestamptz":
         raise DefinitionError(f"{what}: a sliding window slides over a timestamptz column of {stream.name}")
-    return Window(column, width)
+    return Window(column, window.width)
+
+
+def option_window(
+    options: Mapping[str, str], where_window: Window | None, stream: StreamDef, what: str
+) -> Window | None:
+    """PipelineDB's `WITH (sw = '1 minute' [, step_factor = n])`: the window over arrival_timestamp.
+
+    The same window as `WHERE arrival_timestamp > clock_timestamp() - interval '1 minute'`. PipelineDB's
+    step_factor (the step as a percentage of the window, 1 to 50) is accepted and checked; the step
+    here is always 1/60 of the window (pipelines.cv.views.windows), finer than PipelineDB's default
+    of 5 and than any step_factor from 2 up.
+    """
+    factor = options.get("step_factor")
+    if factor is not None and not (factor.isdigit() and 1 <= int(factor) <= 50):
+        raise DefinitionError(f"{what}: step_factor is an integer from 1 to 50 (a percentage of sw), not {factor!r}")
+    width = options.get("sw")
+    if width is None:
+        if factor is not None:
+            raise DefinitionError(f"{what}: step_factor applies to a sliding window: give sw = '<interval>' too")
+        return where_window
+    if where_window is not None:
+        raise DefinitionError(
+            f"{what}: sw and a WHERE sliding-window condition both declare a window; keep one of them"
+        )
+    return _checked(Window("arrival_timestamp", width), stream, f"{what}: sw")
 
 
 def _is_now(node: ast.Node) -> bool:

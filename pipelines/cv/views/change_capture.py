@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from psycopg import sql
 
+from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP  # a view without GROUP BY: its one row's key is {}
 from pipelines.cv.model import ViewDef, call_placeholder
 from pipelines.cv.views.compiler import storage_table
 from pipelines.cv.views.read_views import output_columns
@@ -37,7 +38,7 @@ def projection(view: ViewDef, types: ViewTypes) -> str:
             " CROSS JOIN LATERAL (SELECT {}) AS k CROSS JOIN LATERAL (SELECT {}) AS o"
         )
         .format(
-            comma_list([sql.SQL("s.{}").format(ident(g.name)) for g in view.groups]),
+            comma_list([sql.SQL("s.{}").format(ident(g.name)) for g in view.groups if g != GLOBAL_GROUP]),
             comma_list([sql.SQL(c) for c in output_columns(view, types)]),
         )
         .as_string(None)

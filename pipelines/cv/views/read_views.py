@@ -12,6 +12,7 @@ import pglast
 from psycopg import sql
 
 from pipelines.cv.frontend.aggregate_calls import Reader, translate
+from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP
 from pipelines.cv.frontend.windows import STEP_COLUMN
 from pipelines.cv.model import AggregateCall, ViewDef, call_placeholder
 from pipelines.cv.views.aggregates import stored_value, window_merge
@@ -19,6 +20,8 @@ from pipelines.cv.views.compiler import storage_table
 from pipelines.cv.views.sql_text import comma_list, ident
 from pipelines.cv.views.view_types import ViewTypes
 from pipelines.cv.views.windows import horizon
+
+_ZERO_WHEN_EMPTY = frozenset({"count", "count_distinct"})  # what a global view's counts read before any row
 
 
 def read_view(view: ViewDef) -> sql.Identifier:
@@ -35,6 +38,12 @@ def create_read_view(view: ViewDef, types: ViewTypes) -> sql.Composed:
     grouping, so a read by group key is an index range scan over that group's steps.
     """
     columns = comma_list([sql.SQL(c) for c in output_columns(view, types)])
+    if is_global(view):
+        # One row, as PostgreSQL's own SELECT without GROUP BY: before the first event too, and after
+        # every row was retracted (the storage then has none: counts read 0, the others NULL).
+        return sql.SQL("CREATE VIEW {} AS SELECT {} FROM (SELECT) AS _cv_one LEFT JOIN {} AS s ON true").format(
+            read_view(view), columns, storage_table(view)
+        )
     if view.window is None:
         return sql.SQL("CREATE VIEW {} AS SELECT {} FROM {} AS s").format(read_view(view), columns, storage_table(view))
     groups = [sql.SQL("s.{}").format(ident(g.name)) for g in view.groups if g.name != STEP_COLUMN]
@@ -51,6 +60,8 @@ def output_columns(view: ViewDef, types: ViewTypes) -> list[str]:
         column = f"s.{_quoted(aggregate.name)}"
         if view.window is None:
             refs[aggregate.name] = stored_value(aggregate, column, types.states)
+            if is_global(view) and aggregate.kind in _ZERO_WHEN_EMPTY:
+                refs[aggregate.name] = f"coalesce({refs[aggregate.name]}, 0)"
         else:
             refs[aggregate.name] = window_merge(aggregate, column, type_, types.states)
     columns = []
@@ -71,6 +82,11 @@ def output_columns(view: ViewDef, types: ViewTypes) -> list[str]:
                 text = text.replace(placeholder, f"({value})")
         columns.append(f"{text} AS {_quoted(output.name)}")
     return columns
+
+
+def is_global(view: ViewDef) -> bool:
+    """True for a view without GROUP BY (and without a window): one row, under a constant group."""
+    return view.groups == (GLOBAL_GROUP,)
 
 
 def reader_of(call: AggregateCall, view: ViewDef) -> Reader:

@@ -1,0 +1,138 @@
+"""PipelineDB's query shapes as written, read by the view parser into the one shape the engine keeps (no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.cv.frontend.statements import parse
+from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP
+from pipelines.cv.frontend.windows import STEP_COLUMN
+from pipelines.cv.model import DefinitionError, Join, Scope, Window
+
+CLICKS = (
+    "CREATE STREAM clicks (url text, uid bigint, latency float8, ts timestamptz) "
+    "WITH (topic = 'c', timestamp_column = 'ts')"
+)
+LIKES = "CREATE STREAM likes (oid bigint, uid bigint, ts timestamptz) WITH (topic = 'l', key = 'oid, uid')"
+
+
+@pytest.fixture
+def view():
+    streams = {}
+    for statement in (CLICKS, LIKES):
+        stream = parse(statement, Scope(streams, frozenset()))
+        streams[stream.name] = stream
+
+    def define(select: str, options: str = ""):
+        return parse(f"CREATE CONTINUOUS VIEW web.v {options} AS {select}", Scope(streams, frozenset()))
+
+    return define
+
+
+def test_a_view_without_group_by_is_one_row_under_a_constant_group(view):
+    parsed = view("SELECT count(*), avg(latency) FROM clicks")
+    assert parsed.groups == (GLOBAL_GROUP,)
+    assert [o.name for o in parsed.outputs] == ["count", "avg"]
+    assert view("SELECT count(*) AS n FROM likes").groups == (GLOBAL_GROUP,)  # a keyed stream too
+
+
+def test_a_group_by_expression_that_is_no_output_is_a_hidden_group(view):
+    parsed = view("SELECT count(*) AS n FROM clicks GROUP BY url, lower(url)")
+    assert [(g.name, g.sql) for g in parsed.groups] == [("_cv_by_0", "url"), ("_cv_by_1", "lower(url)")]
+    assert [o.name for o in parsed.outputs] == ["n"]
+    parsed = view("SELECT url, count(*) AS n FROM clicks GROUP BY 1, uid")
+    assert [g.name for g in parsed.groups] == ["url", "_cv_by_0"]
+
+
+def test_select_distinct_and_a_view_without_aggregates_keep_each_group(view):
+    distinct = view("SELECT DISTINCT url, uid FROM clicks")
+    grouped = view("SELECT url, uid FROM clicks GROUP BY url, uid")
+    assert distinct.groups == grouped.groups
+    assert [g.name for g in distinct.groups] == ["url", "uid"]
+    assert distinct.aggregates == ()
+
+
+@pytest.mark.parametrize(
+    "options",
+    ["WITH (sw = '1 minute')", "WITH (sw = '1 minute', step_factor = 10)", "WITH (sw = '1 minute', step_factor = '1')"],
+)
+def test_the_sw_option_is_a_window_over_arrival_timestamp(view, options):
+    parsed = view("SELECT url, count(*) FROM clicks GROUP BY url", options)
+    window = "arrival_timestamp > clock_timestamp() - interval '1 minute'"
+    written = view(f"SELECT url, count(*) FROM clicks WHERE {window} GROUP BY url")
+    assert parsed.window == written.window == Window("ts", "1 minute")
+    assert parsed.groups == written.groups
+    assert parsed.groups[-1].name == STEP_COLUMN
+
+
+def test_arrival_timestamp_and_qualified_and_aliased_columns_read_as_the_stream_columns(view):
+    parsed = view("SELECT x.url, max(x.arrival_timestamp) AS last, count(*) FROM public.clicks AS x GROUP BY x.url")
+    assert [g.sql for g in parsed.groups] == ["url"]
+    assert [a.arg_sql for a in parsed.aggregates if a.kind == "max"] == ["ts"]
+    parsed = view("SELECT arrival_timestamp, clicks.url, count(*) FROM clicks GROUP BY 1, 2")
+    assert [(g.name, g.sql) for g in parsed.groups] == [("arrival_timestamp", "ts"), ("url", "url")]
+
+
+@pytest.mark.parametrize(
+    "select",
+    [
+        "SELECT p.s, count(*) AS n FROM clicks c JOIN pages p ON p.url = c.url GROUP BY p.s",
+        "SELECT p.s, count(*) AS n FROM pages p JOIN clicks c ON p.url = c.url GROUP BY p.s",
+        "SELECT p.s, count(*) AS n FROM clicks c, pages p WHERE p.url = c.url GROUP BY p.s",
+        "SELECT p.s, count(*) AS n FROM clicks c JOIN pages p USING (url) GROUP BY p.s",
+        "SELECT p.s, count(*) AS n FROM pages p RIGHT JOIN clicks c ON p.url = c.url GROUP BY p.s",
+    ],
+)
+def test_a_join_is_read_whichever_way_postgresql_lets_it_be_written(view, select):
+    parsed = view(select)
+    assert (parsed.join.stream_alias, parsed.join.table, parsed.join.table_alias) == ("c", "pages", "p")
+    assert parsed.join.left is ("RIGHT" in select)
+    conditions = {parsed.join.on_sql, parsed.where_sql}
+    assert conditions & {"p.url = c.url", "c.url = p.url"}
+
+
+def test_using_columns_are_the_streams(view):
+    parsed = view("SELECT url, count(*) AS n FROM clicks c LEFT JOIN pages p USING (url) GROUP BY url")
+    assert parsed.join == Join("c", "pages", "p", True, "c.url = p.url")
+    assert [g.sql for g in parsed.groups] == ["c.url"]
+
+
+def test_ttl_column_names_the_group_a_ttl_expires_by(view):
+    parsed = view(
+        "SELECT ts, minute(ts) AS m, count(*) FROM clicks GROUP BY ts, m", "WITH (ttl = '1 hour', ttl_column = 'ts')"
+    )
+    assert parsed.bucket.name == "ts"
+    assert view("SELECT minute(ts) AS m, count(*) FROM clicks GROUP BY m", "WITH (ttl = '1 hour')").bucket.name == "m"
+
+
+@pytest.mark.parametrize(
+    ("select", "options", "match"),
+    [
+        ("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (step_factor = 10)", "give sw"),
+        ("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (sw = '1 minute', step_factor = 60)", "1 to 50"),
+        (
+            "SELECT url, count(*) FROM clicks WHERE ts > now() - interval '1 hour' GROUP BY url",
+            "WITH (sw = '1 minute')",
+            "keep one",
+        ),
+        ("SELECT oid, count(*) FROM likes GROUP BY oid", "WITH (sw = '1 minute')", "timestamp_column"),
+        ("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (ttl = '1 hour', ttl_column = 'url')", "ttl_column"),
+        ("SELECT ts, count(*) AS n FROM clicks GROUP BY ts", "WITH (ttl = '1 hour', ttl_column = 'n')", "ttl_column"),
+        ("SELECT ts, count(*) FROM clicks GROUP BY ts", "WITH (ttl_column = 'ts')", "give ttl too"),
+        ("SELECT count(*) FROM clicks", "WITH (ttl = '1 hour')", "time bucket"),
+        ("SELECT DISTINCT ON (url) url, uid FROM clicks", "", "keyed_max"),
+        ("SELECT DISTINCT url, count(*) FROM clicks GROUP BY url", "", "drop DISTINCT"),
+        ("SELECT url, uid FROM clicks", "", "CONTINUOUS TRANSFORM"),
+        ("SELECT url, count(*) FROM clicks GROUP BY ROLLUP (url)", "", "one view per grouping"),
+        ("SELECT url, count(*) FROM clicks GROUP BY CUBE (url)", "", "one view per grouping"),
+        ("SELECT url, count(*) FROM (SELECT url FROM clicks) c GROUP BY url", "", "own continuous view"),
+        ("SELECT url, count(*) FROM clicks WHERE EXISTS (SELECT 1) GROUP BY url", "", "subqueries"),
+        ("SELECT url, count(*) FROM other.clicks GROUP BY url", "", "streams have no schema"),
+        ("SELECT url, count(*) FROM clicks, likes GROUP BY url", "", "two streams"),
+        ("SELECT x.url, count(*) FROM clicks GROUP BY x.url", "", "not a column"),
+        ("SELECT arrival_timestamp, count(*) FROM likes GROUP BY 1", "", "declares none"),
+    ],
+)
+def test_a_shape_the_engine_cannot_keep_is_refused_with_what_to_write(view, select, options, match):
+    with pytest.raises(DefinitionError, match=match):
+        view(select, options)
