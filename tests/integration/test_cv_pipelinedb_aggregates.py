@@ -18,8 +18,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipelines.cv import catalog
 from pipelines.cv.frontend.aggregate_calls import topk_capacity
 from pipelines.cv.frontend.pipelinedb_calls import APPEND_MAX_VALUES
+from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 COLUMNS = "g bigint, k bigint, x bigint, t text, w int"
@@ -230,3 +232,12 @@ def test_sketches_in_a_sliding_window_merge_its_steps_on_read(writer, streams):
         f" FROM {streams['schema']}.recent WHERE g = 1"
     ).fetchone()
     assert row == (True, False, 3, 1.0, 100.0)
+
+
+def test_a_keyed_value_without_an_ordering_is_refused_saying_why(pg, streams):
+    statement = (
+        f"CREATE CONTINUOUS VIEW {streams['schema']}.nope AS"
+        f" SELECT g, keyed_max(k, to_json(t)) AS j FROM {streams['events']} GROUP BY g"
+    )
+    with pg("sv_owner", autocommit=True) as owner, pytest.raises(DefinitionError, match="needs an ordering"):
+        catalog.define(owner, statement)

@@ -87,7 +87,7 @@ def typing_sql(call_sql: str) -> str:
     name = ".".join(n.sval for n in call.funcname).lower()
     args = [RawStream()(a) for a in call.args or ()]
     if name in {"keyed_max", "keyed_min"}:
-        return f"min({args[1]})"
+        return args[1]
     if name == "first_values":
         x = RawStream()(call.agg_order[0].node) if call.agg_within_group else args[1]
         return f"array_agg({x})"

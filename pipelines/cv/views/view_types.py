@@ -123,7 +123,13 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
             types_of(split_arguments(aggregate.arg_sql or ""))
             aggregate_types.append("jsonb")
         elif aggregate.kind == "keyed":  # the value at the extreme key; a tie keeps the least value: min() types it
-            aggregate_types.append(types_of([f"min({split_arguments(aggregate.arg_sql or '')[1]})"])[0])
+            try:
+                aggregate_types.append(types_of([f"min({split_arguments(aggregate.arg_sql or '')[1]})"])[0])
+            except DefinitionError as e:
+                raise DefinitionError(
+                    f"{e}: keyed_max/keyed_min keep the least value of a tie of keys, so the value needs an "
+                    "ordering; cast it, e.g. to text"
+                ) from e
         elif aggregate.kind in {"bloom", "freq"}:  # bytea sketches of pgext/sketches.c
             types_of([aggregate.arg_sql or ""])
             aggregate_types.append("bytea")
