@@ -73,9 +73,9 @@ def create_sink(conn: psycopg.Connection, sink: SinkDef, scope: Scope) -> Outcom
         " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
         (sink.name, sink.view, sink.topic, sink.format, sink.envelope, sink.where, sink.partitions, sink.definition),
     )
-    # Wake the relay now rather than at its next safety wake (delivered at commit; readers of the
-    # channel take a payload of names alone as "look again", migration 0020).
-    conn.execute("SELECT pg_notify('streamviews_changes', %s)", (json.dumps({"views": [sink.view]}),))
+    # Wake the relay now rather than at its next safety wake (delivered at commit). `{"views": null}`
+    # tells every reader of the channel "look again" (migration 0020), the relay among them.
+    conn.execute("SELECT pg_notify('streamviews_changes', %s)", (json.dumps({"views": None, "sink": sink.name}),))
     log.info("sink created", sink=sink.name, view=sink.view, topic=sink.topic, format=sink.format, position=start)
     return Outcome(f"sink {sink.name} created: {sink.view} -> topic {sink.topic} ({sink.format})")
 

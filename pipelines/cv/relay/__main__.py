@@ -11,6 +11,7 @@ from pipelines import metrics
 from pipelines.cv.relay.publish import Publisher, producer_config
 from pipelines.cv.relay.service import Relay, log
 from pipelines.logs import configure_logging
+from pipelines.runtime.topics import ensure_topics
 from pipelines.settings import KafkaSettings, MetricsSettings, PipelineSettings, PostgresSettings, SinkSettings
 
 NAME = "sinks"
@@ -39,8 +40,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     metrics.serve(metrics_settings, NAME, metrics.SINK_FAMILIES)
     producer = Producer(producer_config(kafka.bootstrap_servers, f"{kafka.client_id}-{NAME}"))
+
+    def ensure_dead_letter_topic(topic: str) -> None:
+        ensure_topics(kafka.bootstrap_servers, {topic: pipeline.topic_partitions})
+
+    publisher = Publisher(producer, ensure_dead_letter_topic)
     try:
-        relay = Relay(postgres.conninfo(), Publisher(producer), kafka.bootstrap_servers, settings, pipeline, args.group)
+        relay = Relay(postgres.conninfo(), publisher, kafka.bootstrap_servers, settings, pipeline, args.group)
         relay.run()
     finally:
         producer.flush(30)

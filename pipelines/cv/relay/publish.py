@@ -14,7 +14,8 @@ which is produced again later from the same position.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -58,6 +59,7 @@ def producer_config(bootstrap_servers: str, client_id: str) -> dict[str, object]
         "linger.ms": 5,
         "compression.type": "lz4",
         "delivery.timeout.ms": 60_000,
+        "logger": logging.getLogger("librdkafka"),  # its own lines as structured logs, like the pipelines'
     }
 
 
@@ -72,8 +74,10 @@ class _Page:
 class Publisher:
     """Produces pages of records for sinks; `publish` returns once Kafka acknowledged all of them."""
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Producer, ensure_topic: Callable[[str], None] | None = None) -> None:
+        """`ensure_topic` makes a dead-letter topic exist before its first dead letter (made when needed)."""
         self._producer = producer
+        self._ensure_topic = ensure_topic or (lambda _topic: None)
 
     def publish(self, sink: str, view: str, topic: str, records: Iterable[Record], timeout: float = 60) -> int:
         """Produce `records` to `topic` in order and wait for every delivery; how many were dead-lettered.
@@ -133,6 +137,7 @@ class Publisher:
     def _dead_letter(self, sink: str, view: str, topic: str, page: _Page, timeout: float) -> None:
         """The refused records to `<topic>.dlq`: their key and `dlq.*` headers, the value when it fits."""
         refused, page.refused = page.refused, []
+        self._ensure_topic(dead_letter_topic(topic))
         for record, reason in refused:
             log.warning("sink record dead-lettered", sink=sink, topic=topic, position=record.position, reason=reason)
             headers = [

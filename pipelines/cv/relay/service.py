@@ -52,10 +52,9 @@ from pipelines.cv.frontend.sinks import reader_name
 from pipelines.cv.relay.publish import Publisher
 from pipelines.cv.relay.records import page_query, records, snapshot_query
 from pipelines.cv.status import sink_lag_s
-from pipelines.cv.subscribe import CHANNEL
+from pipelines.cv.subscribe import CHANNEL, names_view
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
-from pipelines.runtime.deadletter import dead_letter_topic
 from pipelines.runtime.topics import ensure_topics
 from pipelines.settings import PipelineSettings, SinkSettings
 
@@ -86,6 +85,7 @@ class Relay:
         self._retry_at: dict[str, float] = {}  # failed sinks: when to try them again (monotonic)
         self._topics: set[str] = set()  # topics made sure of since start
         self._published: dict[str, int] = {}  # records acknowledged per sink since the last report
+        self._views: set[str] = set()  # the views of this relay's sinks (the notifications that wake it)
         self._reported = time.monotonic()
 
     def stop(self) -> None:
@@ -121,6 +121,7 @@ class Relay:
         """One page (or snapshot) of every sink that is due; True when some sink has more to relay now."""
         states = self._mine(conn, sink_states(conn))
         conn.rollback()
+        self._views = {s.view for s in states}
         metrics.set_sinks((s.name, s.lag_changes, sink_lag_s(s), s.failed_at is not None) for s in states)
         busy = False
         for state in states:
@@ -224,13 +225,12 @@ class Relay:
             log.warning("sink position moved by another relay; reading again", sink=state.name, expected=state.position)
 
     def _ensure_topic(self, state: SinkState) -> None:
-        """The sink's topic and its dead-letter topic, created when missing (compacted for upsert)."""
+        """The sink's topic, created when missing (compacted for upsert); its `.dlq` waits for a dead letter."""
         if state.topic in self._topics:
             return
         partitions = state.partitions or self.pipeline.topic_partitions
         configs = {state.topic: {"cleanup.policy": "compact"}} if state.format == "upsert" else {}
-        topics = {state.topic: partitions, dead_letter_topic(state.topic): partitions}
-        ensure_topics(self.bootstrap_servers, topics, configs=configs)
+        ensure_topics(self.bootstrap_servers, {state.topic: partitions}, configs=configs)
         self._topics.add(state.topic)
 
     def _fail(self, conn: psycopg.Connection, state: SinkState, error: Exception) -> None:
@@ -256,11 +256,17 @@ class Relay:
             self._published.clear()
 
     def _wait(self, listener: psycopg.Connection) -> None:
-        """Until a notification comes, SINK_WAKE_S passed, or the relay is stopped (checked every second)."""
+        """Until a notification names a view of its sinks (or may), SINK_WAKE_S passed, or the relay is stopped.
+
+        Other views' commits do not wake it. A payload that names no view (`{"views": null}`, what
+        CREATE SINK sends) wakes it, so it takes a new sink at once.
+        """
         deadline = time.monotonic() + self.settings.wake_s
         while self.running and (left := deadline - time.monotonic()) > 0:
-            for _ in listener.notifies(timeout=min(left, 1.0), stop_after=1):
-                return
+            for notify in listener.notifies(timeout=min(left, 1.0), stop_after=1):
+                # With no sinks yet, only a payload that names no view wakes it ("" is no view's name).
+                if any(names_view(notify.payload, view) for view in self._views or {""}):
+                    return
 
     def _beat(self) -> None:
         if self.pipeline.heartbeat_file:
