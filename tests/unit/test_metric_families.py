@@ -232,7 +232,7 @@ def test_families_of_one_service_have_no_samples_in_the_others():
 def test_every_family_follows_prometheus_naming():
     families = list(REGISTRY.collect())
     names = {family.name for family in families if family.name.startswith("streamviews_")}
-    assert len(names) == 23  # the contract of issue 15, every family, issue 23's three, issue 25's sinks' four, the inbox's two
+    assert len(names) == 23  # issue 15's contract, issue 23's three, issue 25's sinks' four, the inbox's two
     for name in names:
         assert name == name.lower()
     units = ("_seconds", "_bytes", "_records", "_events", "_behind", "_active", "_changes")
