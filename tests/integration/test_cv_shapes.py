@@ -17,6 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipelines.cv import catalog
+from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 COLUMNS = "url text, uid bigint, latency double precision, ts timestamptz"
@@ -176,3 +178,10 @@ def test_the_change_stream_of_a_view_without_group_by_has_the_empty_key(writer, 
         "SELECT DISTINCT key FROM cv.view_changes WHERE view = %s", (f"{streams['schema']}.forever",)
     ).fetchall()
     assert keys == [({},)]
+
+
+@pytest.mark.parametrize("upstream", ["forever", "hidden"])
+def test_a_view_over_a_view_that_hides_its_groups_is_refused_naming_output_of(pg, streams, upstream):
+    schema = streams["schema"]
+    with pg("sv_owner", autocommit=True) as conn, pytest.raises(DefinitionError, match=r"output_of\("):
+        catalog.define(conn, f"CREATE CONTINUOUS VIEW {schema}.over AS SELECT count(*) AS n FROM {schema}.{upstream}")

@@ -59,6 +59,11 @@ def from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[Stream
     """
     items = select.fromClause or ()
     feed = source_of(items[0], scope.streams, scope.views, what) if len(items) == 1 else None
+    if feed is not None and not set(feed.key or ()) <= set(feed.column_names):
+        raise DefinitionError(
+            f"{what}: {feed.feed_of} keeps groups it does not show (no GROUP BY, GROUP BY what is no output, or a "
+            f"window): read its changes with output_of('{feed.feed_of}'), or show its group columns as outputs"
+        )
     if feed is not None:
         return feed, None
     if len(items) == 2 and all(isinstance(i, ast.RangeVar) for i in items):  # FROM s, t WHERE ...

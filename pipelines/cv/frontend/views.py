@@ -60,16 +60,17 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
     select = node.query
     if not isinstance(select, ast.SelectStmt) or select.op != SetOperation.SETOP_NONE:
         raise DefinitionError(f"{what}: the query must be a single SELECT (no UNION/INTERSECT/EXCEPT)")
+    read_then = "apply it when reading the view: SELECT ... FROM <view>"
     reject_unsupported(
         (
-            (select.withClause, "WITH"),
-            (select.havingClause, "HAVING"),
-            (select.sortClause, "ORDER BY"),
-            (select.limitCount, "LIMIT"),
-            (select.limitOffset, "OFFSET"),
-            (select.windowClause, "WINDOW"),
+            (select.withClause, "WITH (define its query as a continuous view or transform, and read that)"),
+            (select.havingClause, f"HAVING ({read_then} WHERE ...)"),
+            (select.sortClause, f"ORDER BY ({read_then} ORDER BY ...)"),
+            (select.limitCount, f"LIMIT ({read_then} LIMIT ...)"),
+            (select.limitOffset, f"OFFSET ({read_then} OFFSET ...)"),
+            (select.windowClause, "WINDOW (window functions run when reading the view)"),
             (select.lockingClause, "FOR UPDATE/SHARE"),
-            (node.aliases, "column aliases"),
+            (node.aliases, "column aliases (name each output: expression AS name)"),
         ),
         what,
         " in a continuous view",
@@ -242,7 +243,13 @@ def _check_over_groups(node: ast.Node, group_names: set[str], out: str, what: st
                 f" ({', '.join(sorted(group_names))})"
             )
         if isinstance(child, (ast.SubLink, ast.RangeSubselect)):
-            raise DefinitionError(f"{what}: subqueries are not supported in a continuous view")
+            raise DefinitionError(_NO_SUBQUERY.format(what=what))
+
+
+_NO_SUBQUERY = (
+    "{what}: subqueries are not supported in a continuous view (EXISTS, IN (SELECT ...)); join the table "
+    "instead: FROM stream JOIN table ON ..."
+)
 
 
 def _not_retractable(label: str, stream: str, what: str) -> str:
@@ -364,7 +371,7 @@ def _check_expression(nodes: tuple, names: _Names, what: str, user_aggregates: f
             if isinstance(child, ast.ColumnRef):
                 names.check(child, what)
             elif isinstance(child, (ast.SubLink, ast.RangeSubselect)):
-                raise DefinitionError(f"{what}: subqueries are not supported in a continuous view")
+                raise DefinitionError(_NO_SUBQUERY.format(what=what))
             elif isinstance(child, ast.FuncCall) and child.over is not None:
                 raise DefinitionError(f"{what}: window functions are not supported")
             elif is_aggregate_call(child, user_aggregates):
@@ -381,7 +388,8 @@ def _check_semantics(view: ViewDef, what: str) -> None:
     if len(distinct_args) > 1:
         raise DefinitionError(
             f"{what}: DISTINCT aggregates over different expressions ({', '.join(sorted(distinct_args))}) in one "
-            "view are not supported; define one view per expression"
+            "view are not supported; define one view per expression, or count the others with "
+            "approx_count_distinct(x) (HyperLogLog)"
         )
     if view.ttl is not None and view.bucket is None:
         raise DefinitionError(f"{what}: ttl needs a time bucket in GROUP BY, e.g. date_trunc('hour', ts) or hour(ts)")
