@@ -32,6 +32,11 @@
 #define FREQ_MAGIC 0x434d5331	/* "CMS1" */
 #define BLOOM_MAX_BITS ((uint64) 1 << 33)	/* 1 GB of bits: refused beyond */
 #define FREQ_MAX_COUNTERS (1 << 24)
+/* PipelineDB's defaults (pipelines/cv/frontend/pipelinedb_calls.py has the same). */
+#define BLOOM_DEFAULT_P 0.02
+#define BLOOM_DEFAULT_N 16384
+#define FREQ_DEFAULT_EPS 0.002
+#define FREQ_DEFAULT_P 0.995
 
 typedef struct BloomHeader
 {
@@ -141,45 +146,87 @@ bloom_new(double p, int64 n)
 	return b;
 }
 
+static void
+bloom_insert(BloomHeader *h, Datum value, Oid typoutput)
+{
+	uint8	   *bits = (uint8 *) (h + 1);
+	uint64		h1,
+				h2;
+
+	value_hashes(value, typoutput, &h1, &h2);
+	for (uint32 j = 0; j < h->k; j++)
+	{
+		uint64		bit = (h1 + j * h2) % h->m;
+
+		bits[bit / 8] |= (uint8) (1 << (bit % 8));
+	}
+}
+
+/*
+ * The state argument to add to: a copy (a new filter or sketch made by `make` when NULL), or the
+ * argument itself inside an aggregate, which owns its state (no copy of 16 or 64 KB per row).
+ */
+static bytea *
+state_to_add_to(FunctionCallInfo fcinfo, bytea *(*make) (FunctionCallInfo))
+{
+	if (PG_ARGISNULL(0))
+		return PG_NARGS() == 4 && (PG_ARGISNULL(2) || PG_ARGISNULL(3)) ? NULL : make(fcinfo);
+	if (AggCheckCallContext(fcinfo, NULL))
+		return PG_GETARG_BYTEA_P(0);
+	return PG_GETARG_BYTEA_P_COPY(0);
+}
+
+/* A new filter sized by the call's p and n, or PipelineDB's defaults when it has none (bloom_agg(x)). */
+static bytea *
+bloom_make(FunctionCallInfo fcinfo)
+{
+	if (PG_NARGS() < 4)
+		return bloom_new(BLOOM_DEFAULT_P, BLOOM_DEFAULT_N);
+	return bloom_new(PG_GETARG_FLOAT8(2), PG_GETARG_INT64(3));
+}
+
 PG_FUNCTION_INFO_V1(sv_bloom_add);
 
 /* bloom_add(bloom, values anyarray, p, n): the filter (a new one sized by p and n when NULL) with the values added. */
 Datum
 sv_bloom_add(PG_FUNCTION_ARGS)
 {
-	bytea	   *b;
+	bytea	   *b = state_to_add_to(fcinfo, bloom_make);
 	BloomHeader *h;
-	uint8	   *bits;
 	Datum	   *values;
 	Oid			typoutput;
 	int			n;
 
-	if (PG_ARGISNULL(0))
-	{
-		if (PG_ARGISNULL(2) || PG_ARGISNULL(3))
-			PG_RETURN_NULL();
-		b = bloom_new(PG_GETARG_FLOAT8(2), PG_GETARG_INT64(3));
-	}
-	else
-		b = PG_GETARG_BYTEA_P_COPY(0);
+	if (b == NULL)
+		PG_RETURN_NULL();
 	if (PG_ARGISNULL(1))
 		PG_RETURN_BYTEA_P(b);
 	h = bloom_of(b);
-	bits = (uint8 *) (h + 1);
 	n = array_values(PG_GETARG_ARRAYTYPE_P(1), &values, &typoutput);
 	for (int i = 0; i < n; i++)
 	{
-		uint64		h1,
-					h2;
-
 		CHECK_FOR_INTERRUPTS();
-		value_hashes(values[i], typoutput, &h1, &h2);
-		for (uint32 j = 0; j < h->k; j++)
-		{
-			uint64		bit = (h1 + j * h2) % h->m;
+		bloom_insert(h, values[i], typoutput);
+	}
+	PG_RETURN_BYTEA_P(b);
+}
 
-			bits[bit / 8] |= (uint8) (1 << (bit % 8));
-		}
+PG_FUNCTION_INFO_V1(sv_bloom_add_value);
+
+/* bloom_add_value(bloom, value [, p, n]): one value added; the transition function of the aggregate bloom_agg. */
+Datum
+sv_bloom_add_value(PG_FUNCTION_ARGS)
+{
+	bytea	   *b = state_to_add_to(fcinfo, bloom_make);
+	Oid			typoutput;
+	bool		varlena;
+
+	if (b == NULL)
+		PG_RETURN_NULL();
+	if (!PG_ARGISNULL(1))
+	{
+		getTypeOutputInfo(get_fn_expr_argtype(fcinfo->flinfo, 1), &typoutput, &varlena);
+		bloom_insert(bloom_of(b), PG_GETARG_DATUM(1), typoutput);
 	}
 	PG_RETURN_BYTEA_P(b);
 }
@@ -264,64 +311,91 @@ freq_of(bytea *b)
 	return h;
 }
 
+/* A new sketch sized by the call's eps and p, or PipelineDB's defaults when it has none (freq_agg(x)). */
+static bytea *
+freq_make(FunctionCallInfo fcinfo)
+{
+	double		eps = PG_NARGS() < 4 ? FREQ_DEFAULT_EPS : PG_GETARG_FLOAT8(2);
+	double		p = PG_NARGS() < 4 ? FREQ_DEFAULT_P : PG_GETARG_FLOAT8(3);
+	uint32		width,
+				depth;
+	Size		size;
+	bytea	   *b;
+	FreqHeader *h;
+
+	if (!(eps > 0 && eps < 1) || !(p > 0 && p < 1))
+		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						errmsg("freq_agg: eps and p must be in (0, 1)")));
+	width = (uint32) ceil(M_E / eps);
+	depth = (uint32) Max(1, ceil(log(1.0 / (1.0 - p))));
+	if ((double) width * depth > FREQ_MAX_COUNTERS)
+		ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("freq_agg: eps and p ask for too many counters")));
+	size = VARHDRSZ + sizeof(FreqHeader) + (Size) width * depth * sizeof(int64);
+	b = (bytea *) palloc0(size);
+	SET_VARSIZE(b, size);
+	h = (FreqHeader *) VARDATA(b);
+	h->magic = FREQ_MAGIC;
+	h->depth = depth;
+	h->width = width;
+	return b;
+}
+
+static void
+freq_insert(FreqHeader *h, Datum value, Oid typoutput)
+{
+	int64	   *counters = (int64 *) (h + 1);
+	uint64		h1,
+				h2;
+
+	value_hashes(value, typoutput, &h1, &h2);
+	for (uint32 row = 0; row < h->depth; row++)
+		counters[(Size) row * h->width + (h1 + row * h2) % h->width] += 1;
+	h->total += 1;
+}
+
 PG_FUNCTION_INFO_V1(sv_freq_add);
 
 /* freq_add(sketch, values anyarray, eps, p): the sketch (a new one sized by eps and p when NULL) with each value counted once. */
 Datum
 sv_freq_add(PG_FUNCTION_ARGS)
 {
-	bytea	   *b;
+	bytea	   *b = state_to_add_to(fcinfo, freq_make);
 	FreqHeader *h;
-	int64	   *counters;
 	Datum	   *values;
 	Oid			typoutput;
 	int			n;
 
-	if (PG_ARGISNULL(0))
-	{
-		double		eps,
-					p;
-		uint32		width,
-					depth;
-		Size		size;
-
-		if (PG_ARGISNULL(2) || PG_ARGISNULL(3))
-			PG_RETURN_NULL();
-		eps = PG_GETARG_FLOAT8(2);
-		p = PG_GETARG_FLOAT8(3);
-		if (!(eps > 0 && eps < 1) || !(p > 0 && p < 1))
-			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-							errmsg("freq_agg: eps and p must be in (0, 1)")));
-		width = (uint32) ceil(M_E / eps);
-		depth = (uint32) Max(1, ceil(log(1.0 / (1.0 - p))));
-		if ((double) width * depth > FREQ_MAX_COUNTERS)
-			ereport(ERROR, (errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("freq_agg: eps and p ask for too many counters")));
-		size = VARHDRSZ + sizeof(FreqHeader) + (Size) width * depth * sizeof(int64);
-		b = (bytea *) palloc0(size);
-		SET_VARSIZE(b, size);
-		h = (FreqHeader *) VARDATA(b);
-		h->magic = FREQ_MAGIC;
-		h->depth = depth;
-		h->width = width;
-	}
-	else
-		b = PG_GETARG_BYTEA_P_COPY(0);
+	if (b == NULL)
+		PG_RETURN_NULL();
 	if (PG_ARGISNULL(1))
 		PG_RETURN_BYTEA_P(b);
 	h = freq_of(b);
-	counters = (int64 *) (h + 1);
 	n = array_values(PG_GETARG_ARRAYTYPE_P(1), &values, &typoutput);
 	for (int i = 0; i < n; i++)
 	{
-		uint64		h1,
-					h2;
-
 		CHECK_FOR_INTERRUPTS();
-		value_hashes(values[i], typoutput, &h1, &h2);
-		for (uint32 row = 0; row < h->depth; row++)
-			counters[(Size) row * h->width + (h1 + row * h2) % h->width] += 1;
+		freq_insert(h, values[i], typoutput);
 	}
-	h->total += n;
+	PG_RETURN_BYTEA_P(b);
+}
+
+PG_FUNCTION_INFO_V1(sv_freq_add_value);
+
+/* freq_add_value(sketch, value [, eps, p]): one value counted; the transition function of the aggregate freq_agg. */
+Datum
+sv_freq_add_value(PG_FUNCTION_ARGS)
+{
+	bytea	   *b = state_to_add_to(fcinfo, freq_make);
+	Oid			typoutput;
+	bool		varlena;
+
+	if (b == NULL)
+		PG_RETURN_NULL();
+	if (!PG_ARGISNULL(1))
+	{
+		getTypeOutputInfo(get_fn_expr_argtype(fcinfo->flinfo, 1), &typoutput, &varlena);
+		freq_insert(freq_of(b), PG_GETARG_DATUM(1), typoutput);
+	}
 	PG_RETURN_BYTEA_P(b);
 }
 

@@ -89,3 +89,19 @@ def test_sketches_of_different_shapes_do_not_merge_and_bad_parameters_are_refuse
         db.execute("SELECT streamviews.freq_add(NULL, ARRAY[1], 2, 0.5)")
     with db.transaction(force_rollback=True), pytest.raises(psycopg.errors.InvalidParameterValue, match="not a Bloom"):
         db.execute("SELECT bloom_contains('\\x00'::bytea, 1)")
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.one_of(st.none(), st.integers(-30, 30)), max_size=50))
+def test_the_aggregates_of_a_query_build_what_a_view_keeps(db, values):
+    """bloom_agg, freq_agg and set_agg over rows (1.2) equal a view's batch-built sketch and array_agg(DISTINCT)."""
+    row = db.execute(
+        "SELECT bloom_agg(v) = streamviews.bloom_add(NULL, array_agg(v), 0.02, 16384),"
+        " freq_agg(v, 0.01, 0.99) = streamviews.freq_add(NULL, array_agg(v), 0.01, 0.99),"
+        " set_agg(v), array_agg(DISTINCT v) FROM unnest(%s::bigint[]) AS v",
+        (values,),
+    ).fetchone()
+    same_bloom, same_freq, got_set, distinct = row
+    assert (same_bloom, same_freq) == ((True, True) if values else (None, None))
+    assert got_set == (list(dict.fromkeys(values)) if values else None)  # first-come order, NULL once
+    assert sorted(got_set or [], key=str) == sorted(distinct or [], key=str)
