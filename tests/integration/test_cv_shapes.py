@@ -28,6 +28,10 @@ SHAPES = {
     "forever": ("SELECT count(*), avg(latency), min(uid), max(ts) FROM {s}", None),
     "hidden": ("SELECT count(*) AS n, sum(latency) AS total FROM {s} GROUP BY url, uid % 2", None),
     "distinct": ("SELECT DISTINCT url, uid % 3 AS m FROM {s}", None),
+    "unnamed": (
+        "SELECT uid::text, upper(url), coalesce(uid, 0) + 1 AS next, count(*) FROM {s} GROUP BY uid, url",
+        None,
+    ),
     "aliased": (
         "SELECT x.url, max(x.arrival_timestamp) AS last, count(*) AS n FROM public.{s} AS x GROUP BY x.url",
         "SELECT x.url, max(x.ts) AS last, count(*) AS n FROM {s} AS x GROUP BY x.url",

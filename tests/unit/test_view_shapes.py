@@ -44,6 +44,17 @@ def test_a_group_by_expression_that_is_no_output_is_a_hidden_group(view):
     assert [g.name for g in parsed.groups] == ["url", "_cv_by_0"]
 
 
+def test_outputs_are_named_as_postgresql_names_them_and_may_be_over_grouped_columns(view):
+    parsed = view("SELECT uid::text, upper(url), count(*), coalesce(max(latency), 0) FROM clicks GROUP BY uid, url")
+    assert [o.name for o in parsed.outputs] == ["uid", "upper", "count", "coalesce"]
+    assert [(g.name, g.sql) for g in parsed.groups] == [
+        ("uid", "CAST(uid AS text)"),
+        ("upper", "upper(url)"),
+        ("_cv_by_0", "uid"),
+        ("_cv_by_1", "url"),
+    ]
+
+
 def test_select_distinct_and_a_view_without_aggregates_keep_each_group(view):
     distinct = view("SELECT DISTINCT url, uid FROM clicks")
     grouped = view("SELECT url, uid FROM clicks GROUP BY url, uid")
@@ -141,6 +152,8 @@ def test_ttl_column_names_the_group_a_ttl_expires_by(view):
         ("SELECT url, count(*) FROM clicks, likes GROUP BY url", "", "two streams"),
         ("SELECT x.url, count(*) FROM clicks GROUP BY x.url", "", "not a column"),
         ("SELECT arrival_timestamp, count(*) FROM likes GROUP BY 1", "", "declares none"),
+        ("SELECT upper(url), count(*) FROM clicks GROUP BY uid", "", "must appear in GROUP BY"),
+        ("SELECT url || '!', count(*) FROM clicks GROUP BY url", "", "needs a name"),
     ],
 )
 def test_a_shape_the_engine_cannot_keep_is_refused_with_what_to_write(view, select, options, match):

@@ -13,7 +13,7 @@ Types are resolved later, by PostgreSQL, when the view is compiled.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pglast import ast
 from pglast.enums import SetOperation
@@ -21,8 +21,9 @@ from pglast.stream import RawStream
 
 from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
 from pipelines.cv.frontend.backfill import check_backfill_option
-from pipelines.cv.frontend.buckets import NAMED, bucket_unit
-from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP, from_stream, hidden_group, plain_join
+from pipelines.cv.frontend.buckets import bucket_unit
+from pipelines.cv.frontend.view_options import ttl_column, view_options
+from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP, figure_name, from_stream, hidden_group, plain_join
 from pipelines.cv.frontend.view_sources import refuse_combine
 from pipelines.cv.frontend.windows import option_window, split_window, step_group
 from pipelines.cv.model import (
@@ -41,7 +42,7 @@ from pipelines.cv.model import (
     ViewDef,
     call_placeholder,
 )
-from pipelines.cv.sqltext.parsing import options_of, plain_identifier, reject_unsupported, walk
+from pipelines.cv.sqltext.parsing import plain_identifier, reject_unsupported, walk
 
 
 def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
@@ -111,7 +112,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         if "ttl" in options:
             raise DefinitionError(f"{what}: a sliding window keeps only its width; ttl does not apply")
         groups = (*groups, step_group(window))
-    groups = _ttl_column(groups, options, stream, what)
+    groups = ttl_column(groups, options, stream, what)
     check_changes_option(options, window is not None, what)
     if where is not None:
         _check_expression((where,), names, what, user_aggregates)
@@ -265,10 +266,9 @@ def _output_name(target: ast.ResTarget, what: str, is_aggregate: bool = False) -
         if target.name.startswith("_cv_"):
             raise DefinitionError(f"{what}: names starting with _cv_ are the engine's")
         return plain_identifier(target.name, what)
-    if isinstance(target.val, ast.ColumnRef) and isinstance(target.val.fields[-1], ast.String):
-        return target.val.fields[-1].sval  # `p.section` is named section, as in PostgreSQL
-    if isinstance(target.val, ast.FuncCall) and (is_aggregate or target.val.funcname[-1].sval.lower() in NAMED):
-        return target.val.funcname[-1].sval.lower()
+    name = figure_name(target.val)  # `p.section` is named section, `k::text` k, `lower(url)` lower
+    if name is not None:
+        return name
     raise DefinitionError(f"{what}: {RawStream()(target.val)} needs a name: ... AS <column>")
 
 
@@ -304,12 +304,15 @@ def _groups(
     by_text = {RawStream()(t.val): t for t in plain}
     grouped: list[ast.ResTarget] = []
     hidden: list[GroupColumn] = []
+    grouped_columns: set[str] = set()
     for item in select.groupClause or ():
         if not isinstance(item, ast.Node) or isinstance(item, ast.GroupingSet):
             raise DefinitionError(
                 f"{what}: GROUPING SETS, ROLLUP and CUBE are not supported; define one view per grouping"
             )
         text = RawStream()(item)
+        if isinstance(item, ast.ColumnRef):
+            grouped_columns.add(text)
         target = by_text.get(text) or _by_position(item, select, plain, what)
         is_name = isinstance(item, ast.ColumnRef) and len(item.fields) == 1
         if target is None and is_name and item.fields[0].sval not in columns:
@@ -326,6 +329,9 @@ def _groups(
         if target in grouped:
             raise DefinitionError(f"{what}: GROUP BY names {text} twice")
         grouped.append(target)
+    # An output over grouped columns only (`k::text` with GROUP BY k) is a group of its own: the same groups.
+    dependent = [t for t in plain if t not in grouped and _over_columns(t.val, grouped_columns)]
+    grouped += dependent
     missing = [RawStream()(t.val) for t in plain if t not in grouped]
     if missing:
         raise DefinitionError(f"{what}: {', '.join(missing)} must appear in GROUP BY or be aggregated")
@@ -338,6 +344,11 @@ def _groups(
     if not result and not windowed:
         return (GLOBAL_GROUP,)
     return tuple(result)
+
+
+def _over_columns(node: ast.Node, columns: set[str]) -> bool:
+    """True when every column `node` reads is one of `columns` (the bare columns of GROUP BY)."""
+    return all(RawStream()(c) in columns for c in walk(node) if isinstance(c, ast.ColumnRef))
 
 
 @dataclass(frozen=True)
@@ -393,40 +404,6 @@ def _check_semantics(view: ViewDef, what: str) -> None:
         )
     if view.ttl is not None and view.bucket is None:
         raise DefinitionError(f"{what}: ttl needs a time bucket in GROUP BY, e.g. date_trunc('hour', ts) or hour(ts)")
-
-
-_OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor"})
-_TIME_KINDS = frozenset({"timestamptz", "timestamp", "date"})
-
-
-def view_options(defs: tuple | None, what: str) -> dict[str, str]:
-    """WITH (...) of a view: each a quoted string; step_factor also an integer, as PipelineDB wrote it."""
-    factor = tuple(d for d in defs or () if d.defname == "step_factor")
-    others = tuple(d for d in defs or () if d.defname != "step_factor")
-    return {**options_of(others, _OPTIONS, what), **options_of(factor, _OPTIONS, what, integers=True)}
-
-
-def _ttl_column(
-    groups: tuple[GroupColumn, ...], options: Mapping[str, str], stream: StreamDef, what: str
-) -> tuple[GroupColumn, ...]:
-    """PipelineDB's `ttl_column`: the GROUP BY output a ttl expires groups by, a time bucket or a time column.
-
-    Without it, a ttl expires by the view's first time bucket (date_trunc, hour(), ...).
-    """
-    column = options.get("ttl_column")
-    if column is None:
-        return groups
-    if "ttl" not in options:
-        raise DefinitionError(f"{what}: ttl_column names the column a ttl expires rows by; give ttl too")
-    kinds = {c.name: c.kind for c in stream.columns}
-    chosen = next((g for g in groups if g.name == column and not g.name.startswith("_cv_")), None)
-    if chosen is None or not (chosen.bucket_unit or kinds.get(chosen.source_column or "") in _TIME_KINDS):
-        raise DefinitionError(
-            f"{what}: ttl_column {column!r} must be a GROUP BY output that is a time bucket or a timestamp column "
-            "of the stream, e.g. SELECT minute(ts) AS m, ... GROUP BY m WITH (ttl = '1 hour', ttl_column = 'm')"
-        )
-    # The ttl expires by this column alone: it is the view's one bucket.
-    return tuple(replace(g, bucket_unit=(g.bucket_unit or "column") if g is chosen else None) for g in groups)
 
 
 def check_changes_option(options: Mapping[str, str], windowed: bool, what: str) -> None:

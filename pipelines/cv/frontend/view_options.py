@@ -1,0 +1,47 @@
+"""A continuous view's WITH (...) options: each a quoted string, PipelineDB's spellings among them.
+
+`ttl` (how long a group is kept, by its time bucket) and PipelineDB's `ttl_column` (which GROUP BY
+output it expires by), `sw` and `step_factor` (a sliding window: pipelines.cv.frontend.windows),
+`changes` (a change stream) and `backfill` (pipelines.cv.frontend.backfill).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from pipelines.cv.model import DefinitionError, GroupColumn, StreamDef
+from pipelines.cv.sqltext.parsing import options_of
+
+_OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor"})
+_TIME_KINDS = frozenset({"timestamptz", "timestamp", "date"})
+
+
+def view_options(defs: tuple | None, what: str) -> dict[str, str]:
+    """WITH (...) of a view: each a quoted string; step_factor also an integer, as PipelineDB wrote it."""
+    factor = tuple(d for d in defs or () if d.defname == "step_factor")
+    others = tuple(d for d in defs or () if d.defname != "step_factor")
+    return {**options_of(others, _OPTIONS, what), **options_of(factor, _OPTIONS, what, integers=True)}
+
+
+def ttl_column(
+    groups: tuple[GroupColumn, ...], options: Mapping[str, str], stream: StreamDef, what: str
+) -> tuple[GroupColumn, ...]:
+    """PipelineDB's `ttl_column`: the GROUP BY output a ttl expires groups by, a time bucket or a time column.
+
+    Without it, a ttl expires by the view's first time bucket (date_trunc, hour(), ...).
+    """
+    column = options.get("ttl_column")
+    if column is None:
+        return groups
+    if "ttl" not in options:
+        raise DefinitionError(f"{what}: ttl_column names the column a ttl expires rows by; give ttl too")
+    kinds = {c.name: c.kind for c in stream.columns}
+    chosen = next((g for g in groups if g.name == column and not g.name.startswith("_cv_")), None)
+    if chosen is None or not (chosen.bucket_unit or kinds.get(chosen.source_column or "") in _TIME_KINDS):
+        raise DefinitionError(
+            f"{what}: ttl_column {column!r} must be a GROUP BY output that is a time bucket or a timestamp column "
+            "of the stream, e.g. SELECT minute(ts) AS m, ... GROUP BY m WITH (ttl = '1 hour', ttl_column = 'm')"
+        )
+    # The ttl expires by this column alone: it is the view's one bucket.
+    return tuple(replace(g, bucket_unit=(g.bucket_unit or "column") if g is chosen else None) for g in groups)
