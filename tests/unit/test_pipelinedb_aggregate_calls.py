@@ -142,3 +142,9 @@ def test_sketches_are_kept_in_sliding_windows_but_not_over_keyed_streams(view):
     assert [a.kind for a in windowed.aggregates] == ["bloom", "freq", "tdigest"]
     with pytest.raises(DefinitionError, match="cannot forget"):
         view("SELECT g, bloom_agg(x) AS b FROM kv GROUP BY g")
+
+
+def test_hll_union_agg_is_kept_over_a_keyed_stream_as_hll_add_agg_is(view):
+    """Retractions leave a HyperLogLog as it is: both sketches' aggregates say so in the docs, neither is refused."""
+    v = view("SELECT g, hll_union_agg(x::text::hll) AS u, hll_add_agg(hll_hash_bigint(x)) AS a FROM kv GROUP BY g")
+    assert [a.kind for a in v.aggregates] == ["hll", "hll"]

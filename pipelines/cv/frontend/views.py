@@ -196,7 +196,8 @@ class _KeptCalls:
                 _check_expression((child,), self.names, what, self.user_aggregates)
         never_null = frozenset(self.stream.key or ())
         translation = translate(call, what, windowed=self.windowed, never_null=never_null, count_nulls=self.count_nulls)
-        if self.stream.key is not None and not translation.retractable and translation.function != "hll_add_agg":
+        sketch = translation.function in {"hll_add_agg", "hll_union_agg"}  # kept: a retraction leaves it as it is
+        if self.stream.key is not None and not translation.retractable and not sketch:
             raise DefinitionError(_not_retractable(RawStream()(call), self.stream.name, what))
         names = []
         for item in translation.stored:
