@@ -159,6 +159,30 @@ def attempt(checkpoint: Checkpoint[Any, Rows], attempted: Batch[Rows]) -> BaseEx
         return e
 
 
+def the_first_start_stored_wins_and_a_batch_from_another_is_fenced(world: World) -> None:
+    # Two generations resolve a start rule ('latest', pipelines/runtime/starts.py) at different moments.
+    old, new = world.checkpoint("old"), world.checkpoint("new")
+
+    assert old.begin({P0: 5}) == {P0: 5}
+    assert new.begin({P0: 7}) == {P0: 5}  # the stored start wins: the second resolution is not kept
+
+    assert new.commit(batch({P0: 5}, {P0: ["f"]})) == 1
+    with pytest.raises(Fenced, match="is at 6 in PostgreSQL, this batch starts at 7"):
+        old.commit(batch({P0: 7}, {P0: ["h"]}))
+    assert world.stored() == {P0: 6}
+
+
+def a_batch_of_a_forgotten_topic_is_fenced(world: World) -> None:
+    # The topic was recreated and has a start rule: its rows are forgotten, to be resolved again.
+    old, new = world.checkpoint("old"), world.checkpoint("new")
+    assert old.commit(batch({P0: None, P1: None}, {P0: ["a"], P1: ["b"]})) == 2
+
+    assert new.forget_topic(TOPIC) == 2
+    with pytest.raises(Fenced, match="is at None in PostgreSQL, this batch starts at 1"):
+        old.commit(batch({P0: 1}, {P0: ["c"]}))  # read from the old topic before it was recreated
+    assert world.stored() == {}
+
+
 SPECIFICATION: list[Callable[[World], None]] = [
     the_second_claim_of_a_partition_never_committed_is_fenced,
     a_batch_read_before_the_offset_moved_is_fenced,
@@ -166,4 +190,6 @@ SPECIFICATION: list[Callable[[World], None]] = [
     the_same_batch_commits_once,
     the_fenced_generation_resumes_from_the_stored_offsets,
     a_claimant_waiting_for_the_lock_is_fenced_once_the_first_commits,
+    the_first_start_stored_wins_and_a_batch_from_another_is_fenced,
+    a_batch_of_a_forgotten_topic_is_fenced,
 ]
