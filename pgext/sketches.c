@@ -26,7 +26,9 @@
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/lsyscache.h"
+#include "utils/typcache.h"
 
 #define BLOOM_MAGIC 0x424c4f31	/* "BLO1" */
 #define FREQ_MAGIC 0x434d5331	/* "CMS1" */
@@ -456,4 +458,118 @@ Datum
 sv_freq_total(PG_FUNCTION_ARGS)
 {
 	PG_RETURN_INT64(freq_of(PG_GETARG_BYTEA_PP(0))->total);
+}
+
+/*
+ * keyed_max(key, value) / keyed_min(key, value) as aggregates of their own (a view keeps them as
+ * max(key) and the value at it, pipelines/cv/views/pipelinedb_columns.py): the value at the greatest
+ * (least) non-NULL key, a tie of keys keeping the least value, as a view does. The state lives in
+ * the aggregate's memory context; keys compare with their type's btree order and the call's collation.
+ */
+typedef struct KeyedState
+{
+	bool		has_key;
+	bool		value_null;
+	Datum		key;
+	Datum		value;
+	int16		key_len;
+	int16		value_len;
+	bool		key_byval;
+	bool		value_byval;
+	TypeCacheEntry *key_type;
+	TypeCacheEntry *value_type; /* its comparison breaks ties; none: the first value stays */
+} KeyedState;
+
+static int
+keyed_compare(FunctionCallInfo fcinfo, TypeCacheEntry *type, Datum a, Datum b)
+{
+	return DatumGetInt32(FunctionCall2Coll(&type->cmp_proc_finfo, PG_GET_COLLATION(), a, b));
+}
+
+static Datum
+keyed_step(FunctionCallInfo fcinfo, int sign)
+{
+	MemoryContext aggcontext;
+	MemoryContext old;
+	KeyedState *st;
+	bool		take_key = false;
+	bool		take_value = false;
+
+	if (!AggCheckCallContext(fcinfo, &aggcontext))
+		ereport(ERROR, (errcode(ERRCODE_FEATURE_NOT_SUPPORTED), errmsg("keyed_max/keyed_min called outside an aggregate")));
+	st = PG_ARGISNULL(0) ? NULL : (KeyedState *) PG_GETARG_POINTER(0);
+	if (st == NULL)
+	{
+		Oid			key_type = get_fn_expr_argtype(fcinfo->flinfo, 1);
+		Oid			value_type = get_fn_expr_argtype(fcinfo->flinfo, 2);
+
+		st = (KeyedState *) MemoryContextAllocZero(aggcontext, sizeof(KeyedState));
+		get_typlenbyval(key_type, &st->key_len, &st->key_byval);
+		get_typlenbyval(value_type, &st->value_len, &st->value_byval);
+		st->key_type = lookup_type_cache(key_type, TYPECACHE_CMP_PROC_FINFO);
+		if (!OidIsValid(st->key_type->cmp_proc))
+			ereport(ERROR, (errcode(ERRCODE_UNDEFINED_FUNCTION),
+							errmsg("keyed_max/keyed_min: type %s has no ordering", format_type_be(key_type))));
+		st->value_type = lookup_type_cache(value_type, TYPECACHE_CMP_PROC_FINFO);
+		if (!OidIsValid(st->value_type->cmp_proc))
+			st->value_type = NULL;
+		st->value_null = true;
+	}
+	if (PG_ARGISNULL(1))
+		PG_RETURN_POINTER(st);
+	if (!st->has_key)
+		take_key = take_value = true;
+	else
+	{
+		int			c = sign * keyed_compare(fcinfo, st->key_type, PG_GETARG_DATUM(1), st->key);
+
+		take_key = take_value = c > 0;
+		if (c == 0 && !PG_ARGISNULL(2))
+			take_value = st->value_null
+				|| (st->value_type && keyed_compare(fcinfo, st->value_type, PG_GETARG_DATUM(2), st->value) < 0);
+	}
+	old = MemoryContextSwitchTo(aggcontext);
+	if (take_key)
+	{
+		if (st->has_key && !st->key_byval)
+			pfree(DatumGetPointer(st->key));
+		st->key = datumCopy(PG_GETARG_DATUM(1), st->key_byval, st->key_len);
+		st->has_key = true;
+	}
+	if (take_value)
+	{
+		if (!st->value_null && !st->value_byval)
+			pfree(DatumGetPointer(st->value));
+		st->value_null = PG_ARGISNULL(2);
+		st->value = st->value_null ? (Datum) 0 : datumCopy(PG_GETARG_DATUM(2), st->value_byval, st->value_len);
+	}
+	MemoryContextSwitchTo(old);
+	PG_RETURN_POINTER(st);
+}
+
+PG_FUNCTION_INFO_V1(sv_keyed_max_step);
+Datum
+sv_keyed_max_step(PG_FUNCTION_ARGS)
+{
+	return keyed_step(fcinfo, 1);
+}
+
+PG_FUNCTION_INFO_V1(sv_keyed_min_step);
+Datum
+sv_keyed_min_step(PG_FUNCTION_ARGS)
+{
+	return keyed_step(fcinfo, -1);
+}
+
+PG_FUNCTION_INFO_V1(sv_keyed_final);
+
+/* The value kept; NULL when no row had a key, or the value at it was NULL. */
+Datum
+sv_keyed_final(PG_FUNCTION_ARGS)
+{
+	KeyedState *st = PG_ARGISNULL(0) ? NULL : (KeyedState *) PG_GETARG_POINTER(0);
+
+	if (st == NULL || !st->has_key || st->value_null)
+		PG_RETURN_NULL();
+	PG_RETURN_DATUM(st->value);
 }

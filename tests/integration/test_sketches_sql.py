@@ -105,3 +105,30 @@ def test_the_aggregates_of_a_query_build_what_a_view_keeps(db, values):
     assert (same_bloom, same_freq) == ((True, True) if values else (None, None))
     assert got_set == (list(dict.fromkeys(values)) if values else None)  # first-come order, NULL once
     assert sorted(got_set or [], key=str) == sorted(distinct or [], key=str)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    rows=st.lists(
+        st.tuples(st.one_of(st.none(), st.integers(0, 4)), st.one_of(st.none(), st.integers(-9, 9))), max_size=30
+    )
+)
+def test_keyed_min_max_and_first_values_aggregates_answer_as_a_view_does(db, rows):
+    """1.3's aggregates for queries: the value at the extreme key (a tie: the least value), the n least values."""
+    keys, values = [k for k, _ in rows], [v for _, v in rows]
+    got = db.execute(
+        "SELECT keyed_max(k, v), keyed_min(k, v), first_values(3, v), (array_agg(v ORDER BY v))[1:3]"
+        " FROM unnest(%s::int[], %s::int[]) AS r(k, v)",
+        (keys, values),
+    ).fetchone()
+    assert got[:2] == (at_extreme(rows, max), at_extreme(rows, min))
+    assert got[2] == got[3]
+
+
+def at_extreme(rows, extreme):
+    keyed = [(k, v) for k, v in rows if k is not None]
+    if not keyed:
+        return None
+    best = extreme(k for k, _ in keyed)
+    values = [v for k, v in keyed if k == best and v is not None]
+    return min(values) if values else None
