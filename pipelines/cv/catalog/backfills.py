@@ -39,7 +39,10 @@ def record(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> str:
     conn.execute("DELETE FROM cv.backfills WHERE view = %s", (name,))  # rebuilt: its catch-up starts anew
     rule = backfill_rule(view.options, stream, view.aggregates)
     if rule is None:
-        why = "an aggregate kept as a transition state may depend on the order events come in"
+        why = (
+            "an aggregate kept as a transition state, or in arrival order (array_agg, string_agg, json_agg), may "
+            "depend on the order events come in"
+        )
         if view.options.get("backfill", "").strip().lower() == "none":
             why = "backfill = 'none'"
         return f"starts from now ({why})"
