@@ -7,7 +7,7 @@
 | set_agg(x)                                  | as array_agg(DISTINCT x)                       | exact          |
 | array_agg, json_agg, jsonb_agg(x),          | the values in the order batches come (append), | the first      |
 |   string_agg(x, 'constant delimiter')       |   at most APPEND_MAX_VALUES per group          | 1000 values    |
-| hll_union_agg(h) over a column of type hll  | the union of the sketches (hll)                | HyperLogLog's  |
+| hll_union_agg(h) over sketches (h::hll)     | the union of the sketches (hll)                | HyperLogLog's  |
 | bloom_agg(x [, p, n])                       | a Bloom filter (bloom, pgext/sketches.c)       | false positives|
 |                                             |   default p 0.02, n 16384                      | p up to n      |
 | freq_agg(x [, eps, p])                      | a count-min sketch (freq, pgext/sketches.c)    | + eps*N, w.p. p|
@@ -19,8 +19,9 @@ arrival. The collecting aggregates keep values in the order their batches come, 
 arrival order; within a batch, in the order PostgreSQL aggregates it (PostgreSQL's own array_agg
 without ORDER BY promises no order either). A group keeps at most APPEND_MAX_VALUES values per call:
 later ones are dropped, so a group's row stays bounded (values x their size) and each batch's merge
-rewrites at most that many. None of them can forget a value: they need an append-only stream; only
-the sketches (hll_union_agg, bloom_agg, freq_agg, dist_agg) are kept in a sliding window.
+rewrites at most that many. None of them can forget a value: they need an append-only stream (but
+hll_union_agg, kept over a keyed stream as hll_add_agg is); only the sketches (hll_union_agg,
+bloom_agg, freq_agg, dist_agg) are kept in a sliding window.
 """
 
 from __future__ import annotations
@@ -44,10 +45,10 @@ PIPELINEDB = frozenset(
 # a count-min sketch over-counting by at most 0.2% of all values with probability 99.5% (6 x 1,360
 # counters, about 64 KB), a t-digest of 100 centroids (as percentile_cont here).
 BLOOM_DEFAULTS = (0.02, 16384)
-# Sketches merge a sliding window's steps at read time; the others keep values a window cannot merge.
-MERGED_IN_WINDOWS = frozenset({"hll_union_agg", "bloom_agg", "freq_agg", "dist_agg"})
 FREQ_DEFAULTS = (0.002, 0.995)
 DIST_COMPRESSION = (100, 10, 10000)  # default, least, most
+# Sketches merge a sliding window's steps at read time; the others keep values a window cannot merge.
+MERGED_IN_WINDOWS = frozenset({"hll_union_agg", "bloom_agg", "freq_agg", "dist_agg"})
 
 
 def translate_pipelinedb(
