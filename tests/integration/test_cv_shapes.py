@@ -56,6 +56,15 @@ SHAPES = {
         " GROUP BY p.section",
         None,
     ),
+    "rows": ("SELECT url, uid, latency FROM {s}", None),
+    "recent_rows": (
+        "SELECT url, uid FROM {s} WHERE arrival_timestamp > clock_timestamp() - interval '1 hour'",
+        "SELECT url, uid FROM {s} WHERE ts > now() - interval '1 hour'",
+    ),
+    "rows_ttl": (
+        "SELECT arrival_timestamp AS at, url FROM {s}",
+        "SELECT ts AS at, url FROM {s} WHERE ts >= now() - interval '1 hour'",
+    ),
     "windowed": (
         "SELECT url, count(*) AS n FROM {s} GROUP BY url",
         "SELECT url, count(*) AS n FROM {s} WHERE ts > now() - interval '1 hour' GROUP BY url",
@@ -69,6 +78,7 @@ OPTIONS = {
     "windowed": "WITH (sw = '1 hour', step_factor = 10)",
     "expiring": "WITH (ttl = '1 hour', ttl_column = 'ts')",
     "forever": "WITH (changes = true)",
+    "rows_ttl": "WITH (ttl = '1 hour', ttl_column = 'at')",
 }
 KEYED_VIEW = (
     "SELECT count(*) AS n, sum(x) AS total, avg(x) AS mean, count(DISTINCT x) AS dx, min(x) AS lo, max(x) AS hi"
@@ -94,6 +104,7 @@ def streams(stack, pg):
         CREATE STREAM {quiet} ({COLUMNS}) WITH (topic = '{quiet}');
         {views}
         CREATE CONTINUOUS VIEW {name}.keyed_forever AS {KEYED_VIEW.format(k=keyed)};
+        CREATE CONTINUOUS VIEW {name}.keyed_rows AS SELECT g, x FROM {keyed};
         CREATE CONTINUOUS VIEW {name}.quiet AS SELECT count(*) AS n, count(DISTINCT uid) AS u, sum(latency) AS total
             FROM {quiet};
     """
@@ -169,6 +180,10 @@ def test_a_view_without_group_by_over_a_keyed_stream_follows_its_retractions(wri
     query = KEYED_VIEW.format(k=streams["keyed"])
     expected = oracle(writer, streams["keyed"], KEYED_COLUMNS, KEYED_STATE.values(), query)
     close_rows(rows_of(writer.execute(f"SELECT * FROM {streams['schema']}.keyed_forever").fetchall()), expected)
+    expected = oracle(
+        writer, streams["keyed"], KEYED_COLUMNS, KEYED_STATE.values(), f"SELECT g, x FROM {streams['keyed']}"
+    )
+    assert rows_of(writer.execute(f"SELECT * FROM {streams['schema']}.keyed_rows").fetchall()) == expected
 
 
 def test_a_view_without_group_by_is_one_row_before_any_event_as_postgresql_answers(writer, streams):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.cv.frontend.statements import parse
-from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP
+from pipelines.cv.frontend.view_shapes import EACH_ROW_GROUP, GLOBAL_GROUP
 from pipelines.cv.frontend.windows import STEP_COLUMN
 from pipelines.cv.model import DefinitionError, Join, Scope, Window
 
@@ -53,6 +53,13 @@ def test_outputs_are_named_as_postgresql_names_them_and_may_be_over_grouped_colu
         ("_cv_by_0", "uid"),
         ("_cv_by_1", "url"),
     ]
+
+
+def test_a_view_without_aggregates_or_group_by_keeps_each_row(view):
+    parsed = view("SELECT url, uid FROM clicks WHERE arrival_timestamp > clock_timestamp() - interval '1 minute'")
+    assert [g.name for g in parsed.groups] == ["url", "uid", EACH_ROW_GROUP.name, STEP_COLUMN]
+    assert parsed.window == Window("ts", "1 minute")
+    assert view("SELECT DISTINCT url, uid FROM clicks").groups == view("SELECT url, uid FROM clicks").groups[:-1]
 
 
 def test_select_distinct_and_a_view_without_aggregates_keep_each_group(view):
@@ -133,7 +140,6 @@ def test_ttl_column_names_the_group_a_ttl_expires_by(view):
         ("SELECT count(*) FROM clicks", "WITH (ttl = '1 hour')", "time bucket"),
         ("SELECT DISTINCT ON (url) url, uid FROM clicks", "", "keyed_max"),
         ("SELECT DISTINCT url, count(*) FROM clicks GROUP BY url", "", "drop DISTINCT"),
-        ("SELECT url, uid FROM clicks", "", "CONTINUOUS TRANSFORM"),
         ("SELECT url, count(*) FROM clicks GROUP BY ROLLUP (url)", "", "one view per grouping"),
         ("SELECT url, count(*) FROM clicks GROUP BY CUBE (url)", "", "one view per grouping"),
         ("SELECT url, count(*) FROM clicks GROUP BY GROUPING SETS ((url), ())", "", "one view per grouping"),

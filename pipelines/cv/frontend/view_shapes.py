@@ -32,6 +32,9 @@ ARRIVAL = "arrival_timestamp"
 # A view without GROUP BY keeps its one row under a constant group key no output shows.
 GLOBAL_COLUMN = "_cv_all"
 GLOBAL_GROUP = GroupColumn(GLOBAL_COLUMN, "true")
+# A view without aggregates or GROUP BY keeps its rows: each distinct row a group, marked by this
+# constant group and read back as many times as it was counted (pipelines.cv.views.read_views).
+EACH_ROW_GROUP = GroupColumn("_cv_each_row", "true")
 HIDDEN_GROUP_PREFIX = "_cv_by_"  # GROUP BY expressions that are not outputs: _cv_by_0, _cv_by_1, ...
 _ONE_TABLE = (
     "a stream joins one table; for more, join the tables in a PostgreSQL view (CREATE VIEW t AS SELECT ... "

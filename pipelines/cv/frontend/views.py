@@ -23,7 +23,14 @@ from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, rea
 from pipelines.cv.frontend.backfill import check_backfill_option
 from pipelines.cv.frontend.buckets import bucket_unit
 from pipelines.cv.frontend.view_options import ttl_column, view_options
-from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP, figure_name, from_stream, hidden_group, plain_join
+from pipelines.cv.frontend.view_shapes import (
+    EACH_ROW_GROUP,
+    GLOBAL_GROUP,
+    figure_name,
+    from_stream,
+    hidden_group,
+    plain_join,
+)
 from pipelines.cv.frontend.view_sources import refuse_combine
 from pipelines.cv.frontend.windows import option_window, split_window, step_group
 from pipelines.cv.model import (
@@ -96,11 +103,10 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         if any(out == o for o, _, _ in outputs):
             raise DefinitionError(f"{what}: two output columns are named {out!r}")
         outputs.append((out, target, bool(calls)))
-    if not any(is_aggregate for _, _, is_aggregate in outputs) and not select.groupClause:
-        raise DefinitionError(
-            f"{what}: no aggregate and no GROUP BY; a continuous view keeps groups: for the stream's rows, write "
-            "CREATE CONTINUOUS TRANSFORM ... AS SELECT ..., for its distinct values SELECT DISTINCT or GROUP BY"
-        )
+    # No aggregate and no GROUP BY: PipelineDB's non-aggregating view, the stream's rows (of its window).
+    each_row = not any(is_aggregate for _, _, is_aggregate in outputs) and not select.groupClause
+    if each_row:
+        select.groupClause = tuple(ast.A_Const(val=ast.Integer(ival=i + 1)) for i in range(len(outputs)))
     window, where = split_window(select.whereClause, stream, what)
     window = option_window(options, window, stream, what)
     kept = _KeptCalls(
@@ -108,6 +114,8 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
     )
     expressions = {out: kept.replace(target.val, out) for out, target, is_aggregate in outputs if is_aggregate}
     groups = _groups(select, plain, names, set(expressions), what, window is not None, user_aggregates)
+    if each_row:  # each distinct row a group, read back as many times as it was counted
+        groups = (*groups, EACH_ROW_GROUP)
     if window is not None:
         if "ttl" in options:
             raise DefinitionError(f"{what}: a sliding window keeps only its width; ttl does not apply")

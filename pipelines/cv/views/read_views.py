@@ -12,10 +12,10 @@ import pglast
 from psycopg import sql
 
 from pipelines.cv.frontend.aggregate_calls import Reader, translate
-from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP
+from pipelines.cv.frontend.view_shapes import EACH_ROW_GROUP, GLOBAL_GROUP
 from pipelines.cv.frontend.windows import STEP_COLUMN
 from pipelines.cv.model import AggregateCall, ViewDef, call_placeholder
-from pipelines.cv.views.aggregates import stored_value, window_merge
+from pipelines.cv.views.aggregates import ROWS, stored_value, window_merge
 from pipelines.cv.views.compiler import storage_table
 from pipelines.cv.views.sql_text import comma_list, ident
 from pipelines.cv.views.view_types import ViewTypes
@@ -44,10 +44,31 @@ def create_read_view(view: ViewDef, types: ViewTypes) -> sql.Composed:
         return sql.SQL("CREATE VIEW {} AS SELECT {} FROM (SELECT) AS _cv_one LEFT JOIN {} AS s ON true").format(
             read_view(view), columns, storage_table(view)
         )
+    each_row = EACH_ROW_GROUP in view.groups  # each row as many times as it was counted
+    if view.window is None and each_row:
+        return sql.SQL(
+            "CREATE VIEW {} AS SELECT {} FROM {} AS s CROSS JOIN LATERAL generate_series(1, s.{}) AS _cv_n"
+        ).format(read_view(view), columns, storage_table(view), ident(ROWS))
     if view.window is None:
         return sql.SQL("CREATE VIEW {} AS SELECT {} FROM {} AS s").format(read_view(view), columns, storage_table(view))
     groups = [sql.SQL("s.{}").format(ident(g.name)) for g in view.groups if g.name != STEP_COLUMN]
     group_by = sql.SQL(" GROUP BY {}").format(comma_list(groups)) if groups else sql.SQL("")
+    if each_row:  # the rows of the window: its steps' counts of each row summed
+        return sql.SQL(
+            "CREATE VIEW {} AS SELECT {} FROM (SELECT {}, sum(s.{}) AS {} FROM {} AS s WHERE s.{} > {}{}) AS s"
+            " CROSS JOIN LATERAL generate_series(1, s.{}) AS _cv_n"
+        ).format(
+            read_view(view),
+            columns,
+            comma_list(groups),
+            ident(ROWS),
+            ident(ROWS),
+            storage_table(view),
+            ident(STEP_COLUMN),
+            horizon(view.window),
+            group_by,
+            ident(ROWS),
+        )
     return sql.SQL("CREATE VIEW {} AS SELECT {} FROM {} AS s WHERE s.{} > {}{}").format(
         read_view(view), columns, storage_table(view), ident(STEP_COLUMN), horizon(view.window), group_by
     )
