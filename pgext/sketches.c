@@ -187,14 +187,18 @@ bloom_make(FunctionCallInfo fcinfo)
 	return bloom_new(PG_GETARG_FLOAT8(2), PG_GETARG_INT64(3));
 }
 
-PG_FUNCTION_INFO_V1(sv_bloom_add);
-
-/* bloom_add(bloom, values anyarray, p, n): the filter (a new one sized by p and n when NULL) with the values added. */
-Datum
-sv_bloom_add(PG_FUNCTION_ARGS)
+/* The filter's bits with one value set; what both ways of adding (a batch, a row) run per value. */
+static void
+bloom_insert_into(bytea *b, Datum value, Oid typoutput)
 {
-	bytea	   *b = state_to_add_to(fcinfo, bloom_make);
-	BloomHeader *h;
+	bloom_insert(bloom_of(b), value, typoutput);
+}
+
+/* `*_add(state, values anyarray, ...)`: a batch's values added; a new sketch by `make` when state is NULL. */
+static Datum
+sketch_add(FunctionCallInfo fcinfo, bytea *(*make) (FunctionCallInfo), void (*insert) (bytea *, Datum, Oid))
+{
+	bytea	   *b = state_to_add_to(fcinfo, make);
 	Datum	   *values;
 	Oid			typoutput;
 	int			n;
@@ -203,23 +207,20 @@ sv_bloom_add(PG_FUNCTION_ARGS)
 		PG_RETURN_NULL();
 	if (PG_ARGISNULL(1))
 		PG_RETURN_BYTEA_P(b);
-	h = bloom_of(b);
 	n = array_values(PG_GETARG_ARRAYTYPE_P(1), &values, &typoutput);
 	for (int i = 0; i < n; i++)
 	{
 		CHECK_FOR_INTERRUPTS();
-		bloom_insert(h, values[i], typoutput);
+		insert(b, values[i], typoutput);
 	}
 	PG_RETURN_BYTEA_P(b);
 }
 
-PG_FUNCTION_INFO_V1(sv_bloom_add_value);
-
-/* bloom_add_value(bloom, value [, p, n]): one value added; the transition function of the aggregate bloom_agg. */
-Datum
-sv_bloom_add_value(PG_FUNCTION_ARGS)
+/* `*_add_value(state, value, ...)`: one value added; the transition function of bloom_agg / freq_agg. */
+static Datum
+sketch_add_value(FunctionCallInfo fcinfo, bytea *(*make) (FunctionCallInfo), void (*insert) (bytea *, Datum, Oid))
 {
-	bytea	   *b = state_to_add_to(fcinfo, bloom_make);
+	bytea	   *b = state_to_add_to(fcinfo, make);
 	Oid			typoutput;
 	bool		varlena;
 
@@ -228,9 +229,27 @@ sv_bloom_add_value(PG_FUNCTION_ARGS)
 	if (!PG_ARGISNULL(1))
 	{
 		getTypeOutputInfo(get_fn_expr_argtype(fcinfo->flinfo, 1), &typoutput, &varlena);
-		bloom_insert(bloom_of(b), PG_GETARG_DATUM(1), typoutput);
+		insert(b, PG_GETARG_DATUM(1), typoutput);
 	}
 	PG_RETURN_BYTEA_P(b);
+}
+
+PG_FUNCTION_INFO_V1(sv_bloom_add);
+
+/* bloom_add(bloom, values anyarray, p, n): the filter (a new one sized by p and n when NULL) with the values added. */
+Datum
+sv_bloom_add(PG_FUNCTION_ARGS)
+{
+	return sketch_add(fcinfo, bloom_make, bloom_insert_into);
+}
+
+PG_FUNCTION_INFO_V1(sv_bloom_add_value);
+
+/* bloom_add_value(bloom, value [, p, n]): one value added; the transition function of the aggregate bloom_agg. */
+Datum
+sv_bloom_add_value(PG_FUNCTION_ARGS)
+{
+	return sketch_add_value(fcinfo, bloom_make, bloom_insert_into);
 }
 
 PG_FUNCTION_INFO_V1(sv_bloom_union);
@@ -355,30 +374,19 @@ freq_insert(FreqHeader *h, Datum value, Oid typoutput)
 	h->total += 1;
 }
 
+static void
+freq_insert_into(bytea *b, Datum value, Oid typoutput)
+{
+	freq_insert(freq_of(b), value, typoutput);
+}
+
 PG_FUNCTION_INFO_V1(sv_freq_add);
 
 /* freq_add(sketch, values anyarray, eps, p): the sketch (a new one sized by eps and p when NULL) with each value counted once. */
 Datum
 sv_freq_add(PG_FUNCTION_ARGS)
 {
-	bytea	   *b = state_to_add_to(fcinfo, freq_make);
-	FreqHeader *h;
-	Datum	   *values;
-	Oid			typoutput;
-	int			n;
-
-	if (b == NULL)
-		PG_RETURN_NULL();
-	if (PG_ARGISNULL(1))
-		PG_RETURN_BYTEA_P(b);
-	h = freq_of(b);
-	n = array_values(PG_GETARG_ARRAYTYPE_P(1), &values, &typoutput);
-	for (int i = 0; i < n; i++)
-	{
-		CHECK_FOR_INTERRUPTS();
-		freq_insert(h, values[i], typoutput);
-	}
-	PG_RETURN_BYTEA_P(b);
+	return sketch_add(fcinfo, freq_make, freq_insert_into);
 }
 
 PG_FUNCTION_INFO_V1(sv_freq_add_value);
@@ -387,18 +395,7 @@ PG_FUNCTION_INFO_V1(sv_freq_add_value);
 Datum
 sv_freq_add_value(PG_FUNCTION_ARGS)
 {
-	bytea	   *b = state_to_add_to(fcinfo, freq_make);
-	Oid			typoutput;
-	bool		varlena;
-
-	if (b == NULL)
-		PG_RETURN_NULL();
-	if (!PG_ARGISNULL(1))
-	{
-		getTypeOutputInfo(get_fn_expr_argtype(fcinfo->flinfo, 1), &typoutput, &varlena);
-		freq_insert(freq_of(b), PG_GETARG_DATUM(1), typoutput);
-	}
-	PG_RETURN_BYTEA_P(b);
+	return sketch_add_value(fcinfo, freq_make, freq_insert_into);
 }
 
 PG_FUNCTION_INFO_V1(sv_freq_merge);
