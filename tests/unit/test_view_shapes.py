@@ -115,6 +115,11 @@ def test_using_columns_are_the_streams(view):
     assert [g.sql for g in parsed.groups] == ["c.url"]
 
 
+def test_pk_may_name_the_one_group_column(view):
+    parsed = view("SELECT uid::integer, count(*) FROM clicks GROUP BY uid", "WITH (pk = 'uid')")
+    assert [g.name for g in parsed.groups] == ["uid", "_cv_by_0"]  # the output, and the column it reads
+
+
 def test_ttl_column_names_the_group_a_ttl_expires_by(view):
     parsed = view(
         "SELECT ts, minute(ts) AS m, count(*) FROM clicks GROUP BY ts, m", "WITH (ttl = '1 hour', ttl_column = 'ts')"
@@ -137,6 +142,8 @@ def test_ttl_column_names_the_group_a_ttl_expires_by(view):
         ("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (ttl = '1 hour', ttl_column = 'url')", "ttl_column"),
         ("SELECT ts, count(*) AS n FROM clicks GROUP BY ts", "WITH (ttl = '1 hour', ttl_column = 'n')", "ttl_column"),
         ("SELECT ts, count(*) FROM clicks GROUP BY ts", "WITH (ttl_column = 'ts')", "give ttl too"),
+        ("SELECT uid::integer, count(*) FROM clicks GROUP BY uid", "WITH (pk = 'count')", "drop pk"),
+        ("SELECT url, uid, count(*) FROM clicks GROUP BY url, uid", "WITH (pk = 'url')", "drop pk"),
         ("SELECT count(*) FROM clicks", "WITH (ttl = '1 hour')", "time bucket"),
         ("SELECT DISTINCT ON (url) url, uid FROM clicks", "", "keyed_max"),
         ("SELECT DISTINCT url, count(*) FROM clicks GROUP BY url", "", "drop DISTINCT"),

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pipelines.cv.model import DefinitionError, GroupColumn, StreamDef
 from pipelines.cv.sqltext.parsing import options_of
 
-_OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor"})
+_OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor", "pk"})
 _TIME_KINDS = frozenset({"timestamptz", "timestamp", "date"})
 
 
@@ -45,3 +45,20 @@ def ttl_column(
         )
     # The ttl expires by this column alone: it is the view's one bucket.
     return tuple(replace(g, bucket_unit=(g.bucket_unit or "column") if g is chosen else None) for g in groups)
+
+
+def check_pk(options: Mapping[str, str], groups: tuple[GroupColumn, ...], what: str) -> None:
+    """PipelineDB's `pk`: the column that identifies a row; here, the view's one shown group column.
+
+    A view's rows are keyed by its groups already; `pk` is accepted when it names the only group column
+    an output shows (`SELECT x::integer, count(*) ... GROUP BY x WITH (pk = 'x')`), and refused otherwise.
+    """
+    column = options.get("pk")
+    if column is None:
+        return
+    shown = [g.name for g in groups if not g.name.startswith("_cv_")]
+    if shown != [column]:
+        raise DefinitionError(
+            f"{what}: pk {column!r}: a view's rows are keyed by its GROUP BY columns ({', '.join(shown) or 'none'}); "
+            "pk may name the one group column, which it is already keyed by; drop pk"
+        )

@@ -22,7 +22,7 @@ from pglast.stream import RawStream
 from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
 from pipelines.cv.frontend.backfill import check_backfill_option
 from pipelines.cv.frontend.buckets import bucket_unit
-from pipelines.cv.frontend.view_options import ttl_column, view_options
+from pipelines.cv.frontend.view_options import check_pk, ttl_column, view_options
 from pipelines.cv.frontend.view_shapes import (
     EACH_ROW_GROUP,
     GLOBAL_GROUP,
@@ -121,6 +121,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
             raise DefinitionError(f"{what}: a sliding window keeps only its width; ttl does not apply")
         groups = (*groups, step_group(window))
     groups = ttl_column(groups, options, stream, what)
+    check_pk(options, groups, what)
     check_changes_option(options, window is not None, what)
     if where is not None:
         _check_expression((where,), names, what, user_aggregates)
