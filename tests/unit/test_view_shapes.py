@@ -72,7 +72,12 @@ def test_select_distinct_and_a_view_without_aggregates_keep_each_group(view):
 
 @pytest.mark.parametrize(
     "options",
-    ["WITH (sw = '1 minute')", "WITH (sw = '1 minute', step_factor = 10)", "WITH (sw = '1 minute', step_factor = '1')"],
+    [
+        "WITH (sw = '1 minute')",
+        "WITH (sw = '1 minute', step_factor = 10)",
+        "WITH (sw = '1 minute', step_factor = '1')",
+        "WITH (sw = '1 minute', sw_column = 'ts')",
+    ],
 )
 def test_the_sw_option_is_a_window_over_arrival_timestamp(view, options):
     parsed = view("SELECT url, count(*) FROM clicks GROUP BY url", options)
@@ -132,6 +137,8 @@ def test_ttl_column_names_the_group_a_ttl_expires_by(view):
     ("select", "options", "match"),
     [
         ("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (step_factor = 10)", "give sw"),
+        ("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (sw_column = 'ts')", "give sw"),
+        ("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (sw = '1 hour', sw_column = 'url')", "timestamptz"),
         ("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (sw = '1 minute', step_factor = 60)", "1 to 50"),
         (
             "SELECT url, count(*) FROM clicks WHERE ts > now() - interval '1 hour' GROUP BY url",

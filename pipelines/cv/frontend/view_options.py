@@ -13,7 +13,7 @@ from dataclasses import replace
 from pipelines.cv.model import DefinitionError, GroupColumn, StreamDef
 from pipelines.cv.sqltext.parsing import options_of
 
-_OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor", "pk"})
+_OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor", "sw_column", "pk"})
 _TIME_KINDS = frozenset({"timestamptz", "timestamp", "date"})
 
 

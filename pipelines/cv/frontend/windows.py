@@ -82,9 +82,10 @@ def _checked(window: Window, stream: StreamDef, what: str) -> Window:
 def option_window(
     options: Mapping[str, str], where_window: Window | None, stream: StreamDef, what: str
 ) -> Window | None:
-    """PipelineDB's `WITH (sw = '1 minute' [, step_factor = n])`: the window over arrival_timestamp.
+    """PipelineDB's `WITH (sw = '1 minute' [, sw_column = 'ts'] [, step_factor = n])` as a Window.
 
-    The same window as `WHERE arrival_timestamp > clock_timestamp() - interval '1 minute'`. PipelineDB's
+    The window slides over `sw_column`, a timestamptz column of the stream (by default arrival_timestamp):
+    the same window as `WHERE arrival_timestamp > clock_timestamp() - interval '1 minute'`. PipelineDB's
     step_factor (the step as a percentage of the window, 1 to 50) is accepted and checked; the step
     here is always 1/60 of the window (pipelines.cv.views.windows), finer than PipelineDB's default
     of 5 and than any step_factor from 2 up.
@@ -94,14 +95,15 @@ def option_window(
         raise DefinitionError(f"{what}: step_factor is an integer from 1 to 50 (a percentage of sw), not {factor!r}")
     width = options.get("sw")
     if width is None:
-        if factor is not None:
-            raise DefinitionError(f"{what}: step_factor applies to a sliding window: give sw = '<interval>' too")
+        for option in ("step_factor", "sw_column"):
+            if option in options:
+                raise DefinitionError(f"{what}: {option} applies to a sliding window: give sw = '<interval>' too")
         return where_window
     if where_window is not None:
         raise DefinitionError(
             f"{what}: sw and a WHERE sliding-window condition both declare a window; keep one of them"
         )
-    return _checked(Window("arrival_timestamp", width), stream, f"{what}: sw")
+    return _checked(Window(options.get("sw_column", "arrival_timestamp"), width), stream, f"{what}: sw")
 
 
 def _is_now(node: ast.Node) -> bool:
