@@ -70,7 +70,9 @@ class StackSettings(BaseSettings):
     prometheus_retention_size: str = "1GB"
     prometheus_scrape_interval: str = "5s"
 
-    kafka_heap: str = "256m"
+    # 256m ran out of heap (java.lang.OutOfMemoryError) on the shared development stack with ~140
+    # topics and benchmarks producing millions of events; 512m has room for both.
+    kafka_heap: str = "512m"
     connect_heap: str = "384m"
     es_heap: str = "1g"
     # Empty: a quarter of this machine's RAM, at most 8GB (shared_buffers_for).

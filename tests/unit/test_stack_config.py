@@ -118,7 +118,7 @@ def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivile
         assert parser[section]["autorestart"] == "true"
     for service in ("postgres", "kafka", "connect", "elasticsearch", "prometheus"):
         assert parser[f"program:{service}"]["user"] == "nobody"
-    assert "-Xmx256m" in parser["program:kafka"]["command"]
+    assert "-Xmx512m" in parser["program:kafka"]["command"]
     assert parser["program:streams"]["command"].endswith("-m pipelines.cv.runner")
 
 
