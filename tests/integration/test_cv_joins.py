@@ -92,7 +92,7 @@ def test_a_later_change_to_the_table_does_not_rewrite_what_was_counted(pg, write
     ("query", "match"),
     [
         ("SELECT p.section, count(*) AS n FROM {keyed} k JOIN {table} p ON p.url = k.url GROUP BY p.section", "key"),
-        ("SELECT p.section, count(*) AS n FROM {stream} c JOIN {table} p USING (url) GROUP BY p.section", "ON"),
+        ("SELECT p.section, count(*) AS n FROM {stream} c NATURAL JOIN {table} p GROUP BY p.section", "USING"),
         ("SELECT p.nope, count(*) AS n FROM {stream} c JOIN {table} p ON p.url = c.url GROUP BY p.nope", "nope"),
         ("SELECT q.section, count(*) AS n FROM {stream} c JOIN {table} p ON p.url = c.url GROUP BY q.section", "q"),
         ("SELECT c.nope, count(*) AS n FROM {stream} c JOIN {table} p ON p.url = c.url GROUP BY c.nope", "nope"),
