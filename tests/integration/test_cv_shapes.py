@@ -69,6 +69,10 @@ SHAPES = {
         "SELECT url, count(*) AS n FROM {s} GROUP BY url",
         "SELECT url, count(*) AS n FROM {s} WHERE ts > now() - interval '1 hour' GROUP BY url",
     ),
+    "window_forever": (
+        "SELECT count(*) AS n, avg(latency) AS a, max(uid) AS hi FROM {s}",
+        "SELECT count(*) AS n, avg(latency) AS a, max(uid) AS hi FROM {s} WHERE ts > now() - interval '1 hour'",
+    ),
     "expiring": (
         "SELECT ts, count(*) AS n FROM {s} GROUP BY ts",
         "SELECT ts, count(*) AS n FROM {s} WHERE ts >= now() - interval '1 hour' GROUP BY ts",
@@ -76,6 +80,7 @@ SHAPES = {
 }
 OPTIONS = {
     "windowed": "WITH (sw = '1 hour', step_factor = 10)",
+    "window_forever": "WITH (sw = '1 hour')",
     "expiring": "WITH (ttl = '1 hour', ttl_column = 'ts')",
     "forever": "WITH (changes = true)",
     "rows_ttl": "WITH (ttl = '1 hour', ttl_column = 'at')",

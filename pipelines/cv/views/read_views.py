@@ -21,7 +21,8 @@ from pipelines.cv.views.sql_text import comma_list, ident
 from pipelines.cv.views.view_types import ViewTypes
 from pipelines.cv.views.windows import horizon
 
-_ZERO_WHEN_EMPTY = frozenset({"count", "count_distinct"})  # what a global view's counts read before any row
+# What the counts of a view without GROUP BY read before any row (and a window's, over no step): 0.
+_ZERO_WHEN_EMPTY = frozenset({"count", "count_distinct"})
 
 
 def read_view(view: ViewDef) -> sql.Identifier:
@@ -85,6 +86,8 @@ def output_columns(view: ViewDef, types: ViewTypes) -> list[str]:
                 refs[aggregate.name] = f"coalesce({refs[aggregate.name]}, 0)"
         else:
             refs[aggregate.name] = window_merge(aggregate, column, type_, types.states)
+            if len(view.groups) == 1 and aggregate.kind in _ZERO_WHEN_EMPTY:  # one row, over no steps too
+                refs[aggregate.name] = f"coalesce({refs[aggregate.name]}, 0)"
     columns = []
     for output in view.outputs:
         if output.is_group:
