@@ -134,6 +134,45 @@ def test_a_runner_killed_before_its_first_commit_restarts_where_latest_was_resol
         assert stored_offsets(pg, group, topic) == {p: 40 for p in range(PARTITIONS)}
 
 
+def test_a_topic_recreated_under_a_stream_starting_at_latest_follows_the_rule_again(stack, pg, kafka, admin, history):
+    make, _ = history
+    group, schema = unique("it-start-recreated"), unique("startre")
+    topic = make("recreated")
+    definitions = f"""
+        CREATE STREAM {schema}_s (tag text NOT NULL)
+            WITH (topic = '{topic}', consumer_group = '{group}', start_offset = 'latest');
+        CREATE CONTINUOUS VIEW {schema}.counts AS SELECT tag, count(*) AS n FROM {schema}_s GROUP BY tag;
+    """
+    with throwaway_views(pg, schema, [f"{schema}_s"], definitions):
+        runner = start_runner(stack, group)
+        wait_for(lambda: len(stored_offsets(pg, group, topic)) == PARTITIONS, what="latest resolved")
+        produce(kafka, topic, "first", 4)
+        wait_for(lambda: counts(pg, f"{schema}.counts") == {"first": 4}, what="the first topic's new events")
+        stop_runner(runner)
+
+        admin.delete_topics([topic])[topic].result(30)
+        wait_for(lambda: topic not in admin.list_topics(timeout=10).topics, timeout=30)
+        wait_for(lambda: _created(admin, topic), what="the topic created again (once the broker deleted it)")
+        produce(kafka, topic, "before", 6)  # in the new topic before its first consumption: 'latest' skips them
+
+        runner = start_runner(stack, group)
+        try:
+            wait_for(lambda: stored_offsets(pg, group, topic) == {0: 3, 1: 3}, what="latest resolved again")
+            produce(kafka, topic, "after", 2)
+            wait_for(lambda: counts(pg, f"{schema}.counts") == {"first": 4, "after": 2}, what="the new topic's")
+        finally:
+            log = stop_runner(runner)
+        assert "its start rule applies again" in log
+
+
+def _created(admin, topic: str) -> bool:
+    try:
+        admin.create_topics([NewTopic(topic, num_partitions=PARTITIONS, replication_factor=1)])[topic].result(30)
+    except Exception:
+        return False
+    return True
+
+
 def test_retention_is_set_when_the_topic_is_created_and_changed_by_alter_stream(stack, pg, kafka, admin):
     group, schema = unique("it-retention"), unique("retention")
     stream, topic = f"{schema}_s", unique("it-retention")
