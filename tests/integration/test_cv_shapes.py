@@ -56,6 +56,8 @@ SHAPES = {
         " GROUP BY p.section",
         None,
     ),
+    "anonymous": ("SELECT url, count(*) + sum(uid) FROM {s} GROUP BY url", None),
+    "constant": ("SELECT 1, 'a' AS a, count(*) FROM {s}", None),
     "rows": ("SELECT url, uid, latency FROM {s}", None),
     "recent_rows": (
         "SELECT url, uid FROM {s} WHERE arrival_timestamp > clock_timestamp() - interval '1 hour'",

@@ -62,6 +62,14 @@ def test_a_view_without_aggregates_or_group_by_keeps_each_row(view):
     assert view("SELECT DISTINCT url, uid FROM clicks").groups == view("SELECT url, uid FROM clicks").groups[:-1]
 
 
+def test_an_output_postgresql_cannot_name_is_named_question_column(view):
+    parsed = view("SELECT url || '!', count(*) + sum(uid) AS n FROM clicks GROUP BY url")
+    assert [o.name for o in parsed.outputs] == ["?column?", "n"]
+    parsed = view("SELECT url, count(*) + sum(uid) FROM clicks GROUP BY url")
+    assert [o.name for o in parsed.outputs] == ["url", "?column?"]
+    assert all(a.name.startswith("_cv_column_") for a in parsed.aggregates)
+
+
 def test_select_distinct_and_a_view_without_aggregates_keep_each_group(view):
     distinct = view("SELECT DISTINCT url, uid FROM clicks")
     grouped = view("SELECT url, uid FROM clicks GROUP BY url, uid")
@@ -173,7 +181,7 @@ def test_ttl_column_names_the_group_a_ttl_expires_by(view):
         ("SELECT x.url, count(*) FROM clicks GROUP BY x.url", "", "not a column"),
         ("SELECT arrival_timestamp, count(*) FROM likes GROUP BY 1", "", "declares none"),
         ("SELECT upper(url), count(*) FROM clicks GROUP BY uid", "", "must appear in GROUP BY"),
-        ("SELECT url || '!', count(*) FROM clicks GROUP BY url", "", "needs a name"),
+        ("SELECT 1, count(*) + 1 FROM clicks", "", "two output columns are named '\\?column\\?'"),
     ],
 )
 def test_a_shape_the_engine_cannot_keep_is_refused_with_what_to_write(view, select, options, match):

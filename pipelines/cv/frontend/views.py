@@ -99,7 +99,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         if not calls:
             _check_expression((target.val,), names, what, user_aggregates)
             plain.append(target)
-        out = _output_name(target, what, bool(calls))
+        out = _output_name(target, what, bool(calls), ANONYMOUS)
         if any(out == o for o, _, _ in outputs):
             raise DefinitionError(f"{what}: two output columns are named {out!r}")
         outputs.append((out, target, bool(calls)))
@@ -107,6 +107,10 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
     each_row = not any(is_aggregate for _, _, is_aggregate in outputs) and not select.groupClause
     if each_row:
         select.groupClause = tuple(ast.A_Const(val=ast.Integer(ival=i + 1)) for i in range(len(outputs)))
+    elif not select.groupClause:  # one row: a constant output (`SELECT 1, count(*)`) is computed on read
+        constant = [t for t in plain if not any(isinstance(c, ast.ColumnRef) for c in walk(t.val))]
+        plain = [t for t in plain if t not in constant]
+        outputs = [(o, t, is_aggregate or t in constant) for o, t, is_aggregate in outputs]
     window, where = split_window(select.whereClause, stream, what)
     window = option_window(options, window, stream, what)
     kept = _KeptCalls(
@@ -212,7 +216,8 @@ class _KeptCalls:
         for item in translation.stored:
             if item not in self.stored:
                 own = whole and translation.reader is read_as_stored and out not in self.stored.values()
-                self.stored[item] = out if own else f"_cv_{out}_{len(self.stored)}"
+                plain = "column" if out == ANONYMOUS else out
+                self.stored[item] = out if own else f"_cv_{plain}_{len(self.stored)}"
             names.append(self.stored[item])
         self.calls.append(AggregateCall(translation.function, RawStream()(call), tuple(names)))
         return ast.ColumnRef(fields=(ast.String(sval=call_placeholder(len(self.calls) - 1)),))
@@ -270,15 +275,21 @@ def _not_retractable(label: str, stream: str, what: str) -> str:
     )
 
 
-def _output_name(target: ast.ResTarget, what: str, is_aggregate: bool = False) -> str:
-    """The column's name: its alias, a column's own name, or (as PostgreSQL names it) the function's."""
+ANONYMOUS = "?column?"  # what PostgreSQL names an output it cannot name otherwise (`1`, `count(*) + 1`)
+
+
+def _output_name(target: ast.ResTarget, what: str, is_aggregate: bool = False, anonymous: str | None = None) -> str:
+    """The column's name: its alias, a column's own name, or (as PostgreSQL names it) the function's.
+
+    An output PostgreSQL names `?column?` takes `anonymous`; None (a transform): it needs a name.
+    """
     if target.name:
         if target.name.startswith("_cv_"):
             raise DefinitionError(f"{what}: names starting with _cv_ are the engine's")
         return plain_identifier(target.name, what)
     name = figure_name(target.val)  # `p.section` is named section, `k::text` k, `lower(url)` lower
-    if name is not None:
-        return name
+    if name is not None or anonymous is not None:
+        return name or anonymous
     raise DefinitionError(f"{what}: {RawStream()(target.val)} needs a name: ... AS <column>")
 
 
@@ -310,7 +321,7 @@ def _groups(
     window's steps are groups of their own.
     """
     columns = names.columns
-    by_name = {_output_name(t, what): t for t in plain}
+    by_name = {_output_name(t, what, anonymous=ANONYMOUS): t for t in plain}
     by_text = {RawStream()(t.val): t for t in plain}
     grouped: list[ast.ResTarget] = []
     hidden: list[GroupColumn] = []
@@ -347,9 +358,12 @@ def _groups(
         raise DefinitionError(f"{what}: {', '.join(missing)} must appear in GROUP BY or be aggregated")
     result = []
     for target in grouped:
-        name = _output_name(target, what)
+        name = _output_name(target, what, anonymous=ANONYMOUS)
         source = target.val.fields[0].sval if isinstance(target.val, ast.ColumnRef) else None
-        result.append(GroupColumn(name, RawStream()(target.val), source, bucket_unit(target.val, columns)))
+        text = RawStream()(target.val)
+        if isinstance(target.val, ast.A_Const) and isinstance(target.val.val, ast.String):
+            text = f"CAST({text} AS text)"  # a string constant is text, as PostgreSQL's CREATE VIEW reads it
+        result.append(GroupColumn(name, text, source, bucket_unit(target.val, columns)))
     result += hidden
     if not result and not windowed:
         return (GLOBAL_GROUP,)
