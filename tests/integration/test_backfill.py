@@ -97,7 +97,12 @@ def test_a_view_defined_mid_stream_equals_the_oracle_over_every_event_across_kil
 ):
     group, schema = unique("it-backfill"), unique("bf")
     stream, topic, views = setup(admin, pg, schema, group)
-    env = {"PIPELINE_BACKFILL_BATCH_MAX": "150", "PIPELINE_BACKFILL_PAUSE_S": "0.05"}
+    # Small batches, many commits to kill in between; no yielding to a live runner kept busy on purpose.
+    env = {
+        "PIPELINE_BACKFILL_BATCH_MAX": "150",
+        "PIPELINE_BACKFILL_PAUSE_S": "0.05",
+        "PIPELINE_BACKFILL_YIELD_LAG": "0",
+    }
     runner = start_runner(stack, group, **env)
     events = Events(kafka, topic)
     try:
@@ -196,3 +201,55 @@ def test_a_replaced_view_whose_storage_changes_is_rebuilt_from_history_and_a_dro
     finally:
         stop_runner(runner)
         delete_topics([topic, f"{topic}.dlq"])
+
+
+def test_the_switch_point_is_where_the_live_group_stands_and_the_view_reads_as_incomplete_until_done(pg):
+    group, schema = unique("it-backfill"), unique("bf")
+    stream, topic = f"{schema}_s", unique("it-backfill")  # no runner: the catalog alone, no Kafka
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"GRANT USAGE ON SCHEMA {schema} TO sv_writer, sv_reader")
+        define(
+            pg,
+            f"CREATE STREAM {stream} (tag text NOT NULL, v int NOT NULL)"
+            f" WITH (topic = '{topic}', consumer_group = '{group}')",
+        )
+        conn.execute(
+            "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset)"
+            " VALUES (%s, %s, 0, 120), (%s, %s, 1, 80)",
+            (group, topic, group, topic),
+        )
+    try:
+        [outcome] = define(pg, f"CREATE CONTINUOUS VIEW {schema}.v AS {QUERY.format(stream)}")
+        assert "backfilling from the earliest retained event" in outcome
+        [none] = define(pg, f"CREATE CONTINUOUS VIEW {schema}.n WITH (backfill = 'none') AS {QUERY.format(stream)}")
+        assert "starts from now (backfill = 'none')" in none
+        with pg("sv_owner") as conn:
+            switch = conn.execute(
+                "SELECT topic, partition, switch_offset FROM cv.backfill_partitions WHERE view = %s ORDER BY 2",
+                (f"{schema}.v",),
+            ).fetchall()
+            first = conn.execute("SELECT group_id FROM cv.backfills WHERE view = %s", (f"{schema}.v",)).fetchone()
+        assert switch == [(topic, 0, 120), (topic, 1, 80)]
+        assert status(pg, f"{schema}.v") == (False, 0, 0)  # not started: nothing done of nothing resolved yet
+        assert status(pg, f"{schema}.n") is None  # nothing to catch up
+
+        [rebuilt] = define(
+            pg, f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.v AS SELECT tag, count(*) AS n FROM {stream} GROUP BY tag"
+        )
+        assert "incomplete until caught up" in rebuilt
+        with pg("sv_owner") as conn:
+            again = conn.execute("SELECT group_id FROM cv.backfills WHERE view = %s", (f"{schema}.v",)).fetchone()
+        assert again != first  # a catch-up of its own: the old one's positions are never resumed
+        with pg("sv_owner", autocommit=True) as conn:
+            catalog.drop(conn, [f"{schema}.v"], "view")
+            assert conn.execute(
+                "SELECT count(*) FROM cv.backfill_partitions WHERE view = %s", (f"{schema}.v",)
+            ).fetchone() == (0,)
+    finally:
+        with pg("sv_owner", autocommit=True) as conn:
+            for (view,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{schema}.%",)).fetchall():
+                catalog.drop(conn, [view], "view")
+            catalog.drop(conn, [stream], "stream")
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+            conn.execute("DELETE FROM ops.kafka_offsets WHERE group_id = %s", (group,))
