@@ -28,6 +28,8 @@ CASES = Path(__file__).parent / "cases"
 _TABLE_SEPARATOR = re.compile(r"^-+(\+-+)*$")
 _ROW_COUNT = re.compile(r"^\((\d+) rows?\)$")
 _MESSAGE = re.compile(r"^(ERROR|NOTICE|WARNING|DETAIL|HINT|CONTEXT|INFO|LINE \d+|QUERY|STATEMENT):")
+# Lines that continue a message psql printed (DETAIL of a DROP ... CASCADE lists one object per line).
+_CONTINUED = re.compile(r"^drop cascades to ")
 _SKIPPED_TOKENS = frozenset({"SQL_COMMENT", "C_COMMENT"})
 
 # What has no meaning on this system, by the words that show it, with the reason the table gives.
@@ -55,6 +57,10 @@ INTERNALS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^\s*(ANALYZE|VACUUM|CLUSTER|REINDEX)\b", re.I), "storage maintenance of PipelineDB's matrels"),
     (re.compile(r"\bEXPLAIN\b", re.I), "PipelineDB's plans (EXPLAIN output)"),
     (re.compile(r"^\s*\\", re.I), "a psql meta-command"),
+    (
+        re.compile(r"^\s*(SET|RESET)\s+search_path\b", re.I),
+        "the case's search_path: the harness keeps its own (the case's schema, then public and streams)",
+    ),
     (re.compile(r"\bTRIGGER\b", re.I), "triggers on matrels (PipelineDB internals)"),
     (re.compile(r"\bpg_get_viewdef\b|\bpipeline_get_\w+", re.I), "PipelineDB's stored definitions"),
 ]
@@ -90,6 +96,7 @@ class Step:
     sql: str = ""
     name: str = ""
     reason: str = ""
+    source: str = ""  # the name the case gave what the step creates
 
 
 def significant(text: str) -> list:
@@ -131,7 +138,7 @@ def _output(lines: list[str], i: int) -> tuple[int, Expected]:
     """Read what psql printed from line i: a table, then messages; where the next statement starts."""
     columns = rows = None
     error = None
-    if i + 1 < len(lines) and _TABLE_SEPARATOR.match(lines[i + 1].strip()) and lines[i + 1].strip():
+    if _is_table(lines, i):
         columns = [c.strip() for c in lines[i].split("|")]
         rows = []
         i += 2
@@ -141,11 +148,25 @@ def _output(lines: list[str], i: int) -> tuple[int, Expected]:
         i += 1  # "(n rows)"
         if i < len(lines) and not lines[i].strip():
             i += 1
-    while i < len(lines) and (_MESSAGE.match(lines[i]) or (error and lines[i].startswith(" ") and "^" in lines[i])):
+    while i < len(lines) and (
+        _MESSAGE.match(lines[i])
+        or _CONTINUED.match(lines[i])
+        or (error and lines[i].startswith(" ") and "^" in lines[i])
+    ):
         if lines[i].startswith("ERROR:") and error is None:
             error = lines[i][len("ERROR:") :].strip()
         i += 1
     return i, Expected(columns, rows, error)
+
+
+def _is_table(lines: list[str], i: int) -> bool:
+    """Psql's table starts at line i: a header, then a separator of its width (a comment of dashes is not one)."""
+    if i + 1 >= len(lines) or not lines[i].strip() or lines[i].lstrip().startswith("--") or _MESSAGE.match(lines[i]):
+        return False
+    header, separator = lines[i].rstrip(), lines[i + 1]
+    if not _TABLE_SEPARATOR.match(separator) or len(separator) < len(header):
+        return False
+    return [k for k, c in enumerate(header) if c == "|"] == [k for k, c in enumerate(separator) if c == "+"]
 
 
 def _cells(line: str, width: int) -> tuple[str | None, ...]:
@@ -159,13 +180,13 @@ def _cells(line: str, width: int) -> tuple[str | None, ...]:
 # --- translation -------------------------------------------------------------------------------
 
 _FOREIGN_TABLE = re.compile(
-    r"^\s*CREATE\s+FOREIGN\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)\s*\((.*)\)\s*SERVER\s+pipelinedb\s*(.*?);?\s*$",
+    r"^\s*CREATE\s+FOREIGN\s+TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?((?:\w+\.)?\w+)\s*\((.*)\)\s*SERVER\s+pipelinedb\s*(.*?)$",
     re.I | re.S,
 )
 _CREATE_VIEW = re.compile(
     r"^\s*CREATE\s+(OR\s+REPLACE\s+)?VIEW\s+(\w+)\s*(WITH\s*\(.*?\))?\s*AS\s+(.*?);?\s*$", re.I | re.S
 )
-_DROP = re.compile(r"^\s*DROP\s+(FOREIGN\s+TABLE|VIEW)\s+(IF\s+EXISTS\s+)?([\w\s,]+?)(\s+CASCADE)?\s*;\s*$", re.I)
+_DROP = re.compile(r"^\s*DROP\s+(FOREIGN\s+TABLE|VIEW)\s+(IF\s+EXISTS\s+)?([\w\s,.]+?)(\s+CASCADE)?\s*$", re.I)
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+(?:TEMP\w*\s+|UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
 _CREATE_OTHER = re.compile(
     r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:TYPE|FUNCTION|AGGREGATE|SEQUENCE|INDEX\s+\w+\s+ON)"
@@ -186,7 +207,7 @@ class Names:
     tables: set[str] = field(default_factory=set)
 
     def topic(self, stream: str) -> str:
-        return f"pdbregress-{self.suffix}-{stream}"
+        return f"pdbregress-{self.suffix}-{stream.replace('.', '-')}"
 
     def rewrite(self, text: str, *, qualify_relations: bool) -> str:
         """`text` with streams renamed and, in definitions, the case's views and tables schema-qualified.
@@ -194,6 +215,9 @@ class Names:
         Identifiers only (not inside strings or comments, not after a '.'); a view or table only where
         a FROM list names a relation (a column `v` of a view `v` stays); `output_of('v')` too.
         """
+        for qualified, renamed in self.streams.items():  # a stream in a schema: PipelineDB's, one name here
+            if "." in qualified:
+                text = re.sub(rf"(?<![\w.]){re.escape(qualified)}\b", renamed, text, flags=re.I)
         tokens = [t for t in _scan_all(text) if t.name not in _SKIPPED_TOKENS]
         out, last, in_from = [], 0, False
         for index, token in enumerate(tokens):
@@ -203,9 +227,14 @@ class Names:
                 in_from = True
             elif token.name in _FROM_ENDS:
                 in_from = False
-            if token.name == "SCONST" or before == "ASCII_46" or not re.fullmatch(r"\w+", word):
+            if token.name == "SCONST" or not re.fullmatch(r"\w+", word):
                 continue
             name = word.lower()
+            if before == "ASCII_46":  # `schema.stream`: PipelineDB's streams live in schemas, these have one name
+                if name in self.streams and index >= 2 and tokens[index - 2].start >= last:
+                    out.append(text[last : tokens[index - 2].start] + self.streams[name])
+                    last = token.end + 1
+                continue
             new = self.streams.get(name)
             relation = in_from and before in ("FROM", "JOIN", "ASCII_44")
             if new is None and qualify_relations and relation and (name in self.views or name in self.tables):
@@ -215,10 +244,10 @@ class Names:
                 last = token.end + 1
         out.append(text[last:])
         result = "".join(out)
-        return re.sub(
-            r"output_of\(\s*'(\w+)'\s*\)",
+        return re.sub(  # a view named in a string: output_of('v'), pipelinedb.truncate_continuous_view('v')
+            r"\b(output_of|truncate_continuous_view|activate|deactivate)\(\s*'(\w+)'",
             lambda m: (
-                f"output_of('{self.schema}.{m.group(1).lower()}')" if m.group(1).lower() in self.views else m.group(0)
+                f"{m.group(1)}('{self.schema}.{m.group(2).lower()}'" if m.group(2).lower() in self.views else m.group(0)
             ),
             result,
             flags=re.I,
@@ -283,12 +312,12 @@ def translate(statements: list[Statement], names: Names) -> list[Step]:
 
 
 def _step(statement: Statement, names: Names) -> Step:
-    text = code_of(statement.text)
+    text = code_of(statement.text).rstrip("; \n\t")  # PipelineDB's cases end some statements with ';;'
     reason = unsupported_reason(text)
     if reason is not None:  # named, so that what reads it is skipped too
         created = _FOREIGN_TABLE.match(text) or _CREATE_VIEW.match(text)
         name = (created.group(1) if _FOREIGN_TABLE.match(text) else created.group(2)).lower() if created else ""
-        return Step("unsupported", statement, reason=reason, name=name)
+        return Step("unsupported", statement, reason=reason, source=name)
     if m := _FOREIGN_TABLE.match(text):
         return _stream(statement, names, m.group(1).lower(), m.group(2), m.group(3))
     if m := _CREATE_VIEW.match(text):
@@ -301,14 +330,19 @@ def _step(statement: Statement, names: Names) -> Step:
                 sql=f"CREATE VIEW {names.schema}.{name} {options} AS " + names.rewrite(body, qualify_relations=True),
                 name=name,
             )
-        verb = "CREATE VIEW" if re.search(r"action\s*=\s*'?transform", options, re.I) else "CREATE CONTINUOUS VIEW"
+        transform = re.search(r"action\s*=\s*'?transform", options, re.I) is not None
+        verb = "CREATE VIEW" if transform else "CREATE CONTINUOUS VIEW"
+        reads_stream = bool(set(re.findall(r"\w+", body.lower())) & set(names.streams))
+        if not transform and reads_stream:  # a PipelineDB view sees the events after its creation, not history
+            options = options[:-1] + ", backfill = 'none')" if options else "WITH (backfill = 'none')"
         verb = verb.replace("CREATE", "CREATE OR REPLACE") if m.group(1) else verb
         sql = f"{verb} {names.schema}.{name} {options} AS " + names.rewrite(body, qualify_relations=True)
         names.views.add(name)
-        return Step("view", statement, sql=sql, name=f"{names.schema}.{name}")
+        return Step("view", statement, sql=sql, name=f"{names.schema}.{name}", source=name)
     if m := _DROP.match(text):
         kind = "drop_stream" if m.group(1).upper().startswith("FOREIGN") else "drop_view"
         targets = [t.strip().lower() for t in m.group(3).split(",")]
+        targets = [t if t in names.streams else t.split(".")[-1] for t in targets]
         if kind == "drop_stream" and all(t in names.streams for t in targets):
             return Step(kind, statement, name=",".join(names.streams[t] for t in targets))
         if kind == "drop_view" and all(t in names.views for t in targets):
@@ -322,15 +356,15 @@ def _step(statement: Statement, names: Names) -> Step:
 def _stream(statement: Statement, names: Names, name: str, columns: str, rest: str) -> Step:
     if rest.strip():
         return Step("unsupported", statement, reason=f"stream options of PipelineDB ({rest.strip()[:40]})")
-    renamed = f"{name}_{names.suffix}"
+    renamed = f"{name.split('.')[-1]}_{names.suffix}"
     names.streams[name] = renamed
-    # PipelineDB gives every stream an arrival_timestamp: here the stream's timestamp_column, filled
-    # with the INSERT's time.
+    # PipelineDB gives every stream an arrival_timestamp, the time of the INSERT: here a column of that
+    # name, filled by the stream relation's DEFAULT when the row is inserted.
     sql = (
-        f"CREATE STREAM {renamed} ({columns}, arrival_ts timestamptz DEFAULT now()) WITH (topic = "
-        f"'{names.topic(name)}', consumer_group = '{names.group}', partitions = 1, timestamp_column = 'arrival_ts')"
+        f"CREATE STREAM {renamed} ({columns}, arrival_timestamp timestamptz DEFAULT now()) WITH (topic = "
+        f"'{names.topic(name)}', consumer_group = '{names.group}', partitions = 1)"
     )
-    return Step("stream", statement, sql=sql, name=renamed)
+    return Step("stream", statement, sql=sql, name=renamed, source=name)
 
 
 def _reads_a_stream(body: str, names: Names) -> bool:

@@ -81,15 +81,20 @@ def test_streams_and_views_are_renamed_for_the_run_and_declared_in_this_projects
     stream, view, insert, select = steps[:4]
     assert stream.kind == "stream"
     assert stream.name == "s_abc"
-    assert stream.sql.startswith("CREATE STREAM s_abc (k text, v int, arrival_ts timestamptz DEFAULT now()) WITH (")
+    assert stream.sql.startswith(
+        "CREATE STREAM s_abc (k text, v int, arrival_timestamp timestamptz DEFAULT now()) WITH ("
+    )
     assert "consumer_group = 'grp'" in stream.sql
     assert "topic = 'pdbregress-abc-s'" in stream.sql
     assert view.kind == "view"
     assert view.name == "sch.v"
-    assert " ".join(view.sql.split()) == "CREATE CONTINUOUS VIEW sch.v AS SELECT k::text, sum(v) FROM s_abc GROUP BY k"
-    assert insert.sql == "INSERT INTO s_abc (k, v) VALUES ('x', 1), ('y;', 2);"  # the string is left as written
+    assert (
+        " ".join(view.sql.split())
+        == "CREATE CONTINUOUS VIEW sch.v WITH (backfill = 'none') AS SELECT k::text, sum(v) FROM s_abc GROUP BY k"
+    )
+    assert insert.sql == "INSERT INTO s_abc (k, v) VALUES ('x', 1), ('y;', 2)"  # the string is left as written
     assert select.kind == "sql"
-    assert select.sql == "SELECT * FROM v ORDER BY k;"
+    assert select.sql == "SELECT * FROM v ORDER BY k"
 
 
 def test_what_has_no_meaning_here_is_skipped_with_the_reason_and_the_rest_runs_as_written():
@@ -122,8 +127,8 @@ def test_definitions_qualify_the_cases_tables_and_views_but_not_columns_or_strin
     assert steps[0].kind == "sql"
     join = " ".join(steps[2].sql.split())
     assert join == (
-        "CREATE CONTINUOUS VIEW sch.j AS SELECT st_abc.id, t.s FROM st_abc JOIN sch.t ON t.id = st_abc.id "
-        "WHERE t.s <> 't'"
+        "CREATE CONTINUOUS VIEW sch.j WITH (backfill = 'none') AS "
+        "SELECT st_abc.id, t.s FROM st_abc JOIN sch.t ON t.id = st_abc.id WHERE t.s <> 't'"
     )
     assert "output_of('sch.j')" in steps[3].sql
     assert steps[4].sql.startswith("CREATE VIEW sch.tr WITH (action = transform) AS")  # PipelineDB's transform

@@ -1,0 +1,327 @@
+"""A PipelineDB regression case run against the real stack, statement by statement.
+
+Each case gets its own schema (its views and tables), its own streams and topics, and its own
+runner group: a stream runner and an inbox relay of that group run for the case alone, so its
+INSERTs reach its views through Kafka like any client's. Before each statement that prints rows, the
+case waits until everything inserted was applied: the outbox holds none of its streams' rows and the
+group's stored offsets are at the topics' ends. Each statement's outcome is one of:
+
+- `passed`: rows equal to PipelineDB's (psql's text; in order when the query has ORDER BY), or an
+  error where PipelineDB gave one;
+- `failed`: other rows, or an error where PipelineDB gave rows;
+- `refused`: this system refused a definition PipelineDB accepted (its one-line reason);
+- `accepted`: this system accepted what PipelineDB refused (not a failure: a wider grammar);
+- `skipped`: no meaning here (PipelineDB internals), or it reads something refused before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import psycopg
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from psycopg.types.string import TextLoader
+
+from pipelines.cv import catalog
+from pipelines.cv.model import DefinitionError
+from pipelines.errors import StreamviewsError
+from pipelines.settings import PostgresSettings
+from stack.configure import client_settings
+from stack.settings import StackSettings
+from tests.integration.conftest import drop_in_dependency_order
+from tests.pipelinedb_regress.translator import Names, Step, load, translate
+
+# How long one statement may wait for its rows to be applied (a stuck case fails, it does not hang).
+APPLY_TIMEOUT_S = 30.0
+# The session PipelineDB's regression suite ran in (pg_regress's PGTZ and PGDATESTYLE; PostgreSQL
+# 11's float output, 15 significant digits).
+SESSION = ("SET TimeZone = 'PST8PDT'", "SET DateStyle = 'Postgres, MDY'", "SET extra_float_digits = 0")
+
+
+@dataclass
+class Outcome:
+    """One statement's outcome."""
+
+    statement: str
+    status: str
+    detail: str = ""
+    rows: bool = False  # PipelineDB printed rows for it: a SELECT compared
+
+
+@dataclass
+class CaseResult:
+    """A case's outcomes, and the reasons for what did not pass, for the table."""
+
+    name: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    timeouts: int = 0  # waits for the inserted rows to be applied that gave up (APPLY_TIMEOUT_S)
+    seconds: float = 0.0
+
+    def count(self, *statuses: str) -> int:
+        return sum(o.status in statuses for o in self.outcomes)
+
+    def reasons(self, *statuses: str) -> list[str]:
+        seen: dict[str, None] = {}
+        for o in self.outcomes:
+            if o.status in statuses:
+                seen.setdefault(o.detail, None)
+        return list(seen)
+
+
+def run_case(name: str, stack: StackSettings | None = None) -> CaseResult:
+    """Run the committed case `name` in a schema, streams and runner group of its own; everything dropped after."""
+    stack = stack or StackSettings()
+    suffix = uuid.uuid4().hex[:8]
+    names = Names(schema=f"pdb_{suffix}", suffix=suffix, group=f"pdbregress-{name}-{suffix}")
+    settings = PostgresSettings(host="127.0.0.1", port=stack.pgport, secrets_dir=stack.paths.secrets)
+    result = CaseResult(name)
+    started = time.monotonic()
+    with psycopg.connect(settings.conninfo(user="sv_owner"), autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {names.schema}")
+        conn.execute(f"GRANT USAGE ON SCHEMA {names.schema} TO sv_writer, sv_reader")
+        conn.execute(f"SET search_path = {names.schema}, public, streams")
+        for setting in SESSION:
+            conn.execute(setting)
+        try:
+            with _pipelines(stack, names.group):
+                _Case(conn, names, stack, result).run(translate(load(name), names))
+        finally:
+            _clean(conn, names)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+class _Case:
+    def __init__(self, conn: psycopg.Connection, names: Names, stack: StackSettings, result: CaseResult) -> None:
+        self.conn, self.names, self.result = conn, names, result
+        self.cursor = conn.cursor()
+        for (oid,) in conn.execute("SELECT oid FROM pg_type").fetchall():  # every value as psql prints it
+            self.cursor.adapters.register_loader(oid, TextLoader)
+        self.consumer = Consumer({"bootstrap.servers": f"127.0.0.1:{stack.kafka_port}", "group.id": names.group + "-w"})
+        self.refused: set[str] = set()
+        self.inserted = False
+        self.timeouts = 0
+
+    def run(self, steps: list[Step]) -> None:
+        try:
+            for step in steps:
+                self.result.outcomes.append(self.step(step))
+        finally:
+            self.consumer.close()
+            self.result.timeouts = self.timeouts
+
+    def step(self, step: Step) -> Outcome:
+        text = step.statement.text
+        expected = step.statement.expected
+        if step.kind == "unsupported":
+            if step.source:
+                self.refused.add(step.source)
+            return Outcome(text, "skipped", step.reason)
+        blocked = [n for n in self.refused if re.search(rf"\b{n}\b", text, re.I)]
+        if blocked:
+            if step.source:
+                self.refused.add(step.source)
+            return Outcome(text, "skipped", f"reads {blocked[0]}, refused above")
+        if step.kind == "view" and self.inserted:
+            self.wait_applied()  # PipelineDB's view sees the rows inserted after it: not those still in flight
+        if step.kind in ("stream", "view", "drop_stream", "drop_view"):
+            return self.define(step)
+        if re.match(r"\s*(INSERT|COPY)\b", step.sql, re.I):
+            self.inserted = True
+        if expected.rows is not None and self.inserted:
+            self.wait_applied()
+        try:
+            self.cursor.execute(step.sql)
+            rows = self.cursor.fetchall() if self.cursor.description else None
+        except psycopg.Error as e:
+            message = _line(str(e))
+            if expected.error is not None:
+                return Outcome(text, "passed", f"an error, as PipelineDB: {message}")
+            return Outcome(text, "failed", f"error: {message}")
+        if expected.error is not None:
+            return Outcome(text, "accepted", f"PipelineDB refused it: {expected.error}")
+        if expected.rows is None:
+            return Outcome(text, "passed")
+        outcome = _compare(text, expected.rows, rows or [])
+        outcome.rows = True
+        return outcome
+
+    def define(self, step: Step) -> Outcome:
+        text = step.statement.text
+        try:
+            if step.kind in ("stream", "view"):
+                catalog.define(self.conn, step.sql)
+            elif step.kind == "drop_view":
+                self.drop_views(step.name.split(","))
+            else:
+                self.drop_streams(step.name.split(","))
+        except (DefinitionError, StreamviewsError) as e:
+            if step.source:
+                self.refused.add(step.source)
+            if step.statement.expected.error is not None:
+                return Outcome(text, "passed", f"refused, as PipelineDB: {_line(str(e))}")
+            return Outcome(text, "refused", _line(str(e)))
+        if step.statement.expected.error is not None:
+            return Outcome(text, "accepted", f"PipelineDB refused it: {step.statement.expected.error}")
+        return Outcome(text, "passed")
+
+    def drop_views(self, views: list[str]) -> None:
+        """DROP VIEW: a continuous view, or a transform (PipelineDB's CREATE VIEW made both)."""
+        for view in views:
+            if self.conn.execute("SELECT 1 FROM cv.transforms WHERE name = %s", (view,)).fetchone():
+                catalog.define(self.conn, f"DROP CONTINUOUS TRANSFORM {view}")
+            else:
+                catalog.drop(self.conn, [view], "view")
+
+    def drop_streams(self, streams: list[str]) -> None:
+        """DROP FOREIGN TABLE ... CASCADE: the views and transforms over the streams first."""
+        for stream in streams:
+            views = [v for (v,) in self.conn.execute("SELECT name FROM cv.views WHERE stream = %s", (stream,))]
+            _drop_views(self.conn, views)
+            _drop_transforms(self.conn, stream)
+            catalog.drop(self.conn, [stream], "stream")
+
+    def wait_applied(self) -> None:
+        """Until the case's rows left the outbox and the runner's offsets reached the topics' ends."""
+        streams = list(self.names.streams.values())
+        deadline = time.monotonic() + APPLY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.applied(streams):
+                break
+            time.sleep(0.1)
+        else:
+            self.timeouts += 1
+        self.inserted = False
+
+    def applied(self, streams: list[str]) -> bool:
+        left = self.conn.execute("SELECT count(*) FROM cv.stream_inbox WHERE stream = ANY(%s)", (streams,)).fetchone()
+        if left[0]:
+            return False
+        stored = dict(
+            self.conn.execute(
+                "SELECT topic, next_offset FROM ops.kafka_offsets WHERE group_id = %s AND partition = 0",
+                (self.names.group,),
+            ).fetchall()
+        )
+        for stream in streams:
+            topic = self.conn.execute("SELECT topic FROM cv.streams WHERE name = %s", (stream,)).fetchone()
+            if topic is None:
+                continue
+            try:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic[0], 0), timeout=5)
+            except KafkaException:
+                continue  # no topic yet: nothing written to it
+            # Every record came from the relay's transactions: the last offset is a commit marker.
+            if high > 0 and stored.get(topic[0], 0) < high - 1:
+                return False
+        return True
+
+
+def _compare(text: str, expected: list[tuple], rows: list[tuple]) -> Outcome:
+    got = [tuple(_normal(v) for v in row) for row in rows]
+    want = [tuple(_normal(v) for v in row) for row in expected]
+    ordered = re.search(r"\bORDER\s+BY\b", text, re.I) is not None
+    same = got == want if ordered else sorted(got, key=repr) == sorted(want, key=repr)
+    if same:
+        return Outcome(text, "passed")
+    return Outcome(
+        text,
+        "failed",
+        f"rows differ: expected {want[:4]}{'...' if len(want) > 4 else ''}, got "
+        f"{got[:4]}{'...' if len(got) > 4 else ''}",
+    )
+
+
+def _normal(value: object) -> str | None:
+    """Psql's text of a value: NULL and the empty string print alike; cells are trimmed."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    return text or None
+
+
+def _line(message: str) -> str:
+    return message.strip().splitlines()[0] if message.strip() else message
+
+
+def _drop_views(conn: psycopg.Connection, views: list[str]) -> None:
+    """Drop views, each after the views that read it; one that cannot go is left to DROP SCHEMA's error."""
+    with contextlib.suppress(DefinitionError):
+        drop_in_dependency_order(conn, views)
+
+
+def _drop_transforms(conn: psycopg.Connection, stream: str) -> None:
+    for (name,) in conn.execute("SELECT name FROM cv.transforms WHERE stream = %s", (stream,)).fetchall():
+        catalog.define(conn, f"DROP CONTINUOUS TRANSFORM {name}")
+
+
+def _clean(conn: psycopg.Connection, names: Names) -> None:
+    """Everything the case made: views, transforms, streams, the schema, the topics."""
+    streams = [
+        s for (s,) in conn.execute("SELECT name FROM cv.streams WHERE name = ANY(%s)", (list(names.streams.values()),))
+    ]
+    views = [
+        v
+        for (v,) in conn.execute(
+            "SELECT name FROM cv.views WHERE name LIKE %s OR stream = ANY(%s)", (f"{names.schema}.%", streams)
+        )
+    ]
+    _drop_views(conn, views)
+    for stream in streams:
+        with contextlib.suppress(DefinitionError, StreamviewsError):
+            _drop_transforms(conn, stream)
+            catalog.drop(conn, [stream], "stream")
+    conn.execute(f"DROP SCHEMA {names.schema} CASCADE")
+    topics = [names.topic(s) for s in names.streams]
+    if topics:
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{StackSettings().kafka_port}"})
+        for future in admin.delete_topics([*topics, *(f"{t}.dlq" for t in topics)], operation_timeout=30).values():
+            with contextlib.suppress(KafkaException, TimeoutError):  # never created, or Kafka away: left
+                future.result(60)
+
+
+@contextlib.contextmanager
+def _pipelines(stack: StackSettings, group: str) -> Iterator[None]:
+    """The stream runner and the inbox relay of the case's group, stopped (SIGTERM) after."""
+    env = {
+        **os.environ,
+        **client_settings(stack),
+        "PGUSER": "sv_writer",
+        "LOG_FORMAT": "json",
+        "METRICS_PORT": "0",
+        "PIPELINE_BATCH_WAIT_MS": "20",
+        "PIPELINE_EXPIRE_INTERVAL_S": "1",
+        "PIPELINE_VIEW_RETRY_S": "1",  # a view activated again resumes at the next sweep: within a second
+        "PIPELINE_HOLD_RETRY_S": "1",
+        "INBOX_WAKE_S": "0.5",
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", f"pipelines.cv.{module}", "--group", group],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for module in ("runner", "inbox")
+    ]
+    try:
+        yield
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in processes:
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
