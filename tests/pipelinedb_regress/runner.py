@@ -273,10 +273,13 @@ def _clean(conn: psycopg.Connection, names: Names) -> None:
     views = [
         v
         for (v,) in conn.execute(
-            "SELECT name FROM cv.views WHERE name LIKE %s OR stream = ANY(%s)", (f"{names.schema}.%", streams)
+            "SELECT name FROM cv.views WHERE split_part(name, '.', 1) = ANY(%s) OR stream = ANY(%s)",
+            ([names.schema, *names.schemas], streams),
         )
     ]
     _drop_views(conn, views)
+    for schema in sorted(names.schemas):  # the case's own schemas, with what in them reads the streams
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
     for stream in streams:
         with contextlib.suppress(DefinitionError, StreamviewsError):
             _drop_transforms(conn, stream)

@@ -205,6 +205,7 @@ class Names:
     streams: dict[str, str] = field(default_factory=dict)
     views: set[str] = field(default_factory=set)
     tables: set[str] = field(default_factory=set)
+    schemas: set[str] = field(default_factory=set)  # schemas the case creates (or renames to): dropped after
 
     def topic(self, stream: str) -> str:
         return f"pdbregress-{self.suffix}-{stream.replace('.', '-')}"
@@ -348,6 +349,10 @@ def _step(statement: Statement, names: Names) -> Step:
         if kind == "drop_view" and all(t in names.views for t in targets):
             return Step(kind, statement, name=",".join(f"{names.schema}.{t}" for t in targets))
         return Step("sql", statement, sql=names.rewrite(text, qualify_relations=True))
+    for schema in re.findall(
+        r"\bCREATE\s+SCHEMA\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)|\bALTER\s+SCHEMA\s+\w+\s+RENAME\s+TO\s+(\w+)", text, re.I
+    ):
+        names.schemas.update(n.lower() for n in schema if n)
     if m := (_CREATE_TABLE.match(text) or _CREATE_OTHER.match(text)):
         names.tables.add(m.group(1).lower())
     return Step("sql", statement, sql=names.rewrite(text, qualify_relations=False))

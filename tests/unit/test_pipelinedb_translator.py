@@ -142,3 +142,22 @@ def test_every_committed_case_names_its_source_and_reads_into_statements():
         statements = load(path.stem)
         assert statements, path
         assert any(s.expected.rows for s in statements), path
+
+
+def test_a_view_over_a_view_starts_from_its_upstream_and_the_cases_schemas_are_recorded_for_cleanup():
+    run = names()
+    steps = translate(
+        [
+            Statement("CREATE SCHEMA ns0;"),
+            Statement("ALTER SCHEMA ns0 RENAME TO ns1;"),
+            Statement("CREATE FOREIGN TABLE s (x int) SERVER pipelinedb;;"),  # PipelineDB's cases have ';;'
+            Statement("CREATE VIEW c AS SELECT x, count(*) FROM s GROUP BY x;"),
+            Statement("CREATE VIEW up AS SELECT sum(count) FROM c;"),
+        ],
+        run,
+    )
+    assert run.schemas == {"ns0", "ns1"}
+    assert steps[2].kind == "stream"
+    assert "backfill = 'none'" in steps[3].sql  # PipelineDB's views see the events after their creation
+    assert "backfill" not in steps[4].sql  # a view over a view reads its upstream's rows: no backfill option
+    assert " FROM sch.c" in steps[4].sql
