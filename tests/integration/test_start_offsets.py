@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import pytest
@@ -108,16 +110,23 @@ def test_streams_count_from_the_beginning_the_end_or_a_time_of_a_topic_with_hist
     assert "first consumption" in log
 
 
-def test_a_runner_killed_before_its_first_commit_restarts_where_latest_was_resolved(stack, pg, kafka, history):
+@contextmanager
+def from_latest(pg, history, name: str) -> Iterator[tuple[str, str, str]]:
+    """A stream starting at 'latest' on a topic with history, and a view counting its tags: (group, schema, topic)."""
     make, _ = history
-    group, schema = unique("it-start-kill"), unique("startkill")
-    topic = make("kill")
+    group, schema = unique(f"it-start-{name}"), unique(f"start{name}")
+    topic = make(name)
     definitions = f"""
         CREATE STREAM {schema}_s (tag text NOT NULL)
             WITH (topic = '{topic}', consumer_group = '{group}', start_offset = 'latest');
         CREATE CONTINUOUS VIEW {schema}.counts AS SELECT tag, count(*) AS n FROM {schema}_s GROUP BY tag;
     """
     with throwaway_views(pg, schema, [f"{schema}_s"], definitions):
+        yield group, schema, topic
+
+
+def test_a_runner_killed_before_its_first_commit_restarts_where_latest_was_resolved(stack, pg, kafka, history):
+    with from_latest(pg, history, "kill") as (group, schema, topic):
         runner = start_runner(stack, group)
         wait_for(lambda: len(stored_offsets(pg, group, topic)) == PARTITIONS, what="latest resolved and stored")
         resolved = stored_offsets(pg, group, topic)
@@ -135,15 +144,7 @@ def test_a_runner_killed_before_its_first_commit_restarts_where_latest_was_resol
 
 
 def test_a_topic_recreated_under_a_stream_starting_at_latest_follows_the_rule_again(stack, pg, kafka, admin, history):
-    make, _ = history
-    group, schema = unique("it-start-recreated"), unique("startre")
-    topic = make("recreated")
-    definitions = f"""
-        CREATE STREAM {schema}_s (tag text NOT NULL)
-            WITH (topic = '{topic}', consumer_group = '{group}', start_offset = 'latest');
-        CREATE CONTINUOUS VIEW {schema}.counts AS SELECT tag, count(*) AS n FROM {schema}_s GROUP BY tag;
-    """
-    with throwaway_views(pg, schema, [f"{schema}_s"], definitions):
+    with from_latest(pg, history, "recreated") as (group, schema, topic):
         runner = start_runner(stack, group)
         wait_for(lambda: len(stored_offsets(pg, group, topic)) == PARTITIONS, what="latest resolved")
         produce(kafka, topic, "first", 4)
