@@ -101,6 +101,13 @@ def _alter_state(
     if added_type is None:
         conn.execute(sql.SQL("ALTER TABLE {} DROP COLUMN {}").format(table, name))
         return
-    conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(table, name, sql.SQL(added_type)))
-    if default is not None:  # the rows kept so far came from events without it: they take the default
-        conn.execute(sql.SQL("UPDATE {} SET {} = {}").format(table, name, sql.SQL(default)))
+    if default is None:
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(table, name, sql.SQL(added_type)))
+        return
+    # The rows kept so far came from events without it: they take the default. A constant default is
+    # stored once in the catalog (no rewrite of the state, however large); the table keeps no default
+    # after, as its rows are the decoder's.
+    conn.execute(
+        sql.SQL("ALTER TABLE {} ADD COLUMN {} {} DEFAULT {}").format(table, name, sql.SQL(added_type), sql.SQL(default))
+    )
+    conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} DROP DEFAULT").format(table, name))
