@@ -279,8 +279,10 @@ class StreamMaintainer:
             )
             shipped = tuple(i for i, c in enumerate(stream.columns) if c.name in read) or (0,)
             source = stream_sql.batch_source(stream, tuple(stream.columns[i].name for i in shipped))
-            if stream.is_feed:  # output_of: the views read the upstream's changes where they are recorded
+            if stream.feeds_changes:  # output_of: the views read the upstream's changes where they are recorded
                 source = stream_sql.changes_source(stream)
+            elif stream.feeds_appends:  # a transform's rows, read where they are recorded
+                source = stream_sql.appends_source(stream)
             recorded = tuple(
                 (t.qualified_name, transform_sql.record(t, stream, tuple(stream.columns[i].name for i in shipped)))
                 for t in transforms

@@ -45,13 +45,14 @@ MAX_RETRY_S = 60.0
 HOUSEKEEPING_S = 5.0
 MAX_QUARANTINES = 20  # views quarantined while one page is applied: beyond, the feed itself is at fault
 # Every feed stream with its reader, the upstream's last position, and the stream the upstream reads
-# (a feed too, when the upstream is itself a view over a view: it goes first).
+# (a feed too, when the upstream is itself a view over a view: it goes first). The upstream is a
+# continuous view or a continuous transform.
 PENDING_SQL = """
 SELECT s.name, r.view, r.position, p.last, u.stream
   FROM cv.streams AS s
   JOIN cv.change_readers AS r ON r.reader = 'stream ' || s.name
   JOIN cv.view_change_positions AS p ON p.view = r.view
-  JOIN cv.views AS u ON u.name = r.view
+  JOIN (SELECT name, stream FROM cv.views UNION ALL SELECT name, stream FROM cv.transforms) AS u ON u.name = r.view
  WHERE starts_with(s.topic, 'view:')
 """
 FENCE_SQL = (

@@ -168,6 +168,16 @@ class StreamDef:
         return self.feed_of is not None
 
     @property
+    def feeds_changes(self) -> bool:
+        """True for `output_of(view)`: (old, new, delta) per change. Its feed's name says so (view_sources)."""
+        return self.feed_of is not None and self.name.startswith("output_of(")
+
+    @property
+    def feeds_appends(self) -> bool:
+        """True for a transform read as a stream: each change its new row, appended (no key, not output_of)."""
+        return self.feed_of is not None and self.key is None and not self.feeds_changes
+
+    @property
     def start_at(self) -> str | int:
         """The start rule as the runtime takes it: 'earliest', 'latest', or the timestamp in epoch ms."""
         if self.start_offset in ("earliest", "latest"):

@@ -182,6 +182,8 @@ def throwaway_views(
         with pg("sv_owner", autocommit=True) as conn:
             views = [v for (v,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{schema}.%",))]
             drop_in_dependency_order(conn, views)
+            for (transform,) in conn.execute("SELECT name FROM cv.transforms WHERE name LIKE %s", (f"{schema}.%",)):
+                catalog.define(conn, f"DROP CONTINUOUS TRANSFORM IF EXISTS {transform}")
             declared = catalog.load_streams(conn, skip_broken=True)
             topics = {declared[stream].topic for stream in streams if stream in declared}
             for stream in streams:

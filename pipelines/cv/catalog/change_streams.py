@@ -74,6 +74,27 @@ def add_reader(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, reader
     return int(row[0])
 
 
+def add_stream_reader(conn: psycopg.Connection, name: str, reader: str) -> int:
+    """Make `reader` take the changes of `name`, a change stream that always records (a transform's); its start.
+
+    A transform's output is recorded from its creation (migration 0026): nothing to turn on.
+
+    Raises:
+        DefinitionError: `name` records no change stream, or the reader exists.
+    """
+    row = conn.execute(
+        "INSERT INTO cv.change_readers (view, reader, position)"
+        " SELECT view, %s, last FROM cv.view_change_positions WHERE view = %s AND recording"
+        " ON CONFLICT (view, reader) DO NOTHING RETURNING position",
+        (reader, name),
+    ).fetchone()
+    if row is None:
+        if conn.execute("SELECT 1 FROM cv.change_readers WHERE view = %s AND reader = %s", (name, reader)).fetchone():
+            raise DefinitionError(f"{reader} already reads the changes of {name}")
+        raise DefinitionError(f"{name} records no change stream")
+    return int(row[0])
+
+
 def remove_reader(conn: psycopg.Connection, view: ViewDef, reader: str) -> None:
     """`reader` takes no more of the view's changes; recording stops when nobody else wants them."""
     conn.execute("DELETE FROM cv.change_readers WHERE view = %s AND reader = %s", (view.qualified_name, reader))

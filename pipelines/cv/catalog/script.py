@@ -110,7 +110,8 @@ def _apply_one(conn: psycopg.Connection, item: ScriptStatement, scope: Scope) ->
     if isinstance(item.change, DropTransform):
         return drop_transforms(conn, item.change), scope
     if is_transform(item.statement.text):
-        return define_transform(conn, parse_transform(item.statement.text, scope), scope), scope
+        outcome = define_transform(conn, parse_transform(item.statement.text, scope), scope)
+        return outcome, dataclasses.replace(scope, views=store.readable_views(conn))  # views may read it next
     view = item.view(scope)
     outcome = define_view(conn, view, scope)
     # What the next statements read against: this view as a view may read it, the feed it reads.

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import psycopg
 
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
-from pipelines.cv.frontend.view_sources import from_definition, is_feed_topic, rows_stream
+from pipelines.cv.frontend.view_sources import appends_stream, from_definition, is_feed_topic, rows_stream
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
 from pipelines.cv.views import general
 from pipelines.cv.views.view_types import ViewTypes
@@ -140,9 +140,14 @@ SELECT v.name,
 
 
 def readable_views(conn: psycopg.Connection) -> dict[str, StreamDef]:
-    """Every continuous view as another view may read it: the keyed feed stream of its rows, by view name."""
+    """Every continuous view and transform as a view may read it, by name.
+
+    A view: the keyed feed stream of its rows. A transform: the append-only feed of its output rows.
+    """
     views = {}
     for name, columns, types, key in conn.execute(_VIEW_SHAPES).fetchall():
         if key:
             views[name] = rows_stream(name, tuple(zip(columns, types, strict=True)), tuple(key))
+    for name, columns in conn.execute("SELECT name, columns FROM cv.transforms").fetchall():
+        views[name] = appends_stream(name, tuple((column, type_) for column, type_ in columns))
     return views

@@ -13,7 +13,8 @@ definition's transaction:
    state and the start position describe the same moment, so the new view's backfill from the
    state and the changes after the position add up to the upstream's rows, exactly.
 
-`output_of` starts from now (its stream is append-only: PipelineDB's output streams too). The last
+`output_of` starts from now (its stream is append-only: PipelineDB's output streams too), and so
+does a view over a continuous transform (its feed reads the transform's rows recorded after). The last
 view of a feed dropped drops the feed (its reader removed, the upstream's recording stopped if
 nobody else wants it). A view whose feed would lead back to itself is refused (a cycle), and so is a
 CREATE OR REPLACE of an upstream that would change the columns or groups its readers were made for.
@@ -50,6 +51,17 @@ def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Sco
         path = " -> ".join([view.qualified_name, *chain[: chain.index(view.qualified_name) + 1]])
         raise DefinitionError(f"{what}: it would read itself ({path}): a cycle")
     if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (feed.name,)).fetchone():
+        return
+    transform = conn.execute("SELECT stream FROM cv.transforms WHERE name = %s", (feed.feed_of,)).fetchone()
+    if transform is not None:  # a transform's output: appended rows, recorded since it was made
+        for name in sorted({transform[0], feed.name}):
+            lock_stream_for_change(conn, name, what)
+        conn.execute(
+            "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)",
+            (feed.name, feed.topic, feed.definition),
+        )
+        start = change_streams.add_stream_reader(conn, feed.feed_of, reader_name(feed.name))
+        log.info("view feed created", feed=feed.name, transform=feed.feed_of, start_position=start)
         return
     upstream = _stored(conn, feed.feed_of, scope)
     for name in sorted({upstream.view.stream, feed.name}):
@@ -140,11 +152,19 @@ def drop_if_unused(conn: psycopg.Connection, feed_name: str, scope: Scope) -> st
         return None
     feed = from_definition(*row)
     assert feed.feed_of is not None
-    upstream = _stored(conn, feed.feed_of, scope)
     what = f"DROP of the feed {feed.name}"
-    for name in sorted({upstream.view.stream, feed.name}):
-        lock_stream_for_change(conn, name, what)
-    change_streams.remove_reader(conn, upstream.view, reader_name(feed.name))
+    transform = conn.execute("SELECT stream FROM cv.transforms WHERE name = %s", (feed.feed_of,)).fetchone()
+    if transform is not None:  # a transform records whoever reads it: only the reader goes
+        for name in sorted({transform[0], feed.name}):
+            lock_stream_for_change(conn, name, what)
+        conn.execute(
+            "DELETE FROM cv.change_readers WHERE view = %s AND reader = %s", (feed.feed_of, reader_name(feed.name))
+        )
+    else:
+        upstream = _stored(conn, feed.feed_of, scope)
+        for name in sorted({upstream.view.stream, feed.name}):
+            lock_stream_for_change(conn, name, what)
+        change_streams.remove_reader(conn, upstream.view, reader_name(feed.name))
     if feed.key is not None:
         lock_tables(conn, what, [stream_sql.state_table(feed)], holder="a session")
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stream_sql.state_table(feed)))

@@ -10,6 +10,9 @@ view's change stream (cv.view_changes) and are applied by the runner's feeds (pi
   rows for every aggregate that can forget a row (count, sum, avg, min/max, distinct counts); the
   front end already refuses the others over a keyed stream. The feed stream is named like the
   view (`public.per_minute`: a declared stream's name never has a dot).
+- `FROM public.clean_clicks`, a continuous transform (pipelines.cv.frontend.transforms), reads its
+  output rows as an append-only stream (its columns, no key); `output_of('public.clean_clicks')`
+  names the same stream, as PipelineDB read a transform's output.
 - `FROM output_of('public.per_minute')` (or `output_of(public.per_minute)`, `output_of(per_minute)`)
   reads the view's changes as an append-only stream of three columns, `old`, `new` and `delta`, each
   of the view's row type: `(old)` is NULL for a new group, `(new)` NULL for a group gone, and
@@ -50,6 +53,15 @@ def changes_stream(view: str) -> StreamDef:
     """The append-only feed stream of view `schema.name`'s changes: (old, new, delta), each of its row type."""
     row_type = view  # a view's row type is named like the view: both parts are plain identifiers
     return _feed(f"{OUTPUT_OF}({view})", view, tuple(Column(c, row_type) for c in CHANGE_COLUMNS), None)
+
+
+def appends_stream(transform: str, columns: tuple[tuple[str, str], ...]) -> StreamDef:
+    """The append-only feed stream of transform `schema.name`'s output rows: `columns` (name, type), no key.
+
+    A transform's changes are only ever new rows (migration 0026), so `FROM t` and `FROM output_of(t)`
+    read the same stream, PipelineDB's output stream of a transform.
+    """
+    return _feed(transform, transform, tuple(Column(name, type_) for name, type_ in columns), None)
 
 
 def _feed(name: str, view: str, columns: tuple[Column, ...], key: tuple[str, ...] | None) -> StreamDef:
@@ -131,11 +143,14 @@ def _output_of(
     if not 1 <= len(parts) <= 2 or not all(parts):
         raise DefinitionError(f"{usage}: {'.'.join(parts)!r} is not a view's name")
     view = ".".join(parts) if len(parts) == 2 else f"public.{parts[0]}"
+    readable = streams.get(view) or views.get(view)
+    if readable is not None and readable.feeds_appends:  # a transform: its output stream is its rows
+        return _checked(readable, what)
     name = f"{OUTPUT_OF}({view})"
     stream = streams.get(name)
     if stream is None:
         if view not in views:
-            raise DefinitionError(f"{usage}: no continuous view named {view}")
+            raise DefinitionError(f"{usage}: no continuous view or transform named {view}")
         stream = changes_stream(view)
     return _checked(stream, what)
 

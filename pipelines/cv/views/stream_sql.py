@@ -263,6 +263,14 @@ def feed_to_deltas(stream: StreamDef) -> sql.Composed:
     )
 
 
+def appends_source(stream: StreamDef) -> sql.Composed:
+    """A transform's feed stream's batch as deltas of sign +1: each change's new row, in the feed's columns."""
+    names = comma_list([sql.SQL("(r).{}").format(ident(c.name)) for c in stream.columns])
+    return sql.SQL("(SELECT 1::int2 AS _cv_sign, {} FROM (SELECT {} AS r {}) AS v)").format(
+        names, _row(stream, "v.after"), sql.SQL(_CHANGES)
+    )
+
+
 def changes_source(stream: StreamDef) -> sql.Composed:
     """An output_of feed stream's batch as deltas of sign +1: (old), (new) and (delta) of each change.
 
