@@ -231,7 +231,7 @@ class PipelineSettings(_Settings):
     backfill_pause_s: float = Field(0.02, ge=0)
     backfill_poll_s: float = Field(0.5, gt=0)
     # It waits while the live runner is more than this many records behind on the stream (0: never),
-    # at most this many seconds per batch (a live runner that is down does not stop it).
+    # as long as the live runner commits: one that has not for this many seconds does not stop it.
     backfill_yield_lag: int = Field(10_000, ge=0)
     backfill_yield_max_s: float = Field(2.0, ge=0)
     # Seconds between progress log lines.

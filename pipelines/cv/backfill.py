@@ -248,14 +248,15 @@ class Backfiller:
         """Wait while the live runner is more than PIPELINE_BACKFILL_YIELD_LAG records behind on the stream's topics.
 
         The live views' freshness comes first: a backfill takes the CPU and the database the live
-        batches need, so it reads on once they have caught up again (or after PIPELINE_BACKFILL_YIELD_MAX_S,
-        so that a live runner that is down does not stop it).
+        batches need, so it reads on once they have caught up again. It waits as long as the live
+        runner moves; one that has not committed for PIPELINE_BACKFILL_YIELD_MAX_S (down, or held)
+        does not stop it.
         """
         if not self.settings.backfill_yield_lag:
             return
-        deadline = time.monotonic() + self.settings.backfill_yield_max_s
-        while not stop.is_set() and time.monotonic() < deadline:
-            behind = 0
+        moved_at, last = time.monotonic(), None
+        while not stop.is_set() and time.monotonic() - moved_at < self.settings.backfill_yield_max_s:
+            behind = committed = 0
             for topic, group in live:
                 stored = dict(
                     self._connection().execute(
@@ -266,8 +267,11 @@ class Backfiller:
                 for partition, offset in stored.items():
                     high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)[1]
                     behind += max(0, high - offset)
+                    committed += offset
             if behind <= self.settings.backfill_yield_lag:
                 return
+            if committed != last:
+                moved_at, last = time.monotonic(), committed
             stop.wait(0.05)
 
     @staticmethod

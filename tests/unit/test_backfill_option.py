@@ -106,17 +106,33 @@ class FakeConsumer:
 
 
 class FakeConnection:
+    """The live group's stored offset of partition 0: each read the next of `offsets` (the last one stays)."""
+
+    def __init__(self, offsets):
+        self.offsets = offsets
+
+    def __call__(self):
+        return self
+
     def execute(self, query, params):
-        return [(0, 100)]  # the live group stands at offset 100 of partition 0
+        return [(0, self.offsets.pop(0) if len(self.offsets) > 1 else self.offsets[0])]
 
 
-def test_the_backfill_waits_while_the_live_runner_is_behind_and_no_longer_than_its_cap(monkeypatch):
-    settings = PipelineSettings(backfill_yield_lag=10, backfill_yield_max_s=5)
-    backfiller = Backfiller("", KafkaSettings(), settings)
-    monkeypatch.setattr(backfiller, "_connection", FakeConnection)
-    consumer = FakeConsumer([150, 130, 105])  # 50, then 30 records behind, then 5: caught up
-    backfiller._yield_to_live(consumer, {("t", "live")}, threading.Event())
-    assert consumer.highs == [105]
-    capped = Backfiller("", KafkaSettings(), PipelineSettings(backfill_yield_lag=10, backfill_yield_max_s=0.1))
-    monkeypatch.setattr(capped, "_connection", FakeConnection)
-    capped._yield_to_live(FakeConsumer([10_000]), {("t", "live")}, threading.Event())  # returns after its cap
+def backfiller(monkeypatch, offsets, max_s):
+    b = Backfiller("", KafkaSettings(), PipelineSettings(backfill_yield_lag=10, backfill_yield_max_s=max_s))
+    monkeypatch.setattr(b, "_connection", FakeConnection(offsets))
+    return b
+
+
+def test_the_backfill_waits_while_the_live_runner_is_behind_and_moving(monkeypatch):
+    consumer = FakeConsumer([150, 150, 150, 150, 150])
+    # 50, 40, 30, 20 records behind: the live runner moves, longer than the cap, then it has caught up.
+    backfiller(monkeypatch, [100, 110, 120, 130, 145], max_s=0.06)._yield_to_live(
+        consumer, {("t", "live")}, threading.Event()
+    )
+    assert consumer.highs == [150]
+
+
+def test_a_live_runner_that_does_not_move_does_not_stop_the_backfill(monkeypatch):
+    consumer = FakeConsumer([10_000])
+    backfiller(monkeypatch, [100], max_s=0.1)._yield_to_live(consumer, {("t", "live")}, threading.Event())  # returns
