@@ -62,16 +62,31 @@ def create_sink(conn: psycopg.Connection, sink: SinkDef, scope: Scope) -> Outcom
             return Outcome(f"sink {sink.name} unchanged", changed=False)
         raise DefinitionError(f"{what}: a sink of this name exists; DROP SINK {sink.name} first")
     view = conn.execute("SELECT definition, types, stream FROM cv.views WHERE name = %s", (sink.view,)).fetchone()
-    if view is None:
-        raise DefinitionError(f"{what}: no continuous view named {sink.view}")
-    lock_stream_for_change(conn, view[2], what)
-    compiled = store.stored_view(view[0], view[1], scope)
-    start = change_streams.add_reader(conn, compiled.view, compiled.types, sink.reader)
+    transform = conn.execute("SELECT stream FROM cv.transforms WHERE name = %s", (sink.view,)).fetchone()
+    if view is not None:
+        lock_stream_for_change(conn, view[2], what)
+        compiled = store.stored_view(view[0], view[1], scope)
+        start = change_streams.add_reader(conn, compiled.view, compiled.types, sink.reader)
+    elif transform is not None:  # its rows are appended, never current: no snapshot to publish first
+        lock_stream_for_change(conn, transform[0], what)
+        start = change_streams.add_stream_reader(conn, sink.view, sink.reader)
+    else:
+        raise DefinitionError(f"{what}: no continuous view or transform named {sink.view}")
     check_filter(conn, sink, what)
     conn.execute(
-        "INSERT INTO cv.sinks (name, view, topic, format, envelope, where_sql, partitions, definition)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-        (sink.name, sink.view, sink.topic, sink.format, sink.envelope, sink.where, sink.partitions, sink.definition),
+        "INSERT INTO cv.sinks (name, view, topic, format, envelope, where_sql, partitions, definition, snapshot_done)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+        (
+            sink.name,
+            sink.view,
+            sink.topic,
+            sink.format,
+            sink.envelope,
+            sink.where,
+            sink.partitions,
+            sink.definition,
+            transform is not None,
+        ),
     )
     # Wake the relay now rather than at its next safety wake (delivered at commit). `{"views": null}`
     # tells every reader of the channel "look again" (migration 0020), the relay among them.
@@ -160,7 +175,8 @@ SELECT s.name, s.view, v.stream, s.topic, s.format, s.envelope, s.where_sql, s.p
   FROM cv.sinks AS s
   JOIN cv.change_readers AS r ON r.view = s.view AND r.reader = 'sink ' || s.name
   JOIN cv.view_change_positions AS p ON p.view = s.view
-  LEFT JOIN cv.views AS v ON v.name = s.view
+  LEFT JOIN (SELECT name, stream FROM cv.views UNION ALL SELECT name, stream FROM cv.transforms) AS v
+    ON v.name = s.view
  ORDER BY s.name
 """
 
