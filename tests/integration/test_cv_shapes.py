@@ -86,6 +86,7 @@ OPTIONS = {
     "expiring": "WITH (ttl = '1 hour', ttl_column = 'ts')",
     "forever": "WITH (changes = true)",
     "rows_ttl": "WITH (ttl = '1 hour', ttl_column = 'at')",
+    "hidden": "WITH (fillfactor = 42)",
 }
 KEYED_VIEW = (
     "SELECT count(*) AS n, sum(x) AS total, avg(x) AS mean, count(DISTINCT x) AS dx, min(x) AS lo, max(x) AS hi"

@@ -8,6 +8,8 @@ from pipelines.cv.frontend.statements import parse
 from pipelines.cv.frontend.view_shapes import EACH_ROW_GROUP, GLOBAL_GROUP
 from pipelines.cv.frontend.windows import STEP_COLUMN
 from pipelines.cv.model import DefinitionError, Join, Scope, Window
+from pipelines.cv.views import compiler
+from pipelines.cv.views.view_types import ViewTypes
 
 CLICKS = (
     "CREATE STREAM clicks (url text, uid bigint, latency float8, ts timestamptz) "
@@ -128,6 +130,13 @@ def test_using_columns_are_the_streams(view):
     assert [g.sql for g in parsed.groups] == ["c.url"]
 
 
+def test_fillfactor_is_the_storage_tables(view):
+    parsed = view("SELECT count(*) FROM clicks", "WITH (fillfactor = 42)")
+    stream = parse(CLICKS, Scope({}, frozenset()))
+    ddl = compiler.create_view_tables(parsed, stream, ViewTypes(("boolean",), ("bigint",), None))
+    assert "fillfactor = 42" in ddl[0].as_string(None)
+
+
 def test_pk_may_name_the_one_group_column(view):
     parsed = view("SELECT uid::integer, count(*) FROM clicks GROUP BY uid", "WITH (pk = 'uid')")
     assert [g.name for g in parsed.groups] == ["uid", "_cv_by_0"]  # the output, and the column it reads
@@ -157,6 +166,7 @@ def test_ttl_column_names_the_group_a_ttl_expires_by(view):
         ("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (ttl = '1 hour', ttl_column = 'url')", "ttl_column"),
         ("SELECT ts, count(*) AS n FROM clicks GROUP BY ts", "WITH (ttl = '1 hour', ttl_column = 'n')", "ttl_column"),
         ("SELECT ts, count(*) FROM clicks GROUP BY ts", "WITH (ttl_column = 'ts')", "give ttl too"),
+        ("SELECT count(*) FROM clicks", "WITH (fillfactor = 5)", "10 to 100"),
         ("SELECT uid::integer, count(*) FROM clicks GROUP BY uid", "WITH (pk = 'count')", "drop pk"),
         ("SELECT url, uid, count(*) FROM clicks GROUP BY url, uid", "WITH (pk = 'url')", "drop pk"),
         ("SELECT count(*) FROM clicks", "WITH (ttl = '1 hour')", "time bucket"),

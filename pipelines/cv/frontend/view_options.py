@@ -13,15 +13,23 @@ from dataclasses import replace
 from pipelines.cv.model import DefinitionError, GroupColumn, StreamDef
 from pipelines.cv.sqltext.parsing import options_of
 
-_OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor", "sw_column", "pk"})
+_OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor", "sw_column", "pk", "fillfactor"})
+_INTEGERS = frozenset({"step_factor", "fillfactor"})  # PipelineDB wrote these unquoted
 _TIME_KINDS = frozenset({"timestamptz", "timestamp", "date"})
 
 
 def view_options(defs: tuple | None, what: str) -> dict[str, str]:
-    """WITH (...) of a view: each a quoted string; step_factor also an integer, as PipelineDB wrote it."""
-    factor = tuple(d for d in defs or () if d.defname == "step_factor")
-    others = tuple(d for d in defs or () if d.defname != "step_factor")
-    return {**options_of(others, _OPTIONS, what), **options_of(factor, _OPTIONS, what, integers=True)}
+    """WITH (...) of a view: each a quoted string; step_factor and fillfactor also integers, as PipelineDB wrote them.
+
+    `fillfactor` (10 to 100) is the storage table's, as PipelineDB passed it to its matrel; by default 80.
+    """
+    integers = tuple(d for d in defs or () if d.defname in _INTEGERS)
+    others = tuple(d for d in defs or () if d.defname not in _INTEGERS)
+    options = {**options_of(others, _OPTIONS, what), **options_of(integers, _OPTIONS, what, integers=True)}
+    fill = options.get("fillfactor")
+    if fill is not None and not (fill.isdigit() and 10 <= int(fill) <= 100):
+        raise DefinitionError(f"{what}: fillfactor is an integer from 10 to 100, not {fill!r}")
+    return options
 
 
 def ttl_column(

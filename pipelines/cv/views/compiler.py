@@ -84,8 +84,8 @@ def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> li
     groups = comma_list([ident(g.name) for g in view.groups])
     statements = [
         # fillfactor leaves room on each page so that updates of a group can stay on its page (HOT).
-        sql.SQL("CREATE TABLE {} ({}, UNIQUE NULLS NOT DISTINCT ({})) WITH (fillfactor = 80)").format(
-            storage_table(view), comma_list(columns), groups
+        sql.SQL("CREATE TABLE {} ({}, UNIQUE NULLS NOT DISTINCT ({})) WITH (fillfactor = {})").format(
+            storage_table(view), comma_list(columns), groups, sql.Literal(int(view.options.get("fillfactor", 80)))
         )
     ]
     expired_by = view.bucket.name if view.ttl and view.bucket else windows.STEP_COLUMN if view.window else None
