@@ -177,21 +177,34 @@ def cmd_define(args: argparse.Namespace) -> int:
 # --- list and drop --------------------------------------------------------------------------------------
 
 
+# Every definition in an order that applies again as a script: streams (not the feed streams of views
+# read by views: those come with the views), transforms, views as they were created (a view over a
+# view or a transform comes after what it reads), then sinks.
+DEFINITIONS_IN_ORDER = """
+SELECT kind, name, definition FROM (
+    SELECT 1 AS rank, 'stream' AS kind, name, definition, created_at FROM cv.streams
+     WHERE NOT starts_with(topic, 'view:')
+    UNION ALL SELECT 2, 'transform', name, definition, created_at FROM cv.transforms
+    UNION ALL SELECT 3, 'view', name, definition, created_at FROM cv.views
+    UNION ALL SELECT 4, 'sink', name, definition, created_at FROM cv.sinks
+) AS d ORDER BY rank, CASE WHEN rank = 3 THEN created_at END, name
+"""
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     """Print streams and views as tables, or their definitions with --sql."""
     settings = PostgresSettings()
     with database(settings, settings.user) as conn:
         if args.sql:
-            rows = conn.execute(  # not the views read by views: their feed streams come with those views
-                "SELECT 'stream', name, definition FROM cv.streams WHERE NOT starts_with(topic, 'view:')"
-                " UNION ALL SELECT 'view', name, definition FROM cv.views ORDER BY 1, 2"
-            ).fetchall()
+            rows = conn.execute(DEFINITIONS_IN_ORDER).fetchall()
             print(
                 "\n\n".join(f"-- {kind} {name}\n{definition.rstrip().rstrip(';')};" for kind, name, definition in rows)
             )
             return 0
         streams = catalog.load_streams(conn, skip_broken=True)  # one no longer valid is logged, not fatal
         views = conn.execute("SELECT name, stream FROM cv.views ORDER BY name").fetchall()
+        transforms = conn.execute("SELECT name, stream FROM cv.transforms ORDER BY name").fetchall()
+        sinks = conn.execute("SELECT name, view, topic, format FROM cv.sinks ORDER BY name").fetchall()
     stream_rows = [
         (s.name, s.topic, s.format, ", ".join(s.key) if s.key else "- (append-only)", s.into or "-")
         for s in streams.values()
@@ -200,6 +213,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(table(("STREAM", "TOPIC", "FORMAT", "KEY", "INTO"), stream_rows) if stream_rows else "no streams")
     print()
     print(table(("VIEW", "STREAM"), views) if views else "no continuous views")
+    if transforms:
+        print()
+        print(table(("TRANSFORM", "STREAM"), transforms))
+    if sinks:
+        print()
+        print(table(("SINK", "FROM", "TOPIC", "FORMAT"), sinks))
     return 0
 
 

@@ -143,7 +143,7 @@ def test_every_drop_resolves_names_the_same_way(owner, streams):
         catalog.drop(owner, [f"nope_{name}"], "view")
     with pytest.raises(DefinitionError, match=f"no continuous view named public.nope_{name}"):
         catalog.define(owner, f"DROP CONTINUOUS VIEW nope_{name}")
-    with pytest.raises(DefinitionError, match=f"no stream or continuous view named {schema}.{name}"):
+    with pytest.raises(DefinitionError, match=f"no stream, continuous view, transform or sink named {schema}.{name}"):
         catalog.drop(owner, [f"{schema}.{name}"])
     # `public.x` can only be the view; once it is dropped, `x` is only the stream: one transaction.
     assert catalog.drop(owner, [f"public.{name}", name]) == [f"view public.{name} dropped", f"stream {name} dropped"]

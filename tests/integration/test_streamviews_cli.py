@@ -122,7 +122,7 @@ def test_define_list_and_drop(cli, pg, admin, name):
     assert ok(cli("drop", f"{name}_v")) == [f"view public.{name}_v dropped"]
     assert ok(cli("drop", name)) == [f"stream {name} dropped"]
     assert catalog_names(pg, name) == set()
-    assert one_error(cli("drop", name)) == f"no stream or continuous view named {name}"
+    assert one_error(cli("drop", name)) == f"no stream, continuous view, transform or sink named {name}"
 
 
 def test_a_file_is_applied_all_or_nothing(cli, pg, admin, name, tmp_path):

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 
-from pipelines.cv import catalog
+from pipelines.cv import catalog, cli
 from pipelines.cv.feeds import ViewFeeds
 from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import apply_rows, throwaway_views, unique
@@ -82,3 +82,18 @@ def test_a_transform_read_by_a_view_is_not_dropped_under_it(pg, streams):
     schema = streams["schema"]
     with pg("sv_owner") as conn, pytest.raises(DefinitionError, match="read"):
         catalog.define(conn, f"DROP CONTINUOUS TRANSFORM {schema}.slow")
+
+
+def test_streamviews_drop_finds_a_transform_and_list_sql_replays_in_order(pg, streams):
+    schema = streams["schema"]
+    with pg("sv_owner", autocommit=True) as conn:
+        listed = conn.execute(cli.DEFINITIONS_IN_ORDER).fetchall()
+        mine = [(kind, name) for kind, name, _ in listed if name.startswith(schema)]
+        assert mine == [
+            ("stream", streams["clicks"]),
+            ("transform", f"{schema}.slow"),
+            ("view", f"{schema}.slow_by_path"),
+            ("view", f"{schema}.slow_total"),
+        ]
+        catalog.drop(conn, [f"{schema}.slow_by_path", f"{schema}.slow_total"])
+        assert catalog.drop(conn, [f"{schema}.slow"]) == [f"transform {schema}.slow dropped"]

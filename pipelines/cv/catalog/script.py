@@ -135,6 +135,8 @@ def _drop(conn: psycopg.Connection, change: Drop, scope: Scope) -> tuple[Outcome
         dropped = True
         if kind == "sink":
             lines.append(drop_sink(conn, qualified, scope).line)
+        elif kind == "transform":
+            lines.append(drop_transforms(conn, DropTransform((qualified,), if_exists=False)).line)
         elif kind == "view":
             lines.append(drop_view(conn, qualified, stream, scope).line)
         else:
@@ -148,7 +150,8 @@ def _drop(conn: psycopg.Connection, change: Drop, scope: Scope) -> tuple[Outcome
 def resolve(conn: psycopg.Connection, name: str, kind: Literal["view", "stream"] | None) -> tuple[str, str, str] | None:
     """What a DROP of `name` drops: ("view", "schema.name", its stream) or ("stream", name, name); None if nothing.
 
-    With no `kind` (`streamviews drop NAME`), a name that is neither may be a sink's: ("sink", name, "").
+    With no `kind` (`streamviews drop NAME`), a name that is neither may be a sink's ("sink", name, "")
+    or a continuous transform's ("transform", "schema.name", "").
 
     `x` names the view `public.x`, as in CREATE CONTINUOUS VIEW x; a stream's name has no schema.
 
@@ -170,10 +173,12 @@ def resolve(conn: psycopg.Connection, name: str, kind: Literal["view", "stream"]
         return "stream", name, name
     if kind is None and conn.execute("SELECT 1 FROM cv.sinks WHERE name = %s", (name,)).fetchone() is not None:
         return "sink", name, ""
+    if kind is None and conn.execute("SELECT 1 FROM cv.transforms WHERE name = %s", (view,)).fetchone() is not None:
+        return "transform", view, ""
     return None
 
 
 def _missing(name: str, kind: Literal["view", "stream"] | None) -> str:
     if kind == "view":
         return f"no continuous view named {name if '.' in name else f'public.{name}'}"
-    return f"no {'stream' if kind == 'stream' else 'stream or continuous view'} named {name}"
+    return f"no {'stream' if kind == 'stream' else 'stream, continuous view, transform or sink'} named {name}"
