@@ -7,12 +7,15 @@ Issue 27's benchmark: a view defined today over a stream whose topic holds `--ev
 1. Produce `--events` page views to a new topic (`--partitions`, keyed by url).
 2. Live: define the stream and `live_stats` (the page views benchmark's `basic` view: count, sum and
    max of latency per url), start ONE runner and time its drain of the backlog: the live figure.
-3. Backfill: with that runner still running, produce page views at `--live-rate` (default: half the
-   live figure) plus a marker page view every 20 ms, whose appearance in `live_stats` is timed
-   (freshness), and define `new_stats`, the same SELECT: its backfill reads the whole backlog.
-   The backfill figure is the offsets it read over the seconds from the definition to its
-   completion (cv.backfill_status); freshness is over the markers sent during the backfill.
-4. Stop producing, wait until the runner has read everything, and check that `new_stats` equals
+3. Backfill alone: with that runner still running and idle, define `new_stats`, the same SELECT:
+   its backfill reads the whole backlog. The backfill figure is the offsets it read over the seconds
+   from the definition to its completion (cv.backfill_status), beside the live figure.
+4. Backfill under load: produce page views at `--live-rate` (default: half the live figure) plus a
+   marker page view every 20 ms, whose appearance in `live_stats` is timed (freshness): for
+   `--baseline-s` without a backfill, then define `loaded_stats` and go on for at most `--load-s`
+   (the backfill yields to a live runner that is behind, so under a load the runner cannot keep up
+   with it would wait for the load to end). Freshness is over the markers sent meanwhile.
+5. Stop producing, wait until the runner has read everything, and check that `new_stats` equals
    `live_stats` row for row (it saw the history by the backfill, the rest live: nothing twice,
    nothing missed), and `live_stats` what was produced.
 
@@ -78,6 +81,7 @@ class SteadyProducer(threading.Thread):
         self.sender = Sender(topic, kafka, client="bench-backfill")
         self.views, self.rate, self.probe = views, rate, probe
         self.halt = threading.Event()
+        self.limit_s = float("inf")  # the load stops after this many seconds, or when halted
         self.produced = self.markers = 0
         self.seconds = 0.0
         self.marked: list[tuple[str, float]] = []  # (marker, sent at): which fall within the backfill
@@ -87,7 +91,7 @@ class SteadyProducer(threading.Thread):
         """Pace against the start (events due = rate x elapsed), as loadgen.common.freshness does."""
         started = next_marker = time.monotonic()
         try:
-            while not self.halt.is_set():
+            while not self.halt.is_set() and time.monotonic() - started < self.limit_s:
                 now = time.monotonic()
                 due = int((now - started) * self.rate)
                 while self.produced < due:
@@ -203,6 +207,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
                     probe = UrlProbe(owner, live)
                     probe.start()
                     steady = SteadyProducer(topic, views, args.live_rate or results.values["live"] / 2, probe, kafka)
+                    steady.limit_s = args.baseline_s + args.load_s
                     steady.start()
                     quiet = time.monotonic()  # the same load without a backfill first: the baseline
                     time.sleep(args.baseline_s)
@@ -219,7 +224,8 @@ def measure(args: argparse.Namespace) -> BenchResult:
                     probe.stop()
                     probe.join(10)
                     markers = len(probe.latencies)
-                    for key, since, until in (("baseline", quiet + 1, started), ("freshness", started, ended)):
+                    load_end = min(ended, quiet + steady.limit_s)  # freshness under the load, while it lasted
+                    for key, since, until in (("baseline", quiet + 1, started), ("freshness", started, load_end)):
                         within = [1000 * lat for (at, lat) in probe.samples if since <= at <= until]
                         if within:
                             results.values[f"{key}_p50"] = percentile(within, 50)
@@ -287,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         "--backfill-pause-s", type=float, help="the runner's PIPELINE_BACKFILL_PAUSE_S (default: its own)"
     )
     parser.add_argument("--baseline-s", type=float, default=5.0, help="seconds of the load before the backfill")
+    parser.add_argument(
+        "--load-s", type=float, default=30.0, help="seconds the load goes on once the backfill started (at most)"
+    )
     parser.add_argument("--seed", type=int, default=1, help="same seed, same events")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the backfill may take")
     return cli.run(parser, measure, "loadgen.backfill", argv)
