@@ -68,7 +68,7 @@ def test_or_replace_changes_only_the_read_view_when_the_storage_is_the_same(owne
 
 def test_or_replace_without_backfill_refuses_to_rebuild_from_an_append_only_stream_and_says_why(owner, streams):
     schema, append = streams["schema"], streams["append"]
-    with pytest.raises(DefinitionError, match="cannot rebuild it without a backfill from .* retained history"):
+    with pytest.raises(DefinitionError, match=r"cannot rebuild it without a backfill from .* retained history"):
         catalog.define(
             owner,
             f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.clicks WITH (backfill = 'none') AS"

@@ -68,7 +68,10 @@ def test_a_feed_streams_definition_reads_back():
     ("select", "message"),
     [
         ("SELECT url, combine(n) AS n FROM web.per_minute GROUP BY url", "combine.. is not supported.*sum"),
-        ("SELECT g, count(*) AS n FROM output_of('web.nope') GROUP BY g", "no continuous view or transform named web.nope"),
+        (
+            "SELECT g, count(*) AS n FROM output_of('web.nope') GROUP BY g",
+            "no continuous view or transform named web\\.nope",
+        ),
         ("SELECT g, count(*) AS n FROM output_of('a', 'b') GROUP BY g", "give exactly one view"),
         ("SELECT g, count(*) AS n FROM generate_series(1, 3) AS g GROUP BY g", "FROM must name one stream"),
         ("SELECT url, count(*) AS n FROM web.per_minute AS p GROUP BY url", "alias"),
