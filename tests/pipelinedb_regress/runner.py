@@ -256,7 +256,7 @@ def _line(message: str) -> str:
 
 def _drop_views(conn: psycopg.Connection, views: list[str]) -> None:
     """Drop views, each after the views that read it; one that cannot go is left to DROP SCHEMA's error."""
-    with contextlib.suppress(DefinitionError):
+    with contextlib.suppress(DefinitionError, StreamviewsError):  # e.g. blocked by a lock: left to the schema's DROP
         drop_in_dependency_order(conn, views)
 
 
