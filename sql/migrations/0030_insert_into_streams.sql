@@ -32,14 +32,21 @@ CREATE TABLE cv.stream_inbox (
 COMMENT ON TABLE cv.stream_inbox IS
     'Rows written to streams with SQL, until the inbox relay has published them to the stream''s topic.';
 
--- cv.stream_insert: the INSTEAD OF INSERT trigger of streams.<stream>; TG_ARGV[0] is the stream.
+-- cv.stream_insert: the INSTEAD OF INSERT trigger of streams.<stream>; TG_ARGV[0] is the stream,
+-- TG_ARGV[1] its timestamp_column ('' for none): left out of the event when NULL, so that it takes
+-- the record's timestamp (the INSERT's time), as an event without the field does.
 -- As its owner: the inserting role needs INSERT on the stream's relation, not on the inbox.
 CREATE FUNCTION cv.stream_insert() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    event jsonb := to_jsonb(NEW);
 BEGIN
-    INSERT INTO cv.stream_inbox (stream, payload) VALUES (TG_ARGV[0], to_jsonb(NEW));
+    IF TG_ARGV[1] <> '' AND event -> TG_ARGV[1] = 'null'::jsonb THEN
+        event := event - TG_ARGV[1];
+    END IF;
+    INSERT INTO cv.stream_inbox (stream, payload) VALUES (TG_ARGV[0], event);
     PERFORM pg_notify('streamviews_inbox', '');  -- once per transaction: equal notifications fold
     RETURN NEW;
 END

@@ -36,11 +36,12 @@ def setup(stack, pg):
     clicks, lines = f"{schema}_clicks", f"{schema}_lines"
     topics = [unique("it-inbox-clicks"), unique("it-inbox-lines")]
     definitions = f"""
-        CREATE STREAM {clicks} (url text NOT NULL, ms int DEFAULT 7, ts timestamptz DEFAULT now())
-            WITH (topic = '{topics[0]}', consumer_group = '{group}', partitions = 2);
+        CREATE STREAM {clicks} (url text NOT NULL, ms int DEFAULT 7, ts timestamptz)
+            WITH (topic = '{topics[0]}', consumer_group = '{group}', partitions = 2, timestamp_column = 'ts');
         CREATE STREAM {lines} (url text, ms int)
             WITH (topic = '{topics[1]}', format = 'csv', consumer_group = '{group}');
-        CREATE CONTINUOUS VIEW {schema}.clicks AS SELECT url, count(*) AS n, sum(ms) AS ms FROM {clicks} GROUP BY url;
+        CREATE CONTINUOUS VIEW {schema}.clicks AS
+            SELECT url, count(*) AS n, sum(ms) AS ms, count(ts) AS stamped FROM {clicks} GROUP BY url;
         CREATE CONTINUOUS VIEW {schema}.lines AS SELECT url, count(*) AS n, sum(ms) AS ms FROM {lines} GROUP BY url;
     """
     runner = start_runner(stack, group)
@@ -90,6 +91,8 @@ def test_insert_select_and_copy_reach_the_view_once_and_a_rollback_never(stack, 
         )
         with pg("sv_owner") as conn:
             assert conn.execute("SELECT count(*) FROM cv.stream_inbox WHERE stream = %s", (clicks,)).fetchone()[0] == 0
+            # ts, never given, took each record's timestamp (the INSERT's time), as timestamp_column says
+            assert conn.execute(f"SELECT sum(n) = sum(stamped) FROM {schema}.clicks").fetchone() == (True,)
     finally:
         relay.send_signal(signal.SIGTERM)
         _, stderr = relay.communicate(timeout=60)

@@ -51,11 +51,12 @@ def create_relation(conn: psycopg.Connection, stream: StreamDef) -> None:
                     target, sql.Identifier(column.name), sql.SQL(column.default)
                 )
             )
-    conn.execute(
-        sql.SQL(
-            "CREATE TRIGGER stream_insert INSTEAD OF INSERT ON {} FOR EACH ROW EXECUTE FUNCTION cv.stream_insert({})"
-        ).format(target, sql.Literal(stream.name))
+    trigger = (
+        "CREATE TRIGGER stream_insert INSTEAD OF INSERT ON {} FOR EACH ROW EXECUTE FUNCTION cv.stream_insert({}, {})"
     )
+    # A NULL timestamp_column is left out of the event: it takes the record's timestamp (migration 0030).
+    timestamp_column = sql.Literal(stream.timestamp_column or "")
+    conn.execute(sql.SQL(trigger).format(target, sql.Literal(stream.name), timestamp_column))
     conn.execute(
         sql.SQL("COMMENT ON VIEW {} IS {}").format(
             target, sql.Literal(f"Stream {stream.name}: rows inserted here are produced to topic {stream.topic}.")
