@@ -67,7 +67,7 @@ class PageView(msgspec.Struct):
 def definitions(schema: str, stream: str, topic: str, group: str, select: str, changes: bool = False) -> list[str]:
     """The bench stream (no key: append-only, so max() and sketches are allowed) and the view `select` defines.
 
-    `changes`: the view records its change stream (WITH (changes = true), docs/views.md).
+    `changes`: the view records its change stream (WITH (changes = true), docs/results.md).
 
     The stream's `consumer_group` is the bench runner's: the supervised runner leaves it alone.
     """

@@ -1,6 +1,6 @@
 """An upsert sink on the page-views view: ingest with it against without, and event -> record latency.
 
-Issue 25's performance figures for sinks (`CREATE SINK`, docs/views.md "Sinks"):
+Issue 25's performance figures for sinks (`CREATE SINK`, docs/results.md "Sinks"):
 
 1. Produce `--events` page views (loadgen.workloads.pageviews: url uniform among `--urls`) to a
    topic of `--partitions`.

@@ -16,7 +16,7 @@ For each sink (cv.sinks, in name order), one page at a time:
    position moved and reads again from there.
 
 At least once: killed between 2 and 3, the relay produces the page again at its next start, the
-same records with the same positions in the same order (docs/views.md, "Delivery guarantee").
+same records with the same positions in the same order (docs/results.md, "Delivery guarantee").
 
 A sink's first run publishes its view's rows instead (its snapshot): the rows and the view's last
 position are read in one REPEATABLE READ transaction (they commit together), the rows produced, and
