@@ -92,7 +92,7 @@ def test_a_filter_postgresql_refuses_fails_the_definition_in_one_line(owner, str
 
 
 def test_a_sink_on_no_view_is_refused(owner, streams):
-    with pytest.raises(DefinitionError, match=f"no continuous view named {streams['schema']}.nothing"):
+    with pytest.raises(DefinitionError, match=f"no continuous view or transform named {streams['schema']}.nothing"):
         catalog.define(owner, f"CREATE SINK {unique('x')} FROM {streams['schema']}.nothing")
 
 
