@@ -138,7 +138,10 @@ def test_a_file_is_applied_all_or_nothing(cli, pg, admin, name, tmp_path):
     assert name not in admin.list_topics(timeout=30).topics
 
     # A definition error in the second statement: the first is not kept either.
-    definitions.write_text(f"{stream_sql(name)};\nCREATE CONTINUOUS VIEW {name}_v AS SELECT oid FROM {name};")
+    definitions.write_text(
+        f"{stream_sql(name)};\nCREATE CONTINUOUS VIEW {name}_v AS"
+        f" SELECT oid, count(*) AS n FROM {name} GROUP BY oid HAVING count(*) > 1;"  # HAVING is refused
+    )
     message = one_error(cli("define", "-f", str(definitions)))
     assert message.startswith(f"statement 2 (line 2): continuous view public.{name}_v: ")
     assert catalog_names(pg, name) == set()
