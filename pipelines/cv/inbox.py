@@ -196,7 +196,10 @@ class InboxRelay:
         if not rows:
             return 0
         page = Page(rows[0][0], tuple(sorted(streams)), rows[-1][1], rows[-1][2])
-        producer = self._producer or self._transactional_producer()
+        if self._producer is None:  # never without recovering first: the last page may be in Kafka already
+            self.recover(conn)
+        producer = self._producer
+        assert producer is not None
         published: dict[str, int] = {}
         producer.begin_transaction()
         try:
