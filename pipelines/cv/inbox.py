@@ -187,6 +187,8 @@ class InboxRelay:
 
     def step(self, conn: psycopg.Connection) -> int:
         """One page: produced in one Kafka transaction with what it was, then deleted here. Rows published."""
+        if self._producer is None:  # recover before reading: the last page may be in Kafka already
+            self.recover(conn)
         streams = self._current_streams(conn)
         rows = conn.execute(
             "SELECT pg_current_snapshot()::text, xid::text::bigint, id, stream, payload::text, inserted_at"
@@ -196,8 +198,6 @@ class InboxRelay:
         if not rows:
             return 0
         page = Page(rows[0][0], tuple(sorted(streams)), rows[-1][1], rows[-1][2])
-        if self._producer is None:  # never without recovering first: the last page may be in Kafka already
-            self.recover(conn)
         producer = self._producer
         assert producer is not None
         published: dict[str, int] = {}
