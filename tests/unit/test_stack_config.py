@@ -119,6 +119,8 @@ def test_every_service_is_supervised_and_restarted_and_the_servers_run_unprivile
     for service in ("postgres", "kafka", "connect", "elasticsearch", "prometheus"):
         assert parser[f"program:{service}"]["user"] == "nobody"
     assert "-Xmx512m" in parser["program:kafka"]["command"]
+    for jvm in ("kafka", "connect"):  # a JVM out of heap exits, and supervisord starts it again
+        assert "-XX:+ExitOnOutOfMemoryError" in parser[f"program:{jvm}"]["command"]
     assert parser["program:streams"]["command"].endswith("-m pipelines.cv.runner")
 
 
