@@ -35,6 +35,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pipelines.cv import catalog, isolation
+from pipelines.cv.catalog import change_streams
 from pipelines.cv.engine import StreamDropped, StreamMaintainer, ViewApplyError, describe_error
 from pipelines.logs import get_logger
 
@@ -52,9 +53,9 @@ SELECT s.name, r.view, r.position, p.last, u.stream
   FROM cv.streams AS s
   JOIN cv.change_readers AS r ON r.reader = 'stream ' || s.name
   JOIN cv.view_change_positions AS p ON p.view = r.view
-  JOIN (SELECT name, stream FROM cv.views UNION ALL SELECT name, stream FROM cv.transforms) AS u ON u.name = r.view
+  JOIN {sources} AS u ON u.name = r.view
  WHERE starts_with(s.topic, 'view:')
-"""
+""".replace("{sources}", change_streams.SOURCES_SQL)
 FENCE_SQL = (
     "UPDATE cv.change_readers SET position = %s, taken_at = now() WHERE view = %s AND reader = %s AND position = %s"
 )

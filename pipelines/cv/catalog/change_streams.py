@@ -14,10 +14,13 @@ no batch of the stream is being applied meanwhile.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import psycopg
 from psycopg import sql
 
-from pipelines.cv.model import DefinitionError, ViewDef
+from pipelines.cv.catalog import store
+from pipelines.cv.model import DefinitionError, Scope, ViewDef
 from pipelines.cv.views import change_capture, compiler
 from pipelines.cv.views.view_types import ViewTypes
 
@@ -93,6 +96,43 @@ def add_stream_reader(conn: psycopg.Connection, name: str, reader: str) -> int:
             raise DefinitionError(f"{reader} already reads the changes of {name}")
         raise DefinitionError(f"{name} records no change stream")
     return int(row[0])
+
+
+# What owns a change stream, with the stream it reads: a continuous view or a continuous transform.
+SOURCES_SQL = "(SELECT name, stream FROM cv.views UNION ALL SELECT name, stream FROM cv.transforms)"
+
+
+@dataclass(frozen=True)
+class Source:
+    """A change stream readers may take: its owner's name, the stream it reads, and the view (None: a transform)."""
+
+    name: str
+    stream: str
+    view: store.CompiledView | None
+
+
+def source_of(conn: psycopg.Connection, name: str, scope: Scope) -> Source | None:
+    """The continuous view or transform `name` as a change-stream source; None when it is neither."""
+    row = conn.execute("SELECT definition, types, stream FROM cv.views WHERE name = %s", (name,)).fetchone()
+    if row is not None:
+        return Source(name, row[2], store.stored_view(row[0], row[1], scope))
+    row = conn.execute("SELECT stream FROM cv.transforms WHERE name = %s", (name,)).fetchone()
+    return Source(name, row[0], None) if row is not None else None
+
+
+def add_source_reader(conn: psycopg.Connection, source: Source, reader: str) -> int:
+    """`add_reader` for a view, `add_stream_reader` for a transform (which records from its creation)."""
+    if source.view is None:
+        return add_stream_reader(conn, source.name, reader)
+    return add_reader(conn, source.view.view, source.view.types, reader)
+
+
+def remove_source_reader(conn: psycopg.Connection, source: Source, reader: str) -> None:
+    """`remove_reader` for a view; a transform keeps recording, so only its reader row goes."""
+    if source.view is None:
+        conn.execute("DELETE FROM cv.change_readers WHERE view = %s AND reader = %s", (source.name, reader))
+    else:
+        remove_reader(conn, source.view.view, reader)
 
 
 def remove_reader(conn: psycopg.Connection, view: ViewDef, reader: str) -> None:

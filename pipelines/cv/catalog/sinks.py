@@ -20,7 +20,7 @@ from datetime import datetime
 import psycopg
 from psycopg import sql
 
-from pipelines.cv.catalog import change_streams, store
+from pipelines.cv.catalog import change_streams
 from pipelines.cv.catalog.locks import Outcome, lock_stream_for_change
 from pipelines.cv.frontend.sinks import DropSink, SinkDef, reader_name
 from pipelines.cv.model import DefinitionError, Scope
@@ -61,17 +61,11 @@ def create_sink(conn: psycopg.Connection, sink: SinkDef, scope: Scope) -> Outcom
         if " ".join(row[0].split()) == " ".join(sink.definition.split()):
             return Outcome(f"sink {sink.name} unchanged", changed=False)
         raise DefinitionError(f"{what}: a sink of this name exists; DROP SINK {sink.name} first")
-    view = conn.execute("SELECT definition, types, stream FROM cv.views WHERE name = %s", (sink.view,)).fetchone()
-    transform = conn.execute("SELECT stream FROM cv.transforms WHERE name = %s", (sink.view,)).fetchone()
-    if view is not None:
-        lock_stream_for_change(conn, view[2], what)
-        compiled = store.stored_view(view[0], view[1], scope)
-        start = change_streams.add_reader(conn, compiled.view, compiled.types, sink.reader)
-    elif transform is not None:  # its rows are appended, never current: no snapshot to publish first
-        lock_stream_for_change(conn, transform[0], what)
-        start = change_streams.add_stream_reader(conn, sink.view, sink.reader)
-    else:
+    source = change_streams.source_of(conn, sink.view, scope)
+    if source is None:
         raise DefinitionError(f"{what}: no continuous view or transform named {sink.view}")
+    lock_stream_for_change(conn, source.stream, what)
+    start = change_streams.add_source_reader(conn, source, sink.reader)
     check_filter(conn, sink, what)
     conn.execute(
         "INSERT INTO cv.sinks (name, view, topic, format, envelope, where_sql, partitions, definition, snapshot_done)"
@@ -85,7 +79,7 @@ def create_sink(conn: psycopg.Connection, sink: SinkDef, scope: Scope) -> Outcom
             sink.where,
             sink.partitions,
             sink.definition,
-            transform is not None,
+            source.view is None,  # a transform's rows are appended, never current: no snapshot to publish
         ),
     )
     # Wake the relay now rather than at its next safety wake (delivered at commit). `{"views": null}`
@@ -131,13 +125,12 @@ def drop_sink(conn: psycopg.Connection, name: str, scope: Scope) -> Outcome:
     what = f"DROP SINK {name}"
     (view_name,) = conn.execute("SELECT view FROM cv.sinks WHERE name = %s", (name,)).fetchone()
     conn.execute("DELETE FROM cv.sinks WHERE name = %s", (name,))
-    view = conn.execute("SELECT definition, types, stream FROM cv.views WHERE name = %s", (view_name,)).fetchone()
-    if view is None:  # a change stream that is not a view's: only the reader to remove
+    source = change_streams.source_of(conn, view_name, scope)
+    if source is None:  # its owner is gone (it cannot be dropped while read): only the reader to remove
         conn.execute("DELETE FROM cv.change_readers WHERE view = %s AND reader = %s", (view_name, reader_name(name)))
     else:
-        lock_stream_for_change(conn, view[2], what)
-        compiled = store.stored_view(view[0], view[1], scope)
-        change_streams.remove_reader(conn, compiled.view, reader_name(name))
+        lock_stream_for_change(conn, source.stream, what)
+        change_streams.remove_source_reader(conn, source, reader_name(name))
     log.info("sink dropped", sink=name, view=view_name)
     return Outcome(f"sink {name} dropped (its topic is kept)")
 
@@ -175,10 +168,9 @@ SELECT s.name, s.view, v.stream, s.topic, s.format, s.envelope, s.where_sql, s.p
   FROM cv.sinks AS s
   JOIN cv.change_readers AS r ON r.view = s.view AND r.reader = 'sink ' || s.name
   JOIN cv.view_change_positions AS p ON p.view = s.view
-  LEFT JOIN (SELECT name, stream FROM cv.views UNION ALL SELECT name, stream FROM cv.transforms) AS v
-    ON v.name = s.view
+  LEFT JOIN {sources} AS v ON v.name = s.view
  ORDER BY s.name
-"""
+""".replace("{sources}", change_streams.SOURCES_SQL)
 
 
 def sink_states(conn: psycopg.Connection) -> list[SinkState]:

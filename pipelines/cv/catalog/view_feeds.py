@@ -52,42 +52,27 @@ def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Sco
         raise DefinitionError(f"{what}: it would read itself ({path}): a cycle")
     if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (feed.name,)).fetchone():
         return
-    transform = conn.execute("SELECT stream FROM cv.transforms WHERE name = %s", (feed.feed_of,)).fetchone()
-    if transform is not None:  # a transform's output: appended rows, recorded since it was made
-        for name in sorted({transform[0], feed.name}):
-            lock_stream_for_change(conn, name, what)
-        conn.execute(
-            "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)",
-            (feed.name, feed.topic, feed.definition),
-        )
-        start = change_streams.add_stream_reader(conn, feed.feed_of, reader_name(feed.name))
-        log.info("view feed created", feed=feed.name, transform=feed.feed_of, start_position=start)
-        return
-    upstream = _stored(conn, feed.feed_of, scope)
-    for name in sorted({upstream.view.stream, feed.name}):
+    upstream = change_streams.source_of(conn, feed.feed_of, scope)
+    if upstream is None:
+        raise DefinitionError(f"no continuous view or transform named {feed.feed_of}")
+    for name in sorted({upstream.stream, feed.name}):
         lock_stream_for_change(conn, name, what)
     conn.execute(
         "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)", (feed.name, feed.topic, feed.definition)
     )
-    start = change_streams.add_reader(conn, upstream.view, upstream.types, reader_name(feed.name))
-    if feed.key is not None:
+    start = change_streams.add_source_reader(conn, upstream, reader_name(feed.name))
+    if feed.key is not None:  # the rows of a view: its state from the view's rows, under the same lock
+        assert upstream.view is not None
         conn.execute(stream_sql.create_state_table(feed))
         state = stream_sql.state_table(feed)
         conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(state, ident(ROLE_WRITER)))
         columns = comma_list([ident(c.name) for c in feed.columns])
         conn.execute(
             sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
-                state, columns, columns, read_views.read_view(upstream.view)
+                state, columns, columns, read_views.read_view(upstream.view.view)
             )
         )
     log.info("view feed created", feed=feed.name, upstream=feed.feed_of, start_position=start)
-
-
-def _stored(conn: psycopg.Connection, name: str, scope: Scope) -> store.CompiledView:
-    row = conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (name,)).fetchone()
-    if row is None:
-        raise DefinitionError(f"no continuous view named {name}")
-    return store.stored_view(row[0], row[1], scope)
 
 
 def _upstreams(conn: psycopg.Connection, view: str) -> list[str]:
@@ -153,18 +138,12 @@ def drop_if_unused(conn: psycopg.Connection, feed_name: str, scope: Scope) -> st
     feed = from_definition(*row)
     assert feed.feed_of is not None
     what = f"DROP of the feed {feed.name}"
-    transform = conn.execute("SELECT stream FROM cv.transforms WHERE name = %s", (feed.feed_of,)).fetchone()
-    if transform is not None:  # a transform records whoever reads it: only the reader goes
-        for name in sorted({transform[0], feed.name}):
-            lock_stream_for_change(conn, name, what)
-        conn.execute(
-            "DELETE FROM cv.change_readers WHERE view = %s AND reader = %s", (feed.feed_of, reader_name(feed.name))
-        )
-    else:
-        upstream = _stored(conn, feed.feed_of, scope)
-        for name in sorted({upstream.view.stream, feed.name}):
-            lock_stream_for_change(conn, name, what)
-        change_streams.remove_reader(conn, upstream.view, reader_name(feed.name))
+    upstream = change_streams.source_of(conn, feed.feed_of, scope)
+    if upstream is None:
+        raise DefinitionError(f"no continuous view or transform named {feed.feed_of}")
+    for name in sorted({upstream.stream, feed.name}):
+        lock_stream_for_change(conn, name, what)
+    change_streams.remove_source_reader(conn, upstream, reader_name(feed.name))
     if feed.key is not None:
         lock_tables(conn, what, [stream_sql.state_table(feed)], holder="a session")
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(stream_sql.state_table(feed)))
