@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 import psycopg
 import pytest
 from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient
 
 from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.sink import ViewSink
@@ -121,7 +120,7 @@ def test_deactivate_names_what_does_not_exist_in_one_line(pg):
         owner.execute("SELECT pipelinedb.deactivate('no_such_thing')")
 
 
-def test_a_deactivated_stream_is_not_read_and_activated_reads_on_from_where_it_stopped(stack, pg, kafka):
+def test_a_deactivated_stream_is_not_read_and_activated_reads_on_from_where_it_stopped(stack, pg, kafka, admin):
     group, schema = unique("it-ops"), unique("opsrun")
     stream, topic = f"{schema}_s", unique("it-ops")
     definitions = f"""
@@ -142,12 +141,12 @@ def test_a_deactivated_stream_is_not_read_and_activated_reads_on_from_where_it_s
     runner = start_runner(stack, group)
     try:
         with throwaway_views(pg, schema, [stream], definitions):
-            wait_for(lambda: _has_topic(kafka, topic), timeout=30, what="the runner to create the topic")
+            wait_for(lambda: topic in admin.list_topics(timeout=10).topics, timeout=30, what="the topic made")
             produce(100)
             wait_for(lambda: counted() == 100, timeout=60, what="the first events")
             with pg("sv_owner", autocommit=True) as owner:
                 owner.execute("SELECT pipelinedb.deactivate(%s)", (stream,))
-            wait_for(lambda: not _assigned(kafka, group, topic), timeout=30, what="the runner to drop the topic")
+            wait_for(lambda: not _assigned(admin, group, topic), timeout=30, what="the runner to drop the topic")
             produce(50)
             with pg("sv_owner", autocommit=True) as owner:
                 assert owner.execute(
@@ -161,12 +160,7 @@ def test_a_deactivated_stream_is_not_read_and_activated_reads_on_from_where_it_s
         delete_topics([topic, f"{topic}.dlq"])
 
 
-def _has_topic(kafka, topic: str) -> bool:
-    return topic in AdminClient({"bootstrap.servers": kafka.bootstrap_servers}).list_topics(timeout=10).topics
-
-
-def _assigned(kafka, group: str, topic: str) -> bool:
+def _assigned(admin, group: str, topic: str) -> bool:
     """Whether a member of the consumer group holds a partition of the topic now."""
-    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     description = admin.describe_consumer_groups([group])[group].result(timeout=30)
     return any(tp.topic == topic for member in description.members for tp in member.assignment.topic_partitions)
