@@ -84,7 +84,7 @@ class Sender:
             self.errors += 1
             self.first_error = self.first_error or str(error)
 
-    def send(self, key: bytes, value: bytes, partition: int = -1) -> None:
+    def send(self, key: bytes | None, value: bytes, partition: int = -1) -> None:
         """Queue one message (-1: the default partitioner), letting librdkafka send while its queue is full."""
         while True:
             try:

@@ -5,7 +5,7 @@ runner and an inbox relay of the benchmark's own consumer group (both `python -m
 sv_writer, default settings). Each round writes `--events` events one way and times, from the
 first write, until the view has counted them all (end to end: outbox, relay, Kafka, runner, view):
 
-- `kafka`: produced as JSON with confluent-kafka's producer (linger 20 ms), then flushed;
+- `kafka`: produced as JSON by the benchmarks' producer (`loadgen.common.kafka.Sender`), then flushed;
 - `insert`: `INSERT INTO <stream> ... SELECT ... FROM generate_series(...)`, `--batch` rows per
   statement, each statement its own transaction;
 - `copy`: one `COPY <stream> FROM STDIN` of all the rows from the client.
@@ -29,13 +29,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psycopg
-from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from loadgen.common.errors import BenchmarkError
+from loadgen.common.kafka import Sender
 from loadgen.common.processes import ServiceProcess, pipeline_env
-from loadgen.common.throwaway import delete_topic, throwaway_definitions, unique_name
+from loadgen.common.throwaway import create_topic, delete_topic, throwaway_definitions, unique_name
 from pipelines.logs import LogSettings, configure_logging
 from pipelines.settings import KafkaSettings, PostgresSettings
 
@@ -49,18 +49,13 @@ TIMEOUT_S = 600.0
 
 
 def write_kafka(kafka: KafkaSettings, topic: str, url: str, events: int, _conninfo: str, _batch: int) -> None:
-    """Produce the events as JSON, then wait for every acknowledgement."""
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 20, "enable.idempotence": True})
+    """Produce the events as JSON with the benchmarks' one producer, then wait for every acknowledgement."""
+    # linger 20 ms and no compression: the settings its figures in docs/performance.md were measured with
+    sender = Sender(topic, kafka, client="stream-insert", **{"linger.ms": 20, "compression.type": "none"})
     for i in range(events):
-        value = json.dumps({"url": url, "uid": i, "latency": (i % 1000) / 10})
-        while True:
-            try:
-                producer.produce(topic, value=value)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    if producer.flush(TIMEOUT_S):
-        raise BenchmarkError("kafka: events not acknowledged in time")
+        sender.send(None, json.dumps({"url": url, "uid": i, "latency": (i % 1000) / 10}).encode())
+    sender.flush(TIMEOUT_S)
+    sender.check()
 
 
 def write_insert(_kafka: KafkaSettings, stream: str, url: str, events: int, conninfo: str, batch: int) -> None:
@@ -141,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     order = [m for r in range(args.rounds) for m in (METHODS if r % 2 == 0 else METHODS[::-1])]
     figures: dict[str, list[tuple[float, float]]] = {m: [] for m in METHODS}
     writers = {"kafka": write_kafka, "insert": write_insert, "copy": write_copy}
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    create_topic(admin, topic, 6)  # before the first event: the producer checks its topic exists
     try:
         with throwaway_definitions(name, statements, [stream], postgres):
             processes = [
@@ -174,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for process in processes:
                     process.stop()
     finally:
-        delete_topic(AdminClient({"bootstrap.servers": kafka.bootstrap_servers}), topic)
+        delete_topic(admin, topic)
     base = statistics.median(args.events / end for _, end in figures["kafka"])
     print(f"\n{args.events:,} events per round, {args.rounds} rounds per method (logs: {logs})")
     print(f"{'method':<8} {'events/s end to end':>20} {'writer s':>9} {'vs kafka':>9}")
