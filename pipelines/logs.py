@@ -15,6 +15,22 @@ import structlog
 from pipelines.settings import LogSettings
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is at each record, not the one at configuration.
+
+    A command run in-process (a test, or a tool that redirects stderr) may replace and close the
+    stream it was configured with; a handler bound to it then fails on every later record.
+    """
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def configure_logging(settings: LogSettings | None = None) -> None:
     """Route stdlib and structlog records through one renderer on stderr."""
     settings = settings or LogSettings()
@@ -35,7 +51,7 @@ def configure_logging(settings: LogSettings | None = None) -> None:
         wrapper_class=structlog.stdlib.BoundLogger,
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StderrHandler()
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             foreign_pre_chain=shared,
