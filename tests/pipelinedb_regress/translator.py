@@ -121,7 +121,7 @@ def read_case(text: str) -> list[Statement]:
     while i < len(lines):
         line = lines[i]
         if not pending and line.lstrip().startswith("\\"):  # a meta-command: one line, maybe a table after
-            i, expected = _output(lines, i + 1)
+            i, expected = _output(lines, _described(lines, i + 1))
             statements.append(Statement(line.strip(), expected))
             continue
         pending.append(line)
@@ -132,6 +132,19 @@ def read_case(text: str) -> list[Statement]:
             statements.append(Statement(joined.strip(), expected))
             pending = []
     return statements
+
+
+def _described(lines: list[str], i: int) -> int:
+    r"""Past what `\d` printed from line i (a title over a table, then indexes, options: up to a blank line).
+
+    Its title line is not a table's header, so without this its lines were read as the next
+    statement's first lines, and that statement (an INSERT, a CREATE VIEW) silently never ran.
+    """
+    if i + 2 < len(lines) and lines[i].strip() and _is_table(lines, i + 1):
+        while i < len(lines) and lines[i].strip():
+            i += 1
+        i += 1  # the blank line that ends it
+    return i
 
 
 def _output(lines: list[str], i: int) -> tuple[int, Expected]:

@@ -76,6 +76,59 @@ def test_a_psql_echo_is_read_into_statements_with_what_each_printed():
     assert statements[9].expected.error is None
 
 
+DESCRIBED = """\
+\\d+ v_mrel
+                 Table "public.v_mrel"
+ Column |  Type  | Collation | Nullable
+--------+--------+-----------+----------
+ k      | text   |           |
+Indexes:
+    "v_mrel_pkey" PRIMARY KEY, btree ("$pk")
+Options: fillfactor=50
+
+INSERT INTO s (k, v) VALUES ('x', 0), ('x', 1);
+\\d v
+       View "public.v"
+ Column | Type
+--------+------
+ k      | text
+
+\\d+ v_osrel;
+       Foreign table "public.v_osrel"
+ Column | Type
+--------+------
+ old    | v
+Server: pipelinedb
+
+SELECT * FROM v;
+ k | sum
+---+-----
+ x |   1
+(1 row)
+
+"""
+
+
+def test_what_a_describe_printed_is_its_output_and_the_statement_after_it_runs():
+    # Its title line once made the describe's lines the start of the next statement: the INSERT after
+    # it never ran, and a case lost the rows of its first INSERT (cont_array_agg, cont_object_agg).
+    statements = read_case(DESCRIBED)
+    assert [s.text for s in statements] == [
+        "\\d+ v_mrel",
+        "INSERT INTO s (k, v) VALUES ('x', 0), ('x', 1);",
+        "\\d v",
+        "\\d+ v_osrel;",
+        "SELECT * FROM v;",
+    ]
+    assert statements[-1].expected.rows == [("x", "1")]
+
+
+def test_every_case_reads_each_describe_as_one_statement():
+    for path in sorted(CASES.glob("*.out")):
+        for statement in load(path.stem):
+            assert "\n-----" not in statement.text or statement.text.lstrip().startswith("--"), (path.stem, statement)
+
+
 def test_streams_and_views_are_renamed_for_the_run_and_declared_in_this_projects_sql():
     steps = translate(read_case(ECHO), names())
     stream, view, insert, select = steps[:4]
