@@ -6,7 +6,8 @@
 
 `run` configures logging, turns SIGTERM into KeyboardInterrupt (so throwaway objects are dropped as
 on Ctrl-C), calls `measure(args)`, prints the result's report and, with `--json PATH`, writes its
-JSON line (`loadgen.common.report.BenchResult`). The exit status is 1 when a figure could not be
+JSON line (`loadgen.common.report.BenchResult`). A stack it cannot reach is one line on stderr and
+exit status 2 (`make up`, and the client settings in .state/stack.env). The exit status is 1 when a figure could not be
 measured or the correctness check found a problem, never because a figure missed a target.
 """
 
@@ -14,8 +15,11 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import psycopg
 
 from loadgen.common import drain
 from loadgen.common.report import BenchResult, command_line
@@ -47,7 +51,13 @@ def run(
     configure_logging()
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     drain.PROGRESS_EVERY_S = args.progress
-    result = measure(args)
+    try:
+        result = measure(args)
+    except psycopg.OperationalError as e:
+        reason = " ".join(str(e).split())
+        hint = "is the stack up (make up) and .state/stack.env loaded?"
+        print(f"cannot reach PostgreSQL ({reason}): {hint}", file=sys.stderr)
+        return 2
     result.command = command_line(module or result.benchmark, argv)
     print(result.text())
     if args.json:

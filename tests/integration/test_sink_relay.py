@@ -242,6 +242,8 @@ def test_an_alert_filter_publishes_one_record_per_crossing_and_the_debezium_enve
     events, oid = Events(kafka, scenario), 900
     processes = [runner(stack, scenario), start_relay(stack, scenario)]
     try:
+        # Snapshots first (a snapshot taken after the first crossing and the fall would miss it).
+        wait_for(lambda: caught_up(pg, [alerts, debezium]), what="the sinks' snapshots")
         # Up past the threshold, down below it, up again: two crossings, each its own batch.
         for ops, expected in (([1] * 5, 5), ([-1] * 4, 1), ([1] * 3, 4)):
             for op in ops:

@@ -149,3 +149,41 @@ def test_the_relay_query_follows_a_view_replaced_with_another_row_type(pg, owner
         assert afters["/after"] == {"url": "/after", "n": 1, "twice": 2}  # and the new one, through the new type
     finally:
         catalog.define(owner, f"DROP SINK {sink}")
+
+
+@pytest.mark.parametrize(
+    ("where", "expected"),
+    [
+        (None, {"/a": 3, "/b": 1}),  # the last change of each key
+        ("(new).n <= 2", {"/a": 2, "/b": 1}),  # the last change of each key that passes
+    ],
+)
+def test_an_upsert_page_publishes_each_keys_last_passing_change_and_a_changes_page_every_change(
+    pg, owner, streams, where, expected
+):
+    view, stream = streams["view"], streams["stream"]
+    upsert, changes = unique("last"), unique("every")
+    options = f", where = '{where}'" if where else ""
+    catalog.define(owner, f"CREATE SINK {upsert} FROM {view} WITH (format = 'upsert'{options})")
+    catalog.define(owner, f"CREATE SINK {changes} FROM {view} WITH (format = 'changes'{options})")
+    try:
+        with pg("sv_writer", autocommit=True) as writer:
+            states = {s.name: s for s in sink_states(writer)}
+            a, b = f"/a{upsert}", f"/b{upsert}"
+            for batch in ([a], [a, b], [a]):  # three transactions: /a changes three times, /b once
+                apply_rows(writer, stream, [1] * len(batch), [(url, NOW) for url in batch])
+            pages = {
+                name: writer.execute(
+                    page_query(states[name]), {"view": view, "after": states[name].position, "page": 100}
+                ).fetchall()
+                for name in (upsert, changes)
+            }
+        (last, end), (every, every_end) = records(pages[upsert]), records(pages[changes])
+        assert end == every_end  # both move past the whole page
+        published = {json.loads(r.key)["url"]: json.loads(r.value)["n"] for r in last}
+        assert published == {a: expected["/a"], b: expected["/b"]}
+        assert [r.position for r in last] == sorted(r.position for r in last)
+        assert len(every) == (4 if where is None else 3)  # /a at 1, 2 (and 3 when no filter), /b at 1
+    finally:
+        catalog.define(owner, f"DROP SINK {upsert}")
+        catalog.define(owner, f"DROP SINK {changes}")

@@ -13,7 +13,13 @@ One query per page of a sink's changes, filtered by its `where` (pipelines.cv.ca
 
 A page is read by position (`position > after ORDER BY position LIMIT page`) and filtered after, so
 the page's last position is known even when the filter keeps none of it: the sink moves past the
-changes it filtered out. A snapshot is the view's rows read as changes of one position (the view's
+changes it filtered out.
+
+An `upsert` page publishes only the last passing change of each key: a compacted topic keeps only
+a key's last record anyway, so the records before it in the same page would be read by consumers
+only to be overwritten. The more the relay falls behind, the more a page holds per key and the fewer
+records it produces, so it catches up instead of falling further behind (ksqlDB's table cache does
+the same). `changes` pages keep every change: their readers want the history, not the state. A snapshot is the view's rows read as changes of one position (the view's
 last) with no before, through the same query, so it is filtered and shaped the same way.
 """
 
@@ -63,23 +69,28 @@ def value_sql(state: SinkState) -> sql.SQL:
     return sql.SQL(f"{CHANGE_JSON}::text")
 
 
-def _shaped(state: SinkState, page: sql.Composable) -> sql.Composed:
+def _shaped(state: SinkState, page: sql.Composable, *, last_per_key: bool = False) -> sql.Composed:
     """The page's changes that pass the filter, plus its last one (which may not), as records in position order.
 
+    With `last_per_key`, of each key's passing changes only the last one (an upsert page).
     Columns: position, passes, key text, value text, committed_at in epoch seconds.
     """
+    kept = "passes"
+    if last_per_key:
+        kept = "passes AND position = max(position) FILTER (WHERE passes) OVER (PARTITION BY key)"
     return sql.SQL(
         "WITH page AS ({page}),"
-        " f AS (SELECT c.*, {passes} AS passes FROM page AS c)"
-        " SELECT position, passes, key::text, CASE WHEN passes THEN {value} END,"
+        " f AS (SELECT c.*, {passes} AS passes FROM page AS c),"
+        " k AS (SELECT f.*, {kept} AS kept FROM f)"
+        " SELECT position, kept, key::text, CASE WHEN kept THEN {value} END,"
         " extract(epoch FROM committed_at)::float8"
-        " FROM f WHERE passes OR position = (SELECT max(position) FROM page) ORDER BY position"
-    ).format(page=page, passes=change_filter(state.view, state.where), value=value_sql(state))
+        " FROM k WHERE kept OR position = (SELECT max(position) FROM page) ORDER BY position"
+    ).format(page=page, passes=change_filter(state.view, state.where), kept=sql.SQL(kept), value=value_sql(state))
 
 
 def page_query(state: SinkState) -> sql.Composed:
-    """The next page of the sink's changes (parameters: view, after, page)."""
-    return _shaped(state, _PAGE)
+    """The next page of the sink's changes (parameters: view, after, page); an upsert page, one per key."""
+    return _shaped(state, _PAGE, last_per_key=state.format == "upsert")
 
 
 def snapshot_query(state: SinkState, view: ViewDef, types: ViewTypes) -> sql.Composed:
