@@ -79,6 +79,7 @@ TypeKind = Literal[
     "date",
     "uuid",
     "jsonb",
+    "input",  # any other type: the field's JSON text, typed by PostgreSQL's input (pipelines.cv.sqltext.types)
 ]
 
 

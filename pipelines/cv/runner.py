@@ -35,6 +35,7 @@ from confluent_kafka import KafkaException, Message
 from pipelines import metrics
 from pipelines.cv import catalog
 from pipelines.cv.backfill import Backfiller
+from pipelines.cv.catalog.stream_types import PostgresInputCheck
 from pipelines.cv.catalog.streams import declared_topic_configs
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.engine import declared_streams
@@ -122,6 +123,8 @@ class StreamRunner:
         self.topic_configs: TopicConfigs = {}  # the configs this runner set on each topic (a stream's retention)
         self.version: int | None = None
         self._conn: psycopg.Connection | None = None
+        # The values of types PostgreSQL reads (kind input) are asked of it as each batch is decoded.
+        self.input_check = PostgresInputCheck(self._catalog_connection)
         self._next_check = self._next_slots = 0.0
         self._slots_refresh_s = 2 * metrics_refresh_s
 
@@ -226,7 +229,7 @@ class StreamRunner:
                 sources[stream.topic] = known  # unchanged: its decoder is kept, not generated again
                 continue
             try:
-                decoder = StreamDecoder(stream)
+                decoder = StreamDecoder(stream, input_check=self.input_check)
             except DefinitionError as e:  # defined by an older release, say: skip it, run the others
                 log.error("stream cannot be decoded; not consumed", stream=stream.name, error=str(e))
                 continue
@@ -302,7 +305,7 @@ class StreamRunner:
             return False
         if stream is None or stream == source.stream or stream.topic != source.stream.topic:
             return False
-        self.sources[stream.topic] = Source(stream, source.target, StreamDecoder(stream))
+        self.sources[stream.topic] = Source(stream, source.target, StreamDecoder(stream, input_check=self.input_check))
         return True
 
     def _ensure_topics(self, sources: Iterable[Source]) -> None:

@@ -19,6 +19,7 @@ from psycopg import sql
 from pipelines.cv.catalog import stream_inserts
 from pipelines.cv.catalog.locks import Outcome, lock_stream_for_change, lock_tables
 from pipelines.cv.catalog.stream_columns import change_column
+from pipelines.cv.catalog.stream_types import check_input_types
 from pipelines.cv.frontend.changes import AlterStream, stream_with_options
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import DefinitionError, StreamDef
@@ -129,6 +130,7 @@ def alter_stream(
 def define_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[str, StreamDef]) -> Outcome:
     """CREATE STREAM, in the caller's transaction, against the `streams` defined so far."""
     _check_stream(conn, stream, streams)
+    check_input_types(conn, stream)
     topic_configs(conn, stream)
     stored = streams.get(stream.name)
     if stored is not None:

@@ -5,6 +5,7 @@ now() / current_timestamp are the decoding time, and current_date the UTC date.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
@@ -14,9 +15,11 @@ from typing import Any
 import pglast
 from pglast import ast
 from pglast.enums import SQLValueFunctionOp
+from pglast.stream import RawStream
 
 from pipelines.cv.decoding.expressions import EvalError, ExpressionCompiler
 from pipelines.cv.model import Check, Column, DefinitionError
+from pipelines.cv.sqltext.types import INPUT
 from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent
 
 
@@ -91,6 +94,32 @@ def compile_check(check: Check, columns: dict[str, tuple[int, Column]], what: st
     )
 
 
+def _input_default(node: ast.Node, column: Column, compiler: ExpressionCompiler) -> Callable[[], Any]:
+    """The DEFAULT of a column PostgreSQL reads (kind input): a string (its text, as an event's field) or NULL.
+
+    Whether PostgreSQL reads the string as the type is asked at CREATE STREAM
+    (pipelines.cv.catalog.stream_types), as for an event's value.
+    """
+    if isinstance(node, ast.TypeCast) and RawStream()(node.typeName) == column.type:
+        node = node.arg  # 'x'::<the column's type>
+    if isinstance(node, ast.A_Const) and node.isnull:
+        if column.not_null:
+            raise compiler.fail(f"NULL in the NOT NULL column {column.name}")
+        return lambda: None
+    if not (isinstance(node, ast.A_Const) and isinstance(node.val, ast.String)):
+        raise compiler.fail(f"a default of a {column.type} column is a string PostgreSQL reads as one, or NULL")
+    text = json.dumps(node.val.sval)  # as an event's JSON string field
+    return lambda: text
+
+
+def default_text(column: Column) -> str | None:
+    """The text a DEFAULT of a column of kind input gives PostgreSQL's input (None: none, or NULL)."""
+    if column.kind != INPUT or column.default is None:
+        return None
+    value = compile_default(column, lambda v: v, (), f"column {column.name}")()
+    return None if value is None else json.loads(value)
+
+
 def compile_default(
     column: Column, from_json: Callable[[Any], Any], checks: tuple[CompiledCheck, ...], what: str
 ) -> Callable[[], Any]:
@@ -112,6 +141,8 @@ def compile_default(
             raise DefinitionError(f"{what}: {label} is a date, not {column.type}")
         return lambda: datetime.now(UTC).date()
     compiler = ExpressionCompiler({}, what, label)
+    if column.kind == INPUT:
+        return _input_default(node, column, compiler)
     value = compiler.compile(node)
     if not value.is_constant:
         raise compiler.fail("a default is a constant, now(), current_timestamp, clock_timestamp() or current_date")

@@ -28,7 +28,7 @@ from pglast.stream import RawStream
 
 from pipelines.cv.decoding.values import EXACT, INT_RANGES, INTEGER, json_converter, text_converter
 from pipelines.cv.model import Column, DefinitionError
-from pipelines.cv.sqltext.types import resolve_type
+from pipelines.cv.sqltext.types import INPUT, resolve_type
 from pipelines.runtime.events import InvalidEvent
 
 
@@ -172,6 +172,8 @@ class ExpressionCompiler:
         if name not in self.refs:
             self.refs.append(name)
         column = self.columns[name][1]
+        if column.kind == INPUT:
+            raise self.fail(f"{name} is {column.type}, which PostgreSQL reads, not decoding: a CHECK cannot use it")
         kind, width = _EXPR_KINDS.get(column.kind, (column.kind, 0))
         return Expr(kind, operator.itemgetter(self.refs.index(name)), width, column=self.refs.index(name))
 
@@ -196,6 +198,8 @@ class ExpressionCompiler:
         """A cast of a constant: the constant read as the type's text, as strictly as an event's."""
         arg = self.compile(node.arg)
         kind, typmods = resolve_type(node.typeName, f"{self.what}: {self.sql}")
+        if kind == INPUT:
+            raise self.fail(f"{RawStream()(node)}: decoding evaluates this without PostgreSQL, which reads that type")
         if arg.is_constant:
             return self.typed(arg, Column("constant", RawStream()(node.typeName), kind, typmods=typmods))
         # A value can be cast where nothing is lost: an integer to a wider type, numeric to double.

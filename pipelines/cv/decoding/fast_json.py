@@ -26,7 +26,7 @@ import msgspec
 
 from pipelines.cv.decoding.checks import CompiledCheck
 from pipelines.cv.decoding.fields import Field
-from pipelines.cv.decoding.json_text import MAX_DEPTH, SUSPECT_NUMBER, read_decimal, too_deep
+from pipelines.cv.decoding.json_text import MAX_DEPTH, SUSPECT_NUMBER, TEXT_KINDS, read_decimal, too_deep
 from pipelines.cv.decoding.values import INT_RANGES, NUMBER, as_real
 from pipelines.cv.model import StreamDef
 from pipelines.runtime.events import INSERT, InvalidEvent, from_epoch_ms, quoted_names, repeat_suspects
@@ -99,7 +99,7 @@ class FastJson:
         self.check_utf8 = stream.unknown_fields == "ignore"  # msgspec skips unknown fields unread
         # Whether msgspec may read a record nested deeper than MAX_DEPTH: in a jsonb column or an
         # ignored field (a column of another type fails at its first bracket).
-        self.nests = self.check_utf8 or any(f.kind == "jsonb" for f in fields)
+        self.nests = self.check_utf8 or any(f.kind in TEXT_KINDS for f in fields)
         types: list[tuple[Any, ...]] = []
         rename = {}
         for f in self.fields:
@@ -244,7 +244,7 @@ class FastJson:
         bad: set[int],
     ) -> list[Any]:
         """A column from its values as msgspec read them (`column`, changed in place or replaced)."""
-        if f.kind == "jsonb":
+        if f.kind in TEXT_KINDS:
             column = _jsonb_column(column, not f.not_null, bad)
         elif f.kind in ("double", "real") and 0.0 in column:
             # Zero, or a number too small for the type that msgspec rounded to zero: the reference tells.
@@ -342,7 +342,7 @@ def _each(fn: Callable[..., Any], items: list[Any], bad: set[int], star: bool = 
 def _fast_type(f: Field) -> Any:
     """The msgspec type of a column's field: exactly the JSON values `from_json` accepts, or fewer."""
     kind = f.kind
-    if kind in ("numeric", "jsonb"):
+    if kind == "numeric" or kind in TEXT_KINDS:
         return msgspec.Raw  # read by the reference's own converter (a JSON null included)
     if kind in INT_RANGES:
         low, high = INT_RANGES[kind]
@@ -388,6 +388,6 @@ def _fast_converter(f: Field) -> Callable[[Any], Any] | None:
             return convert(read_decimal(text))  # an integer too: exact, of any length
 
         return numeric
-    if kind == "jsonb":
+    if kind in TEXT_KINDS:
         return None  # see _jsonb_column
     return convert

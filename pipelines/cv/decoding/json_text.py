@@ -48,6 +48,8 @@ def read_decimal(text: str) -> Decimal:
 ANY_JSON = msgspec.json.Decoder(float_hook=read_decimal)
 # A JSON object's fields as their JSON text, unparsed: how a jsonb column's text is found.
 RAW_OBJECT = msgspec.json.Decoder(dict[str, msgspec.Raw])
+# The kinds whose value is the field's JSON text as written: jsonb, and every type PostgreSQL reads.
+TEXT_KINDS = frozenset({"jsonb", "input"})
 
 _STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
 _STRING_TEXT = re.compile(r'"(?:[^"\\]++|\\.)*+"', re.DOTALL)

@@ -50,9 +50,11 @@ import msgspec
 from pipelines.cv.decoding.checks import compile_check, enforce
 from pipelines.cv.decoding.fast_json import FastJson
 from pipelines.cv.decoding.fields import Field
-from pipelines.cv.decoding.json_text import RAW_OBJECT, check_depth, load_json, surrogate_rejection
+from pipelines.cv.decoding.input_check import InputCheck, InputColumns
+from pipelines.cv.decoding.json_text import RAW_OBJECT, TEXT_KINDS, check_depth, load_json, surrogate_rejection
 from pipelines.cv.decoding.values import as_written
 from pipelines.cv.model import DefinitionError, StreamDef
+from pipelines.cv.sqltext.types import INPUT
 from pipelines.runtime.events import DELETE, INSERT, InvalidEvent, may_repeat, quoted_names
 
 # A Debezium update: its key's row is replaced. `decode` says so; a batch holds it as two changes,
@@ -106,12 +108,17 @@ class StreamDecoder:
         stream: The stream's definition.
         output: The columns whose values the caller needs, in that order (default: all, in declared
             order). The others are still decoded and checked.
+        input_check: Asks PostgreSQL which values of a column of kind input (a type decoding does not
+            read: pipelines.cv.sqltext.types) its input refuses; `decode_batch` and `decode_each`
+            reject those records (`invalid_input`). Without it, they are kept as written.
 
     Raises:
         DefinitionError: A CHECK or DEFAULT cannot be evaluated, or `output` names an unknown column.
     """
 
-    def __init__(self, stream: StreamDef, output: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, stream: StreamDef, output: Sequence[str] | None = None, input_check: InputCheck | None = None
+    ) -> None:
         self.stream = stream
         what = f"CREATE STREAM {stream.name}"
         names = stream.column_names
@@ -124,14 +131,19 @@ class StreamDecoder:
         self._out = tuple(names.index(n) for n in self.output)
         self._limit = stream.max_event_bytes
         self._fields = tuple(Field(i, c, stream, what) for i, c in enumerate(stream.columns))
+        self._inputs = InputColumns(
+            [(p, self._fields[i].column) for p, i in enumerate(self._out) if self._fields[i].kind == INPUT],
+            input_check,
+        )
         columns = {c.name: (i, c) for i, c in enumerate(stream.columns)}
         self._table_checks = tuple(compile_check(c, columns, what) for c in stream.checks)
         self._allowed = frozenset(names) | ({stream.action_field} if stream.action_field else set())
         self._reject_unknown = stream.unknown_fields == "reject"
         self._quoted = quoted_names(sorted(self._allowed))  # a column or the action field given twice
         self._key_index = names.index(stream.kafka_key) if stream.kafka_key else None
-        # jsonb columns keep the JSON text as written: the reference finds it in a second, unparsed read.
-        self._raw_text = any(c.kind == "jsonb" for c in stream.columns)
+        # jsonb columns, and those PostgreSQL reads (kind input), keep the JSON text as written: the
+        # reference finds it in a second, unparsed read.
+        self._raw_text = any(c.kind in TEXT_KINDS for c in stream.columns)
         self._actions = {a: INSERT for a in stream.insert_actions} | {a: DELETE for a in stream.delete_actions}
         self._fast = (
             FastJson.of(stream, self._fields, self._table_checks, self._actions, self._key_index, self._out)
@@ -204,7 +216,7 @@ class StreamDecoder:
                 if f.not_null:
                     raise f.wrong_type(None)
                 value = None
-            elif texts is not None and f.kind == "jsonb":
+            elif texts is not None and f.kind in TEXT_KINDS:
                 value = f.from_json(bytes(texts[f.name]).decode())
             else:
                 value = f.from_json(raw)
@@ -287,6 +299,7 @@ class StreamDecoder:
                 input) is rejected with this reason instead of raising, so the others still count.
         """
         batch = DecodedBatch([], [[] for _ in self._out])
+        records_of: list[int] | None = [] if self._inputs else None  # each change's record
         for index, record in enumerate(records):
             try:
                 decoded = self.decode(record.key(), record.value(), record.timestamp()[1])
@@ -301,8 +314,8 @@ class StreamDecoder:
             if decoded is None:
                 batch.skipped += 1
                 continue
-            _append(batch, *decoded)
-        return batch
+            _append(batch, *decoded, index, records_of)
+        return self._inputs.checked(batch, records_of)
 
     def decode_batch(self, records: Sequence[RecordLike]) -> DecodedBatch:
         """Decode many records at once: exactly what `decode` gives record by record, faster.
@@ -316,8 +329,8 @@ class StreamDecoder:
             retry: Sequence[int] = range(len(records))
         else:
             batch.ops, batch.columns, retry = self._fast.decode(records)
-            if not retry:
-                return batch
+            if not retry:  # one change per record (json)
+                return self._inputs.checked(batch, list(range(len(records))) if self._inputs else None)
         late = []  # records the fast path could not vouch for, yet the reference accepts
         wants_key = self._key_index is not None
         for i in retry:
@@ -336,6 +349,10 @@ class StreamDecoder:
                 batch.skipped += 1
             else:
                 late.append((i, *decoded))
+        records_of: list[int] | None = None  # each change's record, when the input check needs it
+        if self._inputs:
+            retried = set(retry)
+            records_of = [i for i in range(len(records)) if i not in retried] if batch.ops else []
         if late and self._fast is not None and batch.ops:
             # Put them in input order among the fast path's (rare: a JSON key given twice, say).
             retried = {i for i, _ in batch.rejected} | {i for i, *_ in late}
@@ -344,17 +361,20 @@ class StreamDecoder:
             late += zip(fast, batch.ops, rows, strict=True)
             late.sort(key=operator.itemgetter(0))
             batch.ops, batch.columns = [], [[] for _ in self._out]
-        for _, op, values in late:
-            _append(batch, op, values)
-        return batch
+            records_of = [] if records_of is not None else None
+        for index, op, values in late:
+            _append(batch, op, values, index, records_of)
+        return self._inputs.checked(batch, records_of)
 
 
-def _append(batch: DecodedBatch, op: int, values: tuple) -> None:
-    """Add a decoded record's change to a batch: two for a REPLACE."""
+def _append(batch: DecodedBatch, op: int, values: tuple, index: int = 0, records_of: list[int] | None = None) -> None:
+    """Add a decoded record's change to a batch: two for a REPLACE (`records_of`: each change's record)."""
     if op == REPLACE:
-        _append(batch, DELETE, values)
+        _append(batch, DELETE, values, index, records_of)
         op = INSERT
     batch.ops.append(op)
+    if records_of is not None:
+        records_of.append(index)
     for into, value in zip(batch.columns, values, strict=True):
         into.append(value)
 

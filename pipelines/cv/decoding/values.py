@@ -15,6 +15,7 @@ JSON text, as written (see json_text).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import struct
@@ -40,6 +41,7 @@ from pipelines.cv.decoding.json_text import (
     surrogate_rejection,
 )
 from pipelines.cv.model import Column
+from pipelines.cv.sqltext.types import INPUT
 from pipelines.runtime.events import DETAIL_LIMIT, InvalidEvent, check_text, from_epoch_ms, json_text, parse_rfc3339
 
 INT_RANGES = {"smallint": (-(2**15), 2**15 - 1), "integer": (-(2**31), 2**31 - 1), "bigint": (-(2**63), 2**63 - 1)}
@@ -178,6 +180,15 @@ def json_converter(column: Column, range_reason: str) -> tuple[str, Callable[[An
             return UUID(value)
 
         return "a JSON string (a UUID)", uuid
+    if kind == INPUT:
+        expected = f"a JSON value PostgreSQL reads as {column.type}"
+
+        def as_written_text(text: str) -> str:
+            # `text`: a present value's JSON text, as written: PostgreSQL's input reads it (INPUT_SQL),
+            # and the runner asks PostgreSQL whether it does (pipelines.cv.decoding.input_check).
+            return text
+
+        return expected, as_written_text
     assert kind == "jsonb", kind
 
     def jsonb(text: str) -> str:
@@ -275,7 +286,9 @@ def text_converter(column: Column, from_json: Callable[[Any], Any], range_reason
             return text == "true"
         if kind == "timestamptz":
             return from_json(read_integer(text) if INTEGER.fullmatch(text) else text)
-        if kind == "jsonb":
+        if kind == INPUT and not column.type.lower().startswith("json"):
+            return from_json(json.dumps(text))  # the field's text, as a JSON string field gives it
+        if kind in ("jsonb", INPUT):  # json: the field is JSON text
             encoded = text.encode()
             check_depth(encoded, name)
             try:

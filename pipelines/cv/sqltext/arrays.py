@@ -27,7 +27,7 @@ def array_literal(values: Sequence[Any], kind: str) -> str:
     """The values of a column of this kind (see Column.kind) as an array literal; None is NULL."""
     if not values:
         return "{}"
-    if kind in ("text", "varchar", "jsonb"):
+    if kind in ("text", "varchar", "jsonb", "input"):  # input: JSON texts (pipelines.cv.sqltext.types)
         return _text_literal(values)
     element = _ELEMENT.get(kind, str)
     if None in values:

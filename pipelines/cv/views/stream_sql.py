@@ -12,8 +12,9 @@ import pglast
 from pglast import ast
 from psycopg import sql
 
-from pipelines.cv.model import StreamDef, ViewDef, state_table_name
+from pipelines.cv.model import Column, StreamDef, ViewDef, state_table_name
 from pipelines.cv.sqltext.parsing import walk
+from pipelines.cv.sqltext.types import INPUT, INPUT_SQL
 from pipelines.cv.views.sql_text import CV_SCHEMA, comma_list, ident, raw
 
 
@@ -61,6 +62,23 @@ def create_delta_table(stream: StreamDef) -> sql.Composed:
     )
 
 
+def shipped_array(column: Column) -> sql.Composed:
+    """A column's batch parameter, cast: an array of its type, or of JSON texts for a type PostgreSQL reads."""
+    return sql.SQL("%t::{}[]").format(raw("json" if column.kind == INPUT else column.type))
+
+
+def shipped_value(column: Column, batch: str = "b") -> sql.Composable:
+    """A shipped column in the batch's rows: as is, or (kind input) its JSON text typed by PostgreSQL's input.
+
+    pipelines.cv.sqltext.types: one conversion for every such type, json_to_record's.
+    """
+    if column.kind != INPUT:
+        return ident(column.name)
+    value = sql.SQL("{}.{}").format(ident(batch), ident(column.name))
+    typed = sql.SQL(INPUT_SQL).format(value=value, type=raw(column.type))  # type: ignore[arg-type]
+    return sql.SQL("{} AS {}").format(typed, ident(column.name))
+
+
 def batch_to_deltas(stream: StreamDef) -> sql.Composed:
     """One statement: a batch (parallel arrays: op, then each column) into deltas.
 
@@ -77,10 +95,14 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
     names = [ident(c.name) for c in stream.columns]
     # Each column is one array literal (pipelines.cv.arrays): PostgreSQL parses it in C, where
     # psycopg's array dumpers would spend a Python call per value in the committing thread.
-    arrays = [sql.SQL("%t::{}[]").format(raw(c.type)) for c in stream.columns]
+    arrays = [shipped_array(c) for c in stream.columns]
     batch = sql.SQL("SELECT * FROM unnest(%t::int2[], {}) WITH ORDINALITY AS b(op, {}, seq)").format(
         comma_list(arrays), comma_list(names)
     )
+    if any(c.kind == INPUT for c in stream.columns):
+        batch = sql.SQL("SELECT op, {}, seq FROM ({}) AS b").format(
+            comma_list([shipped_value(c) for c in stream.columns]), batch
+        )
     if stream.key is None:
         return sql.SQL("INSERT INTO {} (_cv_sign, {}) SELECT 1, {} FROM ({}) AS b WHERE op = 1").format(
             delta_table(stream), comma_list(names), comma_list(names), batch
@@ -153,11 +175,11 @@ def batch_source(stream: StreamDef, shipped: tuple[str, ...]) -> sql.Composed:
     """
     names = [ident(c) for c in shipped]
     columns = [
-        ident(c.name) if c.name in shipped else sql.SQL("NULL::{} AS {}").format(raw(c.type), ident(c.name))
+        shipped_value(c) if c.name in shipped else sql.SQL("NULL::{} AS {}").format(raw(c.type), ident(c.name))
         for c in stream.columns
     ]
-    types = {c.name: c.type for c in stream.columns}
-    arrays = [sql.SQL("%t::{}[]").format(raw(types[c])) for c in shipped]
+    by_name = {c.name: c for c in stream.columns}
+    arrays = [shipped_array(by_name[c]) for c in shipped]
     return sql.SQL("(SELECT 1::int2 AS _cv_sign, {} FROM unnest({}) AS b({}))").format(
         comma_list(columns), comma_list(arrays), comma_list(names)
     )

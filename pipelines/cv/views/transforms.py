@@ -29,15 +29,17 @@ def referenced_columns(transform: TransformDef) -> set[str]:
 
 def numbered_batch(stream: StreamDef, shipped: tuple[str, ...]) -> sql.Composed:
     """The batch's events from their array parameters (`shipped` columns; the others NULL), numbered in order."""
-    types = {c.name: c.type for c in stream.columns}
+    by_name = {c.name: c for c in stream.columns}
     columns = [
-        ident(c.name) if c.name in shipped else sql.SQL("NULL::{} AS {}").format(raw(c.type), ident(c.name))
+        stream_sql.shipped_value(c)
+        if c.name in shipped
+        else sql.SQL("NULL::{} AS {}").format(raw(c.type), ident(c.name))
         for c in stream.columns
     ]
     return sql.SQL("(SELECT {}, {} FROM unnest({}) WITH ORDINALITY AS b({}, {}))").format(
         comma_list(columns),
         ident(SEQ),
-        comma_list([sql.SQL("%t::{}[]").format(raw(types[c])) for c in shipped]),
+        comma_list([stream_sql.shipped_array(by_name[c]) for c in shipped]),
         comma_list([ident(c) for c in shipped]),
         ident(SEQ),
     )
