@@ -13,14 +13,14 @@ One query per page of a sink's changes, filtered by its `where` (pipelines.cv.ca
 
 A page is read by position (`position > after ORDER BY position LIMIT page`) and filtered after, so
 the page's last position is known even when the filter keeps none of it: the sink moves past the
-changes it filtered out.
+changes it filtered out. A snapshot is the view's rows read as changes of one position (the view's
+last) with no before, through the same query, so it is filtered and shaped the same way.
 
 An `upsert` page publishes only the last passing change of each key: a compacted topic keeps only
 a key's last record anyway, so the records before it in the same page would be read by consumers
 only to be overwritten. The more the relay falls behind, the more a page holds per key and the fewer
 records it produces, so it catches up instead of falling further behind (ksqlDB's table cache does
-the same). `changes` pages keep every change: their readers want the history, not the state. A snapshot is the view's rows read as changes of one position (the view's
-last) with no before, through the same query, so it is filtered and shaped the same way.
+the same). `changes` pages keep every change: their readers want the history, not the state.
 """
 
 from __future__ import annotations
