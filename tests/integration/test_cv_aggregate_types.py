@@ -7,7 +7,9 @@ bits), except floats. PostgreSQL's own float sums depend on the order it reads r
 sum(real) adds up in real where a view adds up in double precision (as PostgreSQL's avg(real)
 does), so a `real` result is compared to 1e-5 of its value and a `double precision` one to 1e-12.
 
-Types a stream column cannot have (money, interval, bit, timestamp) come from casts in the view.
+Here money, interval, bit and timestamp come from casts in the view; the same pairs over stream columns
+of those types (and json, inet, oid, arrays, enums, composites), read by PostgreSQL's input, are in
+test_stream_input_types.py.
 """
 
 from __future__ import annotations

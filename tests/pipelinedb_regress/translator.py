@@ -219,6 +219,7 @@ class Names:
     views: set[str] = field(default_factory=set)
     tables: set[str] = field(default_factory=set)
     schemas: set[str] = field(default_factory=set)  # schemas the case creates (or renames to): dropped after
+    types: set[str] = field(default_factory=set)  # types the case creates: qualified in its streams' columns
 
     def topic(self, stream: str) -> str:
         return f"pdbregress-{self.suffix}-{stream.replace('.', '-')}"
@@ -350,6 +351,8 @@ def _step(statement: Statement, names: Names) -> Step:
         if not transform and reads_stream:  # a PipelineDB view sees the events after its creation, not history
             options = options[:-1] + ", backfill = 'none')" if options else "WITH (backfill = 'none')"
         verb = verb.replace("CREATE", "CREATE OR REPLACE") if m.group(1) else verb
+        for type_ in names.types:  # a cast to the case's type, as the runner finds it
+            body = re.sub(rf"::\s*{type_}\b", f"::{names.schema}.{type_}", body, flags=re.I)
         sql = f"{verb} {names.schema}.{name} {options} AS " + names.rewrite(body, qualify_relations=True)
         names.views.add(name)
         return Step("view", statement, sql=sql, name=f"{names.schema}.{name}", source=name)
@@ -368,6 +371,8 @@ def _step(statement: Statement, names: Names) -> Step:
         names.schemas.update(n.lower() for n in schema if n)
     if m := (_CREATE_TABLE.match(text) or _CREATE_OTHER.match(text)):
         names.tables.add(m.group(1).lower())
+        if re.match(r"\s*CREATE\s+TYPE\b", text, re.I):
+            names.types.add(m.group(1).lower())
     return Step("sql", statement, sql=names.rewrite(text, qualify_relations=False))
 
 
@@ -376,6 +381,8 @@ def _stream(statement: Statement, names: Names, name: str, columns: str, rest: s
         return Step("unsupported", statement, reason=f"stream options of PipelineDB ({rest.strip()[:40]})")
     renamed = f"{name.split('.')[-1]}_{names.suffix}"
     names.streams[name] = renamed
+    for type_ in names.types:  # the runner finds a type of the case's schema by its qualified name only
+        columns = re.sub(rf"(\w\s+){type_}\b", rf"\g<1>{names.schema}.{type_}", columns, flags=re.I)
     # PipelineDB gives every stream an arrival_timestamp, the time of the INSERT: here a column of that
     # name, filled by the stream relation's DEFAULT when the row is inserted.
     sql = (

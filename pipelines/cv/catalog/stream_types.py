@@ -7,6 +7,8 @@ the one to ask:
 - at CREATE STREAM (`check_input_types`): the type exists, is not a pseudo-type, names the same type
   for the runner as for the definer (the runner's search_path is `public, streams`: a type of
   another schema is written with its schema), and a DEFAULT is a value of it;
+- at CREATE CONTINUOUS VIEW (`check_groupable`): a view's rows are keyed by its groups, so a group
+  of a type without equality (json) is refused in one line, saying what to write instead;
 - for every batch (`PostgresInputCheck`, the decoder's `input_check`): which values the input
   refuses. One statement reads the whole column; only when it fails does migration 0034's
   cv.input_errors name each refused value, each in a subtransaction of its own.
@@ -21,7 +23,7 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv.decoding.checks import default_text
-from pipelines.cv.model import DefinitionError, StreamDef
+from pipelines.cv.model import DefinitionError, StreamDef, ViewDef
 from pipelines.cv.sqltext.arrays import array_literal
 from pipelines.cv.sqltext.types import INPUT, INPUT_SQL
 from pipelines.logs import get_logger
@@ -41,7 +43,7 @@ def check_input_types(conn: psycopg.Connection, stream: StreamDef) -> None:
     for column in stream.columns:
         if column.kind != INPUT:
             continue
-        where = f"CREATE STREAM {stream.name}: column {column.name}: type {column.type}"
+        where = f"CREATE STREAM {stream.name}: column {column.name}: type {column.type.removeprefix('pg_catalog.')}"
         row = conn.execute(
             "SELECT to_regtype(%s)::oid, t.typtype, t.typnamespace::regnamespace::text"
             " FROM pg_type AS t WHERE t.oid = to_regtype(%s)",
@@ -98,3 +100,23 @@ class PostgresInputCheck:
             # Unchecked, the batch's statement fails on such a value: the batch is isolated then.
             log.warning("cannot ask PostgreSQL which values it refuses; not checked", type=type_, error=str(e).strip())
             return {}
+
+
+def check_groupable(conn: psycopg.Connection, view: ViewDef, group_types: Sequence[str]) -> None:
+    """Each GROUP BY expression is of a type PostgreSQL can tell equal values of (a view's rows are keyed by them).
+
+    json (point, xml, ...) has no equality: grouping by it is refused in one line, saying what to write.
+
+    Raises:
+        DefinitionError: The first group whose type has no equality.
+    """
+    for group, type_ in zip(view.groups, group_types, strict=True):
+        try:
+            with conn.transaction():
+                conn.execute(sql.SQL("SELECT 1 FROM (SELECT NULL::{}) AS s(x) GROUP BY x").format(sql.SQL(type_)))
+        except psycopg.errors.UndefinedFunction:
+            instead = f"({group.sql})::text" + (", or declare the column jsonb" if type_ == "json" else "")
+            raise DefinitionError(
+                f"continuous view {view.qualified_name}: GROUP BY {group.sql}: type {type_} has no equality to group "
+                f"rows by; group by {instead}"
+            ) from None

@@ -26,6 +26,7 @@ from psycopg.types.json import Jsonb
 
 from pipelines.cv.catalog import backfills, change_streams, store, view_feeds
 from pipelines.cv.catalog.locks import Outcome, drop_read_view, lock_stream_for_change, lock_tables
+from pipelines.cv.catalog.stream_types import check_groupable
 from pipelines.cv.catalog.view_checks import check_ttl, check_units, check_window
 from pipelines.cv.frontend.backfill import backfill_rule
 from pipelines.cv.frontend.changes import AlterView, with_options
@@ -66,6 +67,7 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> Outcom
     check_window(conn, view)
     check_units(conn, view, stream)
     types = view_types.resolve(conn, view, stream)
+    check_groupable(conn, view, types.groups)
     if row is None:
         lock_stream_for_change(conn, stream.name, what)
         conn.execute(  # first: the view's position row, if it records changes, refers to it
