@@ -46,6 +46,7 @@ AggregateKind = Literal[
     "append",
     "bloom",
     "freq",
+    "combined",  # combine() of an upstream view's summary, recomputed per group (pipelines.cv.views.combine)
 ]
 # Aggregates that cannot forget a value: a retraction leaves them as they are.
 MONOTONIC: frozenset[str] = frozenset({"hll", "tdigest", "topk", "state", "keyed", "first", "append", "bloom", "freq"})

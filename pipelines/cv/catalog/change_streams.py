@@ -20,6 +20,7 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv.catalog import store
+from pipelines.cv.frontend.combine import is_states_reader
 from pipelines.cv.model import DefinitionError, Scope, ViewDef
 from pipelines.cv.views import change_capture, compiler
 from pipelines.cv.views.view_types import ViewTypes
@@ -29,12 +30,15 @@ def record_changes(conn: psycopg.Connection, view: ViewDef, types: ViewTypes) ->
     """Record the view's changes from now on (again, after its read view changed): triggers and position row."""
     if view.window is not None:  # the front end refuses the option there; a caller must not force it
         raise ValueError(f"{view.qualified_name}: a sliding window's changes cannot be recorded")
-    for statement in change_capture.create_triggers(view, types):
+    # A combine() reader (pipelines.cv.frontend.combine) needs the stored states with each change (0033).
+    states = any(is_states_reader(r) for r in readers(conn, view.qualified_name))
+    for statement in change_capture.create_triggers(view, types, states=states):
         conn.execute(statement)
     conn.execute(
-        "INSERT INTO cv.view_change_positions (view, delta_columns) VALUES (%s, %s)"
-        " ON CONFLICT (view) DO UPDATE SET recording = true, delta_columns = excluded.delta_columns",
-        (view.qualified_name, change_capture.delta_columns(view, types)),
+        "INSERT INTO cv.view_change_positions (view, delta_columns, states) VALUES (%s, %s, %s)"
+        " ON CONFLICT (view) DO UPDATE SET recording = true, delta_columns = excluded.delta_columns,"
+        " states = excluded.states",
+        (view.qualified_name, change_capture.delta_columns(view, types), states),
     )
 
 
@@ -74,6 +78,8 @@ def add_reader(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, reader
     ).fetchone()
     if row is None:
         raise DefinitionError(f"{reader} already reads the changes of {view.qualified_name}")
+    if is_states_reader(reader):  # its changes carry the states from now on
+        record_changes(conn, view, types)
     return int(row[0])
 
 
@@ -132,14 +138,19 @@ def remove_source_reader(conn: psycopg.Connection, source: Source, reader: str) 
     if source.view is None:
         conn.execute("DELETE FROM cv.change_readers WHERE view = %s AND reader = %s", (source.name, reader))
     else:
-        remove_reader(conn, source.view.view, reader)
+        remove_reader(conn, source.view.view, reader, source.view.types)
 
 
-def remove_reader(conn: psycopg.Connection, view: ViewDef, reader: str) -> None:
-    """`reader` takes no more of the view's changes; recording stops when nobody else wants them."""
+def remove_reader(conn: psycopg.Connection, view: ViewDef, reader: str, types: ViewTypes | None = None) -> None:
+    """`reader` takes no more of the view's changes; recording stops when nobody else wants them.
+
+    The last combine() reader gone (`types` given), the changes no longer carry the stored states.
+    """
     conn.execute("DELETE FROM cv.change_readers WHERE view = %s AND reader = %s", (view.qualified_name, reader))
     if not view.records_changes and not readers(conn, view.qualified_name) and is_recording(conn, view.qualified_name):
         stop_recording(conn, view)
+    elif types is not None and is_states_reader(reader) and is_recording(conn, view.qualified_name):
+        record_changes(conn, view, types)
 
 
 def readers(conn: psycopg.Connection, name: str) -> list[str]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import psycopg
 
+from pipelines.cv.frontend import combine
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.frontend.view_sources import appends_stream, from_definition, is_feed_topic, rows_stream
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
@@ -144,10 +145,58 @@ def readable_views(conn: psycopg.Connection) -> dict[str, StreamDef]:
 
     A view: the keyed feed stream of its rows. A transform: the append-only feed of its output rows.
     """
-    views = {}
+    views = _ReadableViews(conn)
     for name, columns, types, key in conn.execute(_VIEW_SHAPES).fetchall():
         if key:
             views[name] = rows_stream(name, tuple(zip(columns, types, strict=True)), tuple(key))
     for name, columns in conn.execute("SELECT name, columns FROM cv.transforms").fetchall():
         views[name] = appends_stream(name, tuple((column, type_) for column, type_ in columns))
     return views
+
+
+class _ReadableViews(dict):
+    """The readable views, and on demand each one's states feeds, which only a view with combine() reads.
+
+    `combine(v)` and `output_of(v, states)` (pipelines.cv.frontend.combine) need v's stored
+    aggregates: v's definition is parsed when a statement asks for them, not for every statement.
+    """
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        super().__init__()
+        self._conn = conn
+
+    def __missing__(self, name: str) -> StreamDef:
+        feed = self._states_feed(name)
+        if feed is None:
+            raise KeyError(name)
+        self[name] = feed
+        return feed
+
+    def get(self, name: str, default: StreamDef | None = None) -> StreamDef | None:  # type: ignore[override]
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def _states_feed(self, name: str) -> StreamDef | None:
+        changes = name.startswith("output_of(") and name.endswith(", states)")
+        if changes:
+            view = name[len("output_of(") : -len(", states)")]
+        elif name.startswith(f"{combine.COMBINE}(") and name.endswith(")"):
+            view = name[len(combine.COMBINE) + 1 : -1]
+        else:
+            return None
+        rows = super().get(view)
+        row = self._conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (view,)).fetchone()
+        if row is None or (not changes and (rows is None or rows.key is None)):
+            return None
+        # The feeds as they are in this transaction (a script's earlier statement may have made one):
+        # load_streams keeps the streams of the catalog version, which moves once the script is done.
+        feeds = self._conn.execute("SELECT name, topic, definition FROM cv.streams WHERE starts_with(topic, 'view:')")
+        streams = {**load_streams(self._conn, skip_broken=True), **{r[0]: from_definition(*r) for r in feeds}}
+        in_scope = Scope(streams, general.user_aggregates(self._conn))
+        compiled = stored_view(row[0], row[1], in_scope)
+        if changes:
+            return combine.changes_states_stream(compiled.view, compiled.types.aggregates)
+        assert rows is not None
+        return combine.rows_states_stream(rows, compiled.view, compiled.types.aggregates)

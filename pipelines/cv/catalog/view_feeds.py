@@ -13,6 +13,10 @@ definition's transaction:
    state and the start position describe the same moment, so the new view's backfill from the
    state and the changes after the position add up to the upstream's rows, exactly.
 
+A view with combine() reads its upstream's *states* feed (`combine(v)`, `output_of(v, states)`:
+pipelines.cv.frontend.combine): the same, with each row's stored states, which the upstream then
+records with its changes; its state is filled from the upstream's storage.
+
 `output_of` starts from now (its stream is append-only: PipelineDB's output streams too), and so
 does a view over a continuous transform (its feed reads the transform's rows recorded after). The last
 view of a feed dropped drops the feed (its reader removed, the upstream's recording stopped if
@@ -27,9 +31,10 @@ from psycopg import sql
 
 from pipelines.cv.catalog import change_streams, store
 from pipelines.cv.catalog.locks import lock_stream_for_change, lock_tables
+from pipelines.cv.frontend.combine import STATES_KEY, is_states_feed
 from pipelines.cv.frontend.view_sources import FEED_TOPIC_PREFIX, from_definition, is_feed_topic
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
-from pipelines.cv.views import read_views, stream_sql
+from pipelines.cv.views import change_capture, compiler, read_views, stream_sql
 from pipelines.cv.views.sql_text import comma_list, ident
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_WRITER
@@ -67,12 +72,30 @@ def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Sco
         state = stream_sql.state_table(feed)
         conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(state, ident(ROLE_WRITER)))
         columns = comma_list([ident(c.name) for c in feed.columns])
-        conn.execute(
-            sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
-                state, columns, columns, read_views.read_view(upstream.view.view)
+        if is_states_feed(feed):  # the rows and their stored states, projected as the capture does
+            conn.execute(_states_fill(feed, upstream.view), ())
+        else:
+            conn.execute(
+                sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(
+                    state, columns, columns, read_views.read_view(upstream.view.view)
+                )
             )
-        )
     log.info("view feed created", feed=feed.name, upstream=feed.feed_of, start_position=start)
+
+
+def _states_fill(feed: StreamDef, upstream: store.CompiledView) -> sql.Composed:
+    """A combine() reader's feed state from the upstream's storage: each row with its states (as 0033 records them)."""
+    projection = change_capture.projection(upstream.view, upstream.types, states=True)
+    return sql.SQL(
+        "INSERT INTO {state} SELECT r.* FROM (WITH cv_rows AS (SELECT * FROM {storage}) {projection}) AS p"
+        " CROSS JOIN LATERAL jsonb_populate_record(NULL::{state},"
+        " (p.row - {key}) || coalesce(p.row -> {key}, '{{}}')) AS r"
+    ).format(
+        state=stream_sql.state_table(feed),
+        storage=compiler.storage_table(upstream.view),
+        projection=sql.SQL(projection),  # the view's own definition, compiled: no event data
+        key=sql.Literal(STATES_KEY),
+    )
 
 
 def _upstreams(conn: psycopg.Connection, view: str) -> list[str]:

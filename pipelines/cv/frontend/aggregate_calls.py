@@ -203,6 +203,7 @@ KNOWN = frozenset(
     | {"percentile_cont", "topk_agg", "exact_count_distinct", "approx_count_distinct"}
     | COLLECTING
     | PIPELINEDB
+    | {"combine"}  # over a view's states: pipelines.cv.frontend.combine
 )
 
 
@@ -248,6 +249,8 @@ def translate(
     """
     name = function_name(call)
     label = RawStream()(call)
+    if name == "combine" and len(call.args or ()) == 2 and isinstance(call.args[1], ast.FuncCall):
+        return _combined(call.args[1], what)  # as stored (pipelines.cv.frontend.combine): read as its upstream call
     if call.over is not None:
         raise DefinitionError(f"{what}: {label}: window functions (OVER) are not supported in a continuous view")
     if name in REFUSED:
@@ -311,6 +314,17 @@ def translate(
         return Translation(function, (Stored("count", x, where), Stored("count", x, true)), _bool(function))
     # Any other aggregate: kept as its PostgreSQL transition state when it has a combine function.
     return Translation(name, (Stored("state", ", ".join(args), where, (name,)),), read_as_stored, retractable=False)
+
+
+def _combined(upstream: ast.FuncCall, what: str) -> Translation:
+    """combine(column, upstream call) as stored: the upstream call's reader over the merged states, cast to its type."""
+    inner = translate(upstream, what, windowed=False)
+
+    def read(refs: list[str], type_: str) -> str:
+        value = inner.reader(refs, type_)
+        return _cast(f"({value})", type_) if type_ else value
+
+    return Translation(inner.function, inner.stored, read, inner.retractable)
 
 
 def _distinct(

@@ -87,6 +87,8 @@ def typing_sql(call_sql: str) -> str:
         return call_sql
     name = ".".join(n.sval for n in call.funcname).lower()
     args = [RawStream()(a) for a in call.args or ()]
+    if name == "combine":  # combine(column, upstream call): the column's type (pipelines.cv.frontend.combine)
+        return args[0]
     if name in {"keyed_max", "keyed_min"}:
         return args[1]
     if name == "first_values":

@@ -22,8 +22,8 @@ view's change stream (cv.view_changes) and are applied by the runner's feeds (pi
 A feed stream is stored in cv.streams like any stream (so its views, state, plan version and lock
 are a stream's), with a topic no Kafka topic can have (`view:...`: Kafka refuses ':') and its shape
 as JSON for a definition (`to_definition`); the scope offers every view's candidate shape
-(`Scope.views`) for a view that reads one first. `combine()` (merging the upstream's stored
-aggregate states) is not supported: `refuse_combine` names what to write instead.
+(`Scope.views`) for a view that reads one first. A view that calls `combine()` (merging the
+upstream's stored aggregate states) reads a states feed instead: pipelines.cv.frontend.combine.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from pglast import ast
 from pglast.stream import RawStream
 
 from pipelines.cv.model import Column, DefinitionError, StreamDef
-from pipelines.cv.sqltext.parsing import walk
 
 FEED_TOPIC_PREFIX = "view:"  # ':' is not a Kafka topic character: no declared stream can have such a topic
 OUTPUT_OF = "output_of"
@@ -167,14 +166,3 @@ def _checked(stream: StreamDef, what: str) -> StreamDef:
 def refuse_feed_by_name(stream: StreamDef, what: str) -> None:
     """A feed stream is named through its view: FROM the view, or output_of(view)."""
     raise DefinitionError(f"{what}: {stream.name} is fed by view {stream.feed_of}; read the view itself")
-
-
-def refuse_combine(select: ast.SelectStmt, what: str) -> None:
-    """combine(col) is not supported: say what to write instead over the upstream's output columns."""
-    for node in walk(select.targetList or ()):
-        if isinstance(node, ast.FuncCall) and node.funcname[-1].sval.lower() == "combine":
-            raise DefinitionError(
-                f"{what}: combine() is not supported; roll the upstream's outputs up instead: sum(n) of a count "
-                "or a sum, min/max of a min/max, sum(total) / sum(n) for an average (keep its sum and count as "
-                "outputs of the upstream view)"
-            )

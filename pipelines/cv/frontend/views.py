@@ -19,6 +19,7 @@ from pglast import ast
 from pglast.enums import SetOperation
 from pglast.stream import RawStream
 
+from pipelines.cv.frontend import combine
 from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
 from pipelines.cv.frontend.backfill import check_backfill_option
 from pipelines.cv.frontend.buckets import bucket_unit
@@ -31,7 +32,6 @@ from pipelines.cv.frontend.view_shapes import (
     hidden_group,
     plain_join,
 )
-from pipelines.cv.frontend.view_sources import refuse_combine
 from pipelines.cv.frontend.windows import option_window, split_window, step_group
 from pipelines.cv.model import (
     BOOLEAN_WORDS,
@@ -83,9 +83,11 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         what,
         " in a continuous view",
     )
-    refuse_combine(select, what)
     _distinct_as_groups(select, what)
-    stream, join = from_stream(select, scope, what)
+    combining = combine.uses_combine(select)  # reads its upstream's states feed (pipelines.cv.frontend.combine)
+    stream, join = from_stream(select, combine.scope_for(scope) if combining else scope, what)
+    if combining:
+        stream = combine.states_source(stream, scope.streams, scope.views, what)
     columns = set(stream.column_names)
     names = _Names(columns, join)
     if join is not None:
@@ -142,6 +144,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         Aggregate(column, item.kind, item.arg_sql, item.filter_sql, item.params) for item, column in stored.items()
     )
     check_backfill_option(options, stream, aggregates, what)
+    combine.check_combined(aggregates, what)
     view = ViewDef(
         schema=schema,
         name=name,
@@ -208,7 +211,13 @@ class _KeptCalls:
             if child is not None:
                 _check_expression((child,), self.names, what, self.user_aggregates)
         never_null = frozenset(self.stream.key or ())
-        translation = translate(call, what, windowed=self.windowed, never_null=never_null, count_nulls=self.count_nulls)
+        call_sql = RawStream()(call)
+        if call.funcname[-1].sval.lower() == combine.COMBINE:
+            translation, call_sql = combine.translate_combine(call, self.stream, what, windowed=self.windowed)
+        else:
+            translation = translate(
+                call, what, windowed=self.windowed, never_null=never_null, count_nulls=self.count_nulls
+            )
         sketch = translation.function in {"hll_add_agg", "hll_union_agg"}  # kept: a retraction leaves it as it is
         if self.stream.key is not None and not translation.retractable and not sketch:
             raise DefinitionError(_not_retractable(RawStream()(call), self.stream.name, what))
@@ -219,7 +228,7 @@ class _KeptCalls:
                 plain = "column" if out == ANONYMOUS else out
                 self.stored[item] = out if own else f"_cv_{plain}_{len(self.stored)}"
             names.append(self.stored[item])
-        self.calls.append(AggregateCall(translation.function, RawStream()(call), tuple(names)))
+        self.calls.append(AggregateCall(translation.function, call_sql, tuple(names)))
         return ast.ColumnRef(fields=(ast.String(sval=call_placeholder(len(self.calls) - 1)),))
 
 

@@ -15,6 +15,8 @@ How each kind merges a batch (`v` the stored row, `d` the batch's aggregate for 
 | state                | the aggregate's     | its combine function (append-only streams)        |
 |                      | transition state    |                                                   |
 | keyed, first, append | see pipelines.cv.views.pipelinedb_columns (append-only streams)         |
+| combined             | an upstream's       | recomputed from the feed's rows per changed group |
+|                      | summary (combine()) | (pipelines.cv.views.combine)                      |
 
 Any kind but the DISTINCT ones takes a FILTER (WHERE ...). Each view also keeps the number of stream
 rows behind a group (ROWS), and, with array_agg(DISTINCT), the values a batch removes (REMOVED). See
@@ -31,6 +33,7 @@ from psycopg import sql
 
 from pipelines.cv.model import Aggregate, ViewDef
 from pipelines.cv.sqltext.parsing import split_arguments
+from pipelines.cv.views.combine import recombined
 from pipelines.cv.views.general import StateFunctions
 from pipelines.cv.views.pipelinedb_columns import either as _either
 from pipelines.cv.views.pipelinedb_columns import pipelinedb_column
@@ -141,6 +144,8 @@ def stored_columns(
             batch = sql.SQL("{}({}) FILTER (WHERE _cv_sign > 0{})").format(raw(functions.partial), a, _and(where))
             merge = _either(col, sql.SQL("{}(v.{}, excluded.{})").format(raw(functions.combine), col, col))
             columns.append(StoredColumn(aggregate.name, batch, merge))
+        elif aggregate.kind == "combined":  # combine() of a summary over a view's rows: recomputed per group
+            columns.append(StoredColumn(aggregate.name, *recombined(view, aggregate, window_merge, states)))
         elif aggregate.kind == "count_distinct":
             batch = sql.SQL("coalesce(sum({}) FILTER (WHERE ({}) IS NOT NULL), 0)").format(sign, value)
             columns.append(StoredColumn(aggregate.name, batch, add))

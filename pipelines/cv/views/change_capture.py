@@ -10,12 +10,17 @@ The projection is the read view's own select list (pipelines.cv.views.read_views
 over the transition table, so a change's before and after are exactly rows of `<schema>.<view>`.
 Views with a sliding window cannot record changes: their rows change as time passes, with no write
 to capture (pipelines.cv.frontend.views refuses the option there).
+
+A view read by a combine() reader (pipelines.cv.frontend.combine) projects its stored states too:
+`projection(..., states=True)` adds them to the row under `_cv_states`, which cv.record_view_changes moves
+to the change's before_states / after_states (migration 0033), so users' rows stay as they were.
 """
 
 from __future__ import annotations
 
 from psycopg import sql
 
+from pipelines.cv.frontend.combine import STATES_KEY, mergeable_states, state_column
 from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP  # a view without GROUP BY: its one row's key is {}
 from pipelines.cv.model import ViewDef, call_placeholder
 from pipelines.cv.views.compiler import storage_table
@@ -27,17 +32,37 @@ from pipelines.cv.views.view_types import ViewTypes
 TRIGGERS = {"INSERT": "cv_changes_insert", "UPDATE": "cv_changes_update", "DELETE": "cv_changes_delete"}
 # An output's change is a delta when it is one of these aggregates of a number (PipelineDB's (delta)).
 DELTA_FUNCTIONS = frozenset({"count", "sum"})
+# Stored states a change carries as their text (read back by jsonb_populate_record through the type's input).
+AS_TEXT = frozenset({"tdigest", "hll", "bloom", "freq", "min", "max", "combined"})
 NUMBER_TYPES = frozenset({"smallint", "integer", "bigint", "numeric", "real", "double precision"})
 
 
-def projection(view: ViewDef, types: ViewTypes) -> str:
-    """A SELECT of (key, row) over the transition table `cv_rows AS s`: the group key, the row as users read it."""
+def projection(view: ViewDef, types: ViewTypes, *, states: bool = False) -> str:
+    """A SELECT of (key, row) over the transition table `cv_rows AS s`: the group key, the row as users read it.
+
+    `states`: the row also holds the stored states combine() merges, as `{"_cv_states": {...}}`
+    (one jsonb_build_object per row: measured with loadgen.rollup, docs/results.md).
+    """
+    row = sql.SQL("to_jsonb(o)")
+    kept = mergeable_states(view)
+    if states and kept:
+        # As text where to_jsonb is no inverse of the type's input (a t-digest becomes a JSON object).
+        pairs = [
+            sql.SQL("{}, s.{}{}").format(
+                sql.Literal(state_column(a.name)), ident(a.name), sql.SQL("::text" if a.kind in AS_TEXT else "")
+            )
+            for a in kept
+        ]
+        row = sql.SQL("to_jsonb(o) || jsonb_build_object({}, jsonb_build_object({}))").format(
+            sql.Literal(STATES_KEY), comma_list(pairs)
+        )
     return (
         sql.SQL(
-            "SELECT to_jsonb(k) AS key, to_jsonb(o) AS row FROM cv_rows AS s"
+            "SELECT to_jsonb(k) AS key, {} AS row FROM cv_rows AS s"
             " CROSS JOIN LATERAL (SELECT {}) AS k CROSS JOIN LATERAL (SELECT {}) AS o"
         )
         .format(
+            row,
             comma_list([sql.SQL("s.{}").format(ident(g.name)) for g in view.groups if g != GLOBAL_GROUP]),
             comma_list([sql.SQL(c) for c in output_columns(view, types)]),
         )
@@ -59,10 +84,14 @@ def delta_columns(view: ViewDef, types: ViewTypes) -> list[str]:
     return columns
 
 
-def create_triggers(view: ViewDef, types: ViewTypes) -> list[sql.Composed]:
-    """DDL: the capture triggers on the view's storage, replacing those of an earlier read view."""
+def create_triggers(view: ViewDef, types: ViewTypes, *, states: bool = False) -> list[sql.Composed]:
+    """DDL: the capture triggers on the view's storage, replacing those of an earlier read view.
+
+    `states`: a combine() reader reads the view: the changes carry its stored states (`projection`).
+    """
     storage = storage_table(view)
-    args = sql.SQL("{}, {}").format(sql.Literal(view.qualified_name), sql.Literal(projection(view, types)))
+    text = projection(view, types, states=states)
+    args = sql.SQL("{}, {}").format(sql.Literal(view.qualified_name), sql.Literal(text))
     statements = drop_triggers(view)
     for event, name in TRIGGERS.items():
         tables = {

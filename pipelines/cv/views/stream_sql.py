@@ -12,6 +12,7 @@ import pglast
 from pglast import ast
 from psycopg import sql
 
+from pipelines.cv.frontend.combine import NEW_STATES, OLD_STATES, is_states_feed
 from pipelines.cv.model import Column, StreamDef, ViewDef, state_table_name
 from pipelines.cv.sqltext.parsing import walk
 from pipelines.cv.sqltext.types import INPUT, INPUT_SQL
@@ -217,8 +218,16 @@ _CHANGES = "FROM cv.view_changes AS v WHERE v.view = %t AND v.position > %t::big
 
 
 def _row(stream: StreamDef, json: str) -> sql.Composed:
-    """The upstream's row typed from a change's JSON (`json`, an expression over `v`); NULL stays NULL."""
+    """The upstream's row typed from a change's JSON (`json`, an expression over `v`); NULL stays NULL.
+
+    A combine() reader's keyed feed (pipelines.cv.frontend.combine) reads the states too: the row and
+    its states (`<json>_states`, migration 0033) as a row of the feed's state table.
+    """
     assert stream.feed_of is not None
+    if is_states_feed(stream) and stream.key is not None:
+        return sql.SQL(
+            "CASE WHEN {0} IS NOT NULL THEN jsonb_populate_record(NULL::{1}, {0} || coalesce({2}, '{{}}')) END"
+        ).format(sql.SQL(json), state_table(stream), sql.SQL(f"{json}_states"))
     return sql.SQL("CASE WHEN {0} IS NOT NULL THEN jsonb_populate_record(NULL::{1}, {0}) END").format(
         sql.SQL(json), raw(stream.feed_of)
     )
@@ -299,9 +308,11 @@ def changes_source(stream: StreamDef) -> sql.Composed:
     `(delta)` holds the group columns and, for outputs that are a count or a sum, their change
     (cv.view_changes.delta); its other columns are NULL.
     """
-    return sql.SQL("(SELECT 1::int2 AS _cv_sign, {} AS old, {} AS new, {} AS delta {})").format(
+    states = sql.SQL(", v.before_states AS {}, v.after_states AS {}").format(ident(OLD_STATES), ident(NEW_STATES))
+    return sql.SQL("(SELECT 1::int2 AS _cv_sign, {} AS old, {} AS new, {} AS delta{} {})").format(
         _row(stream, "v.before"),
         _row(stream, "v.after"),
         _row(stream, "v.key || coalesce(v.delta, '{}')"),
+        states if is_states_feed(stream) else sql.SQL(""),  # combine()'s (pipelines.cv.frontend.combine)
         sql.SQL(_CHANGES),
     )

@@ -1,0 +1,61 @@
+"""combine() of summaries that cannot forget a row: recomputed per changed group from the feed's current rows.
+
+A t-digest, a top-k summary, a Bloom filter or a count-min sketch cannot take a retraction away,
+so over `FROM public.pv` (whose changes retract the old row) combine() of one is kept as kind
+`combined` (pipelines.cv.frontend.combine): each batch recomputes the groups it touches as the merge
+of the states of the feed's rows in the group, read from the feed's state table (which the feed
+brings to the upstream's current rows before the views run: pipelines.cv.views.stream_sql). The
+merge is the one a sliding window uses to merge its steps (`window_merge`): tdigest(), the top-k
+merge, ...
+
+Its cost per changed group is a scan of the feed's rows (the state table has no index on the
+rollup's groups, whose expressions, like date_trunc over timestamptz, are not immutable): suited to
+rollups, whose upstream keeps a ttl; docs/results.md says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import pglast
+from pglast import ast
+from pglast.stream import RawStream
+from psycopg import sql
+
+from pipelines.cv.model import Aggregate, ViewDef, state_table_name
+from pipelines.cv.sqltext.parsing import walk
+from pipelines.cv.views.general import StateFunctions
+from pipelines.cv.views.sql_text import CV_SCHEMA, ident, raw
+
+
+def qualified(expression: str, alias: str) -> str:
+    """`expression` with each unqualified column reference qualified by `alias` (a view over a feed joins nothing)."""
+    select = pglast.parse_sql(f"SELECT {expression}")[0].stmt
+    for node in walk(select.targetList):
+        if isinstance(node, ast.ColumnRef) and len(node.fields) == 1 and isinstance(node.fields[0], ast.String):
+            node.fields = (ast.String(sval=alias), node.fields[0])
+    return RawStream()(select.targetList[0].val)
+
+
+def recombined(
+    view: ViewDef, aggregate: Aggregate, merge_of, states: Mapping[str, StateFunctions] | None
+) -> tuple[sql.Composable, sql.Composable]:
+    """A `combined` column's batch (its group recomputed from the feed's rows) and merge (the batch replaces it).
+
+    `merge_of(aggregate, column, type, states)` is the merge of a summary's states (aggregates.window_merge).
+    The batch is a subquery in the upsert's grouped SELECT over the deltas `d`: the group's value reaches
+    it as an aggregate of the outer level, `(array_agg(<group over d>))[1]`.
+    """
+    upstream = Aggregate(aggregate.name, aggregate.params[0], params=aggregate.params[1:])  # type: ignore[arg-type]
+    column = f"st.{aggregate.arg_sql}"
+    conditions = [
+        f"({qualified(g.sql, 'st')}) IS NOT DISTINCT FROM (array_agg({qualified(g.sql, 'd')}))[1]" for g in view.groups
+    ]
+    if view.where_sql:
+        conditions.append(f"({qualified(view.where_sql, 'st')})")
+    batch = sql.SQL("(SELECT {} FROM {} AS st WHERE {})").format(
+        raw(merge_of(upstream, column, "", states or {})),
+        ident(CV_SCHEMA, state_table_name(view.stream)),
+        raw(" AND ".join(conditions) or "true"),
+    )
+    return batch, sql.SQL("excluded.{}").format(ident(aggregate.name))

@@ -1,0 +1,103 @@
+"""combine() as the front end reads it: what a rollup keeps of its upstream's states, and each refusal in one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipelines.cv.frontend import combine
+from pipelines.cv.frontend.statements import NO_SCOPE, parse
+from pipelines.cv.frontend.view_sources import rows_stream
+from pipelines.cv.model import DefinitionError, Scope
+
+CLICKS = parse("CREATE STREAM clicks (url text, uid int, ms int, ts timestamptz) WITH (topic = 'clicks')", NO_SCOPE)
+MINUTE = parse(
+    "CREATE CONTINUOUS VIEW web.per_minute AS SELECT date_trunc('minute', ts) AS minute, url, count(*) AS n,"
+    " avg(ms) AS mean, stddev(ms) AS spread, approx_count_distinct(uid) AS users, max(ms) AS peak,"
+    " percentile_cont(0.9) WITHIN GROUP (ORDER BY ms) AS p90, topk_agg(url, 3) AS top,"
+    " count(DISTINCT uid) AS exact_users, sum(ms) + 1 AS plus FROM clicks GROUP BY 1, 2",
+    Scope({"clicks": CLICKS}, frozenset()),
+)
+# The storage's types as PostgreSQL resolves them (here: what each kind stores).
+TYPES = tuple(
+    {"count": "bigint", "sum": "numeric", "max": "integer", "hll": "hll", "tdigest": "tdigest", "topk": "jsonb"}.get(
+        a.kind, "bigint"
+    )
+    for a in MINUTE.aggregates
+)
+ROWS = rows_stream(
+    "web.per_minute",
+    tuple((o.name, "numeric") for o in MINUTE.outputs),
+    ("minute", "url"),
+)
+VIEWS = {
+    "web.per_minute": ROWS,
+    "combine(web.per_minute)": combine.rows_states_stream(ROWS, MINUTE, TYPES),
+    "output_of(web.per_minute, states)": combine.changes_states_stream(MINUTE, TYPES),
+}
+SCOPE = Scope({"clicks": CLICKS}, frozenset(), views=VIEWS)
+
+
+def view(select: str):
+    return parse(f"CREATE CONTINUOUS VIEW web.v AS {select}", SCOPE)
+
+
+def test_combine_of_an_average_keeps_the_sums_of_its_count_and_sum_and_reads_as_avg():
+    hourly = view("SELECT date_trunc('hour', minute) AS hour, combine(mean) AS mean FROM web.per_minute GROUP BY 1")
+    assert hourly.stream == "combine(web.per_minute)"
+    assert [a.kind for a in hourly.aggregates] == ["sum", "sum"]
+    assert all(a.arg_sql.startswith('"_cv_state_') for a in hourly.aggregates)
+    (call,) = hourly.calls
+    assert (call.function, call.sql) == ("avg", 'combine("mean", avg(ms))')  # typed as the column, read as avg
+
+
+def test_combine_keeps_each_kind_as_it_merges():
+    hourly = view(
+        "SELECT url, combine(n) AS n, combine(spread) AS spread, combine(users) AS users, combine(peak) AS peak,"
+        " combine(p90) AS p90, combine(top) AS top FROM web.per_minute GROUP BY url"
+    )
+    kinds = [(a.kind, a.params) for a in hourly.aggregates]
+    assert kinds[:4] == [("sum", ())] * 4  # n; then spread's n, sum(x), sum(x*x) (n shared with count: once)
+    assert ("hll", ("union",)) in kinds
+    assert ("max", ()) in kinds
+    assert ("combined", ("tdigest", "100")) in kinds
+    assert ("combined", ("topk", "100")) in kinds
+
+
+def test_combine_over_output_of_adds_each_changes_after_minus_before():
+    daily = view(
+        "SELECT date_trunc('day', (delta).minute) AS day, combine((delta).mean) AS mean, combine((delta).users) AS u"
+        " FROM output_of('web.per_minute') GROUP BY 1"
+    )
+    assert daily.stream == "output_of(web.per_minute, states)"
+    sums = [a.arg_sql for a in daily.aggregates if a.kind == "sum"]
+    assert len(sums) == 2
+    assert all(" - coalesce(" in s and "_cv_old_states" in s for s in sums)
+    assert [a.params for a in daily.aggregates if a.kind == "hll"] == [("union",)]
+
+
+@pytest.mark.parametrize(
+    ("select", "message"),
+    [
+        ("SELECT url, combine(exact_users) AS u FROM web.per_minute GROUP BY url", "exact distinct count.*approx"),
+        ("SELECT url, combine(plus) AS p FROM web.per_minute GROUP BY url", "plus is not an aggregate output"),
+        ("SELECT minute, combine(url) AS p FROM web.per_minute GROUP BY minute", "url is not an aggregate output"),
+        ("SELECT url, combine(n) AS n FROM clicks GROUP BY url", "merges a continuous view's stored aggregates"),
+        ("SELECT url, combine(n, 1) AS n FROM web.per_minute GROUP BY url", r"combine\(column\) over FROM <view>"),
+        ("SELECT url, combine(DISTINCT n) AS n FROM web.per_minute GROUP BY url", "no DISTINCT"),
+        ("SELECT url, combine(n) FILTER (WHERE n > 1) AS n FROM web.per_minute GROUP BY url", "FILTER"),
+        ("SELECT url, combine(n + 1) AS n FROM web.per_minute GROUP BY url", r"combine\(column\)"),
+        ("SELECT combine(n) AS n FROM output_of('web.per_minute')", "n is not a column of the stream"),
+        (
+            "SELECT (delta).url AS url, combine((delta).p90) AS p FROM output_of('web.per_minute') GROUP BY 1",
+            "FROM the view itself",
+        ),
+        (
+            "SELECT url, combine(p90) AS p, count(DISTINCT minute) AS m FROM web.per_minute GROUP BY url",
+            "cannot share a view",
+        ),
+    ],
+)
+def test_what_combine_cannot_merge_is_refused_in_one_line(select, message):
+    with pytest.raises(DefinitionError, match=message) as refused:
+        view(select)
+    assert "\n" not in str(refused.value)
