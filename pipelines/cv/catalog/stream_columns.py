@@ -23,6 +23,7 @@ from psycopg import sql
 from pipelines.cv.catalog import stream_inserts
 from pipelines.cv.catalog.locks import Outcome, lock_stream_for_change, lock_tables
 from pipelines.cv.catalog.store import load_views
+from pipelines.cv.catalog.stream_types import check_input_types
 from pipelines.cv.catalog.transforms import load_transforms
 from pipelines.cv.frontend.changes import AlterStream, stream_with_column
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
@@ -58,6 +59,10 @@ def change_column(
             raise DefinitionError(
                 f"{what}: ADD COLUMN {column.name} NOT NULL needs a DEFAULT: the events before it have no value for it"
             )
+        try:
+            check_input_types(conn, stream)  # a type PostgreSQL reads: it exists, the same for the runner
+        except DefinitionError as e:
+            raise DefinitionError(f"{what}: {str(e).removeprefix(f'CREATE STREAM {stored.name}: ')}") from e
         line = f"stream {stored.name} altered: column {column.name} added"
     else:
         column = next(c for c in stored.columns if c.name == change.drop_column)

@@ -286,7 +286,7 @@ def text_converter(column: Column, from_json: Callable[[Any], Any], range_reason
             return text == "true"
         if kind == "timestamptz":
             return from_json(read_integer(text) if INTEGER.fullmatch(text) else text)
-        if kind == INPUT and not column.type.lower().startswith("json"):
+        if kind == INPUT and column.type.removeprefix("pg_catalog.") != "json":
             return from_json(json.dumps(text))  # the field's text, as a JSON string field gives it
         if kind in ("jsonb", INPUT):  # json: the field is JSON text
             encoded = text.encode()
