@@ -13,7 +13,9 @@
  *
  * Layouts (native byte order: a sketch is read by the server that wrote it):
  *   Bloom:     uint32 magic, uint32 k, uint64 m (bits), then m bits
- *   count-min: uint32 magic, uint32 depth, uint32 width, uint32 pad, int64 total, int64 counters[depth][width]
+ *   count-min: uint32 magic, uint32 depth, uint32 width, Oid element, int64 total, int64 counters[depth][width]
+ * `element` is the type of the values counted (0 in sketches made before version 1.4), so that
+ * freq(sketch, '042') reads the literal as that type, as PipelineDB did: the integer 42.
  */
 #include "postgres.h"
 
@@ -28,6 +30,7 @@
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/lsyscache.h"
+#include "utils/syscache.h"
 #include "utils/typcache.h"
 
 #define BLOOM_MAGIC 0x424c4f31	/* "BLO1" */
@@ -52,19 +55,27 @@ typedef struct FreqHeader
 	uint32		magic;
 	uint32		depth;
 	uint32		width;
-	uint32		pad;
+	Oid			element;
 	int64		total;
 } FreqHeader;
+
+/* The two hashes of a value's text form. */
+static void
+text_hashes(const char *text, uint64 *h1, uint64 *h2)
+{
+	size_t		len = strlen(text);
+
+	*h1 = hash_bytes_extended((const unsigned char *) text, (int) len, 0x5eed0001);
+	*h2 = hash_bytes_extended((const unsigned char *) text, (int) len, 0x5eed0002) | 1;
+}
 
 /* The two hashes of a value, through its type's output function. */
 static void
 value_hashes(Datum value, Oid typoutput, uint64 *h1, uint64 *h2)
 {
 	char	   *text = OidOutputFunctionCall(typoutput, value);
-	size_t		len = strlen(text);
 
-	*h1 = hash_bytes_extended((const unsigned char *) text, (int) len, 0x5eed0001);
-	*h2 = hash_bytes_extended((const unsigned char *) text, (int) len, 0x5eed0002) | 1;
+	text_hashes(text, h1, h2);
 	pfree(text);
 }
 
@@ -380,13 +391,29 @@ freq_insert_into(bytea *b, Datum value, Oid typoutput)
 	freq_insert(freq_of(b), value, typoutput);
 }
 
+/* A sketch's element type, noted by its first add (a merge keeps either side's). */
+static Datum
+freq_note_type(FunctionCallInfo fcinfo, Datum sketch, Oid element)
+{
+	FreqHeader *h;
+
+	if (fcinfo->isnull || !OidIsValid(element))
+		return sketch;
+	h = (FreqHeader *) VARDATA(DatumGetPointer(sketch));
+	if (h->element == InvalidOid)
+		h->element = element;
+	return sketch;
+}
+
 PG_FUNCTION_INFO_V1(sv_freq_add);
 
 /* freq_add(sketch, values anyarray, eps, p): the sketch (a new one sized by eps and p when NULL) with each value counted once. */
 Datum
 sv_freq_add(PG_FUNCTION_ARGS)
 {
-	return sketch_add(fcinfo, freq_make, freq_insert_into);
+	Datum		sketch = sketch_add(fcinfo, freq_make, freq_insert_into);
+
+	return freq_note_type(fcinfo, sketch, get_element_type(get_fn_expr_argtype(fcinfo->flinfo, 1)));
 }
 
 PG_FUNCTION_INFO_V1(sv_freq_add_value);
@@ -395,7 +422,9 @@ PG_FUNCTION_INFO_V1(sv_freq_add_value);
 Datum
 sv_freq_add_value(PG_FUNCTION_ARGS)
 {
-	return sketch_add_value(fcinfo, freq_make, freq_insert_into);
+	Datum		sketch = sketch_add_value(fcinfo, freq_make, freq_insert_into);
+
+	return freq_note_type(fcinfo, sketch, get_fn_expr_argtype(fcinfo->flinfo, 1));
 }
 
 PG_FUNCTION_INFO_V1(sv_freq_merge);
@@ -423,7 +452,21 @@ sv_freq_merge(PG_FUNCTION_ARGS)
 	for (Size i = 0; i < (Size) ha->depth * ha->width; i++)
 		ca[i] += cb[i];
 	ha->total += hb->total;
+	if (ha->element == InvalidOid)
+		ha->element = hb->element;
 	PG_RETURN_BYTEA_P(a);
+}
+
+/* The least of a value's counters: its count, never under the truth. */
+static int64
+freq_least(FreqHeader *h, uint64 h1, uint64 h2)
+{
+	int64	   *counters = (int64 *) (h + 1);
+	int64		least = PG_INT64_MAX;
+
+	for (uint32 row = 0; row < h->depth; row++)
+		least = Min(least, counters[(Size) row * h->width + (h1 + row * h2) % h->width]);
+	return least;
 }
 
 PG_FUNCTION_INFO_V1(sv_freq);
@@ -434,18 +477,46 @@ sv_freq(PG_FUNCTION_ARGS)
 {
 	bytea	   *b = PG_GETARG_BYTEA_PP(0);
 	FreqHeader *h = freq_of(b);
-	int64	   *counters = (int64 *) (h + 1);
 	Oid			typoutput;
 	bool		varlena;
 	uint64		h1,
 				h2;
-	int64		least = PG_INT64_MAX;
 
 	getTypeOutputInfo(get_fn_expr_argtype(fcinfo->flinfo, 1), &typoutput, &varlena);
 	value_hashes(PG_GETARG_DATUM(1), typoutput, &h1, &h2);
-	for (uint32 row = 0; row < h->depth; row++)
-		least = Min(least, counters[(Size) row * h->width + (h1 + row * h2) % h->width]);
-	PG_RETURN_INT64(least);
+	PG_RETURN_INT64(freq_least(h, h1, h2));
+}
+
+PG_FUNCTION_INFO_V1(sv_freq_text);
+
+/*
+ * freq(sketch, text): how often a value written as text was added. An unknown-typed literal
+ * (freq(f, '42')) resolves to this one: it is read as the type the sketch counts, so '042' finds the
+ * integer 42 and 'abc' over integers is an error, as a cast would be; over text (or a sketch made
+ * before 1.4, whose type is not known) the text is hashed as it is.
+ */
+Datum
+sv_freq_text(PG_FUNCTION_ARGS)
+{
+	FreqHeader *h = freq_of(PG_GETARG_BYTEA_PP(0));
+	char	   *given = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	Oid			element = h->element;
+	uint64		h1,
+				h2;
+
+	if (OidIsValid(element) && element != TEXTOID && SearchSysCacheExists1(TYPEOID, ObjectIdGetDatum(element)))
+	{
+		Oid			typinput,
+					typioparam,
+					typoutput;
+		bool		varlena;
+
+		getTypeInputInfo(element, &typinput, &typioparam);
+		getTypeOutputInfo(element, &typoutput, &varlena);
+		given = OidOutputFunctionCall(typoutput, OidInputFunctionCall(typinput, given, typioparam, -1));
+	}
+	text_hashes(given, &h1, &h2);
+	PG_RETURN_INT64(freq_least(h, h1, h2));
 }
 
 PG_FUNCTION_INFO_V1(sv_freq_total);

@@ -40,6 +40,7 @@ AggregateKind = Literal[
     "hll",
     "tdigest",
     "topk",
+    "bucket",
     "state",
     "keyed",
     "first",
@@ -49,7 +50,9 @@ AggregateKind = Literal[
     "combined",  # combine() of an upstream view's summary, recomputed per group (pipelines.cv.views.combine)
 ]
 # Aggregates that cannot forget a value: a retraction leaves them as they are.
-MONOTONIC: frozenset[str] = frozenset({"hll", "tdigest", "topk", "state", "keyed", "first", "append", "bloom", "freq"})
+MONOTONIC: frozenset[str] = frozenset(
+    {"hll", "tdigest", "topk", "state", "keyed", "first", "append", "bloom", "freq", "bucket"}
+)
 DISTINCT_KINDS: frozenset[str] = frozenset({"count_distinct", "set"})
 # How a boolean view option (`changes`) may be spelled, as PostgreSQL's reloptions take them.
 TRUE_WORDS: frozenset[str] = frozenset({"true", "on", "yes", "1"})

@@ -183,8 +183,6 @@ GENERAL_BUILTINS = frozenset({"bit_and", "bit_or", "bit_xor"})
 REFUSED = {
     "percentile_disc": "use percentile_cont (kept as a t-digest: approximate)",
     "mode": "an online mode is not kept; topk_agg(x, 1) gives the most frequent value approximately",
-    "json_object_agg": "it keeps every value of the stream",
-    "jsonb_object_agg": "it keeps every value of the stream",
     "xmlagg": "it keeps every value of the stream",
     "range_agg": "it keeps every value of the stream",
     "range_intersect_agg": "its state cannot be combined",

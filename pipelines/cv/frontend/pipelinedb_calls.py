@@ -12,6 +12,11 @@
 |                                             |   default p 0.02, n 16384                      | p up to n      |
 | freq_agg(x [, eps, p])                      | a count-min sketch (freq, pgext/sketches.c)    | + eps*N, w.p. p|
 | dist_agg(x [, compression])                 | a t-digest (tdigest), as percentile_cont       | t-digest's     |
+| hll_agg(x)                                  | a HyperLogLog of x (hll), as hll_add_agg       | HyperLogLog's  |
+| bucket_agg(x, bucket [, ts])                | each distinct x's bucket: its latest row's, or | exact (64-bit  |
+|                                             |   at the greatest ts (bucket, pgext/buckets.c) |   hashes)      |
+| json_object_agg(k, v), jsonb_object_agg     | the keys and the values side by side (append), | the first      |
+|                                             |   read by PostgreSQL's own (jsonb: last wins)  | 1000 pairs     |
 
 All of them are order-free but `append`: keyed_* break a tie of keys by the least value (so any
 order of batches keeps the same one), and first_values keeps values by their sort order, not by
@@ -37,9 +42,11 @@ from pipelines.cv.model import DefinitionError
 APPEND_MAX_VALUES = 1000
 # The largest n of first_values(n): the stored array is re-sorted at each batch.
 FIRST_VALUES_MAX_N = 1000
-COLLECTING = frozenset({"array_agg", "json_agg", "jsonb_agg", "string_agg"})
+OBJECTS = frozenset({"json_object_agg", "jsonb_object_agg"})
+COLLECTING = frozenset({"array_agg", "json_agg", "jsonb_agg", "string_agg"}) | OBJECTS
 PIPELINEDB = frozenset(
     {"keyed_max", "keyed_min", "first_values", "set_agg", "hll_union_agg", "bloom_agg", "freq_agg", "dist_agg"}
+    | {"hll_agg", "bucket_agg"}
 )
 # PipelineDB's defaults: a Bloom filter for 16,384 distinct values at 2% false positives (about 16 KB),
 # a count-min sketch over-counting by at most 0.2% of all values with probability 99.5% (6 x 1,360
@@ -48,7 +55,7 @@ BLOOM_DEFAULTS = (0.02, 16384)
 FREQ_DEFAULTS = (0.002, 0.995)
 DIST_COMPRESSION = (100, 10, 10000)  # default, least, most
 # Sketches merge a sliding window's steps at read time; the others keep values a window cannot merge.
-MERGED_IN_WINDOWS = frozenset({"hll_union_agg", "bloom_agg", "freq_agg", "dist_agg"})
+MERGED_IN_WINDOWS = frozenset({"hll_union_agg", "hll_agg", "bloom_agg", "freq_agg", "dist_agg"})
 
 
 def translate_pipelinedb(
@@ -77,6 +84,12 @@ def translate_pipelinedb(
         if len(args) != 1:
             raise DefinitionError(f"{what}: {label} takes one argument, a column of type hll")
         return Translation(name, (Stored("hll", args[0], where, ("union",)),), read_as_stored, False)
+    if name == "hll_agg":  # PipelineDB's HyperLogLog of the values: the hll extension's, as hll_add_agg keeps it
+        if len(args) != 1:
+            raise DefinitionError(f"{what}: {label}: hll_agg(x) takes one argument")
+        return Translation(name, (Stored("hll", f"hll_hash_any({args[0]})", where),), read_as_stored, False)
+    if name == "bucket_agg":
+        return _bucket(args, where, label, what)
     return _collecting(name, call, args, where, label, what)
 
 
@@ -96,6 +109,12 @@ def typing_sql(call_sql: str) -> str:
         return f"array_agg({x})"
     if name == "set_agg":
         return f"array_agg({args[0]})"
+    if name == "hll_agg":
+        return f"hll_add_agg(hll_hash_any({args[0]}))"
+    if name == "bucket_agg":  # pgext's state; its arguments are typed with the stored aggregate
+        return "NULL::bytea"
+    if name in OBJECTS:  # over no row: the sample row's NULL key would fail, as it does in PostgreSQL
+        return f"{name}({args[0]}, {args[1]}) FILTER (WHERE false)"
     return call_sql
 
 
@@ -134,8 +153,10 @@ def _direction(sort: ast.SortBy) -> str:
 def _collecting(
     name: str, call: ast.FuncCall, args: tuple[str, ...], where: str | None, label: str, what: str
 ) -> Translation:
-    """array_agg, json_agg, jsonb_agg and string_agg: the values kept in the order batches come (capped)."""
+    """array_agg, json_agg, jsonb_agg, string_agg, json(b)_object_agg: the values kept in the order batches come."""
     cap = (str(APPEND_MAX_VALUES),)
+    if name in OBJECTS:
+        return _object(name, args, where, label, what)
     if name != "string_agg":
         if len(args) != 1:
             raise DefinitionError(f"{what}: {label} takes one argument")
@@ -152,6 +173,35 @@ def _collecting(
     return Translation(
         name, (stored,), lambda refs, _t: _over_elements(f"string_agg(e, {args[1]} ORDER BY o)", refs[0]), False
     )
+
+
+def _object(name: str, args: tuple[str, ...], where: str | None, label: str, what: str) -> Translation:
+    """json_object_agg(k, v) / jsonb_object_agg: the first pairs of a group, read by PostgreSQL's own aggregate.
+
+    Keys and values are kept as two arrays under one filter, so they stay side by side (and within the
+    same cap); json keeps every pair as PostgreSQL's json_object_agg does, jsonb the last value of a key.
+    A row whose key is NULL is skipped: PostgreSQL's would fail, and a stream's view cannot.
+    """
+    if len(args) != 2:
+        raise DefinitionError(f"{what}: {label}: {name}(key, value) takes two arguments")
+    cap = (str(APPEND_MAX_VALUES),)
+    key_given = f"({args[0]}) IS NOT NULL" + (f" AND ({where})" if where else "")
+    stored = (Stored("append", args[0], key_given, cap), Stored("append", args[1], key_given, cap))
+
+    def read(refs: list[str], _type: str) -> str:
+        pairs = f"unnest({refs[0]}, {refs[1]}) WITH ORDINALITY AS u(k, v, o)"
+        return f"(SELECT {name}(k, v ORDER BY o) FROM {pairs})"  # noqa: S608
+
+    return Translation(name, stored, read, False)
+
+
+def _bucket(args: tuple[str, ...], where: str | None, label: str, what: str) -> Translation:
+    """bucket_agg(x, bucket [, ts]): each distinct x in the bucket of its latest row (or greatest ts)."""
+    if len(args) not in (2, 3):
+        raise DefinitionError(f"{what}: {label}: bucket_agg(x, bucket [, ts]), bucket a smallint, ts a timestamptz")
+    inputs = [args[0], f"({args[1]})::smallint", *(f"({t})::timestamptz" for t in args[2:])]
+    stored = Stored("bucket", ", ".join(inputs), where, ("timed",) if len(args) == 3 else ())
+    return Translation("bucket_agg", (stored,), read_as_stored, False)
 
 
 def _constant(node: ast.Node) -> bool:

@@ -218,7 +218,8 @@ class _KeptCalls:
             translation = translate(
                 call, what, windowed=self.windowed, never_null=never_null, count_nulls=self.count_nulls
             )
-        sketch = translation.function in {"hll_add_agg", "hll_union_agg"}  # kept: a retraction leaves it as it is
+        # kept: a retraction leaves the sketch as it is
+        sketch = translation.function in {"hll_add_agg", "hll_union_agg", "hll_agg"}
         if self.stream.key is not None and not translation.retractable and not sketch:
             raise DefinitionError(_not_retractable(RawStream()(call), self.stream.name, what))
         names = []

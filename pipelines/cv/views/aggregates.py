@@ -14,7 +14,8 @@ How each kind merges a batch (`v` the stored row, `d` the batch's aggregate for 
 | topk                 | jsonb summary       | cv.topk_merge, Misra-Gries (append-only streams)  |
 | state                | the aggregate's     | its combine function (append-only streams)        |
 |                      | transition state    |                                                   |
-| keyed, first, append | see pipelines.cv.views.pipelinedb_columns (append-only streams)         |
+| keyed, first, append,| see pipelines.cv.views.pipelinedb_columns (append-only streams)         |
+| bloom, freq, bucket  |                                                                          |
 | combined             | an upstream's       | recomputed from the feed's rows per changed group |
 |                      | summary (combine()) | (pipelines.cv.views.combine)                      |
 
@@ -115,7 +116,7 @@ def stored_columns(
             adding = "hll_union_agg" if aggregate.params[:1] == ("union",) else "hll_add_agg"
             batch = sql.SQL(adding + "({}) FILTER (WHERE _cv_sign > 0{})").format(a, _and(where))
             columns.append(StoredColumn(aggregate.name, batch, merge))
-        elif aggregate.kind in {"keyed", "first", "append", "bloom", "freq"}:
+        elif aggregate.kind in {"keyed", "first", "append", "bloom", "freq", "bucket"}:
             columns.append(StoredColumn(aggregate.name, *pipelinedb_column(view, aggregate, where)))
         elif aggregate.kind == "tdigest":
             merge = _either(col, sql.SQL("tdigest_union(v.{0}, excluded.{0})").format(col))

@@ -7,10 +7,12 @@
 | append | x[]     | the batch's values, at most the cap   | stored || batch, cut at the cap            |
 | bloom  | bytea   | streamviews.bloom_add (pgext)         | streamviews.bloom_union: OR of the bits    |
 | freq   | bytea   | streamviews.freq_add (pgext)          | streamviews.freq_merge: counters added     |
+| bucket | bytea   | streamviews.bucket_add (pgext): x,    | streamviews.bucket_merge: the batch's      |
+|        |         | buckets and ts side by side           | bucket of a value (or the later ts's) wins |
 
 `keyed` reads its key from the max(k) / min(k) stored beside it (same key, same filter): in an
 upsert's SET every `v.` reference is the row before the update, so that column's old and new values
-are both at hand. Every merge is order-free but `append`'s (see the front end).
+are both at hand. Every merge is order-free but `append`'s and an untimed `bucket`'s (see the front end).
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def pipelinedb_column(
             x=x, e=entering, a=shape[0], b=shape[1]
         )
         return batch, sql.SQL("streamviews." + merge_ + "(v.{0}, excluded.{0})").format(col)
+    if aggregate.kind == "bucket":  # x, bucket [, ts]: arrays side by side (one filter, so one order)
+        inputs = [raw(e) for e in split_arguments(aggregate.arg_sql or "")]
+        arrays = [sql.SQL("array_agg({}) FILTER (WHERE {})").format(e, entering) for e in inputs]
+        if len(arrays) == 2:
+            arrays.append(sql.SQL("NULL"))
+        batch = sql.SQL("streamviews.bucket_add(NULL, {})").format(sql.SQL(", ").join(arrays))
+        return batch, sql.SQL("streamviews.bucket_merge(v.{0}, excluded.{0})").format(col)
     if aggregate.kind == "first":
         n, order = sql.Literal(int(aggregate.params[0])), sql.SQL(_order(aggregate.params[1]))
         batch = sql.SQL("(array_agg({x} ORDER BY {x} {o}) FILTER (WHERE {e}))[1:{n}]").format(

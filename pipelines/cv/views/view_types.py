@@ -133,6 +133,9 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
         elif aggregate.kind in {"bloom", "freq"}:  # bytea sketches of pgext/sketches.c
             types_of([aggregate.arg_sql or ""])
             aggregate_types.append("bytea")
+        elif aggregate.kind == "bucket":  # bytea state of pgext/buckets.c: x, bucket::smallint [, ts::timestamptz]
+            types_of(split_arguments(aggregate.arg_sql or ""))
+            aggregate_types.append("bytea")
         elif aggregate.kind in {"first", "append"}:
             aggregate_types.append(types_of([f"array_agg({aggregate.arg_sql})"])[0])
         elif aggregate.kind == "sum":

@@ -1,0 +1,76 @@
+"""streamviews 1.4 (pgext/): freq(f, 'literal') reads the literal as the sketch's type; bucket_agg's states.
+
+PipelineDB's users write freq(f, '42') with an untyped literal, which PostgreSQL cannot resolve
+against freq(bytea, anyelement): the text overload takes it and reads it as the type the sketch
+counts. bucket_add and bucket_merge keep each distinct value in the bucket of its latest row (or
+greatest ts), whatever the batches. Checked in rolled-back transactions.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+
+@pytest.fixture
+def db(stack, pg):
+    with pg("sv_owner", autocommit=True) as conn, conn.transaction(force_rollback=True):
+        yield conn
+
+
+def one(db, query, params=()):
+    return db.execute(query, params).fetchone()
+
+
+def test_an_untyped_literal_is_read_as_the_type_the_sketch_counts(db):
+    ints = "streamviews.freq_add(NULL, ARRAY[42, 42, 7], 0.002, 0.995)"
+    texts = "streamviews.freq_add(NULL, ARRAY['00', '0', '00'], 0.002, 0.995)"
+    assert one(db, f"SELECT freq({ints}, '42'), freq({ints}, '042'), freq({ints}, 42), freq({ints}, 7::bigint)") == (
+        2,
+        2,
+        2,
+        1,
+    )
+    assert one(db, f"SELECT freq({texts}, '00'), freq({texts}, '0'), freq({texts}, 'x')") == (2, 1, 0)
+
+
+def test_the_aggregate_and_a_merge_keep_the_type(db):
+    merged = "streamviews.freq_merge(NULL, (SELECT freq_agg(x) FROM generate_series(1, 5) AS x))"
+    assert one(db, f"SELECT freq({merged}, '03'), freq({merged}, '6')") == (1, 0)
+
+
+def test_a_literal_that_is_not_of_the_sketchs_type_fails_as_a_cast_would(db):
+    with pytest.raises(psycopg.errors.InvalidTextRepresentation):
+        db.execute("SELECT freq(streamviews.freq_add(NULL, ARRAY[1], 0.002, 0.995), 'one')")
+
+
+def buckets(db, state):
+    return one(
+        db,
+        "SELECT bucket_ids(s), bucket_cardinalities(s), bucket_cardinality(s, 1::smallint)"
+        f" FROM (SELECT {state} AS s) AS t",
+    )
+
+
+def test_the_latest_row_of_a_value_decides_its_bucket(db):
+    first = "streamviews.bucket_add(NULL, ARRAY[0, 1, 1], ARRAY[0, 0, 1]::int2[], NULL)"
+    later = f"streamviews.bucket_add({first}, ARRAY[0, 2, NULL], ARRAY[1, 2, 3]::int2[], NULL)"
+    assert buckets(db, first) == ([0, 1], [1, 1], 1)
+    assert buckets(db, later) == ([1, 2], [2, 1], 2)  # 0 moved to 1; a NULL value counts nowhere
+
+
+def test_a_timed_state_keeps_the_bucket_of_the_greatest_time_whatever_the_merge_order(db):
+    def state(x, b, ts):
+        return f"streamviews.bucket_add(NULL, ARRAY[{x}], ARRAY[{b}]::int2[], ARRAY[to_timestamp({ts})])"
+
+    a, b = state(5, 1, 10), state(5, 2, 9)
+    assert buckets(db, f"streamviews.bucket_merge({a}, {b})") == ([1], [1], 1)
+    assert buckets(db, f"streamviews.bucket_merge({b}, {a})") == ([1], [1], 1)
+    assert one(db, "SELECT streamviews.bucket_merge(NULL, NULL) IS NULL")[0]
+
+
+def test_timed_and_untimed_states_do_not_merge(db):
+    untimed = "streamviews.bucket_add(NULL, ARRAY[1], ARRAY[1]::int2[], NULL)"
+    timed = "streamviews.bucket_add(NULL, ARRAY[1], ARRAY[1]::int2[], ARRAY[now()])"
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="do not merge"):
+        db.execute(f"SELECT streamviews.bucket_merge({untimed}, {timed})")
