@@ -43,9 +43,14 @@ from tests.pipelinedb_regress.translator import Names, Step, load, translate
 
 # How long one statement may wait for its rows to be applied (a stuck case fails, it does not hang).
 APPLY_TIMEOUT_S = 30.0
-# The session PipelineDB's regression suite ran in (pg_regress's PGTZ and PGDATESTYLE; PostgreSQL
-# 11's float output, 15 significant digits).
-SESSION = ("SET TimeZone = 'PST8PDT'", "SET DateStyle = 'Postgres, MDY'", "SET extra_float_digits = 0")
+# The session PipelineDB's regression suite ran in (pg_regress's PGTZ and PGDATESTYLE, the
+# IntervalStyle its database is set to; PostgreSQL 11's float output, 15 significant digits).
+SESSION = (
+    "SET TimeZone = 'PST8PDT'",
+    "SET DateStyle = 'Postgres, MDY'",
+    "SET IntervalStyle = 'postgres_verbose'",
+    "SET extra_float_digits = 0",
+)
 
 
 @dataclass
