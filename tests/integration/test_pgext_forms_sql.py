@@ -1,15 +1,19 @@
-"""streamviews 1.4 (pgext/): freq(f, 'literal') reads the literal as the sketch's type; bucket_agg's states.
+"""streamviews 1.4 and 1.5 (pgext/): freq(f, 'literal'), bucket_agg's states, dist_cdf as PipelineDB's.
 
 PipelineDB's users write freq(f, '42') with an untyped literal, which PostgreSQL cannot resolve
 against freq(bytea, anyelement): the text overload takes it and reads it as the type the sketch
 counts. bucket_add and bucket_merge keep each distinct value in the bucket of its latest row (or
-greatest ts), whatever the batches. Checked in rolled-back transactions.
+greatest ts), whatever the batches. dist_cdf interpolates as PipelineDB did: never decreasing, and
+within one value's share of the exact answer over a digest that keeps every value. Checked in
+rolled-back transactions.
 """
 
 from __future__ import annotations
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 
 @pytest.fixture
@@ -74,3 +78,30 @@ def test_timed_and_untimed_states_do_not_merge(db):
     timed = "streamviews.bucket_add(NULL, ARRAY[1], ARRAY[1]::int2[], ARRAY[now()])"
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="do not merge"):
         db.execute(f"SELECT streamviews.bucket_merge({untimed}, {timed})")
+
+
+def cdf(db, values, points):
+    """dist_cdf of a digest of `values` (as a view's batch builds it) at each of `points`."""
+    query = (
+        "SELECT array_agg(dist_cdf(d, p) ORDER BY o)"
+        " FROM (SELECT tdigest_add(NULL::tdigest, %s::float8[], 100) AS d) AS t,"
+        " unnest(%s::float8[]) WITH ORDINALITY AS u(p, o)"
+    )
+    return one(db, query, (values, points))[0]
+
+
+def test_dist_cdf_interpolates_as_pipelinedb_did(db):
+    values = list(range(1, 1000, 10))  # PipelineDB's cont_dist_agg, group 1: 1, 11, ..., 991
+    assert [round(c, 6) for c in cdf(db, values, [0, 1, 10, 50, 500, 991, 2000])] == [0, 0, 0.014, 0.054, 0.504, 1, 1]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.integers(-50, 50), min_size=1, max_size=60), st.lists(st.integers(-60, 60), min_size=1, max_size=10))
+def test_dist_cdf_never_decreases_and_stays_within_a_value_of_the_exact_share(db, values, points):
+    points = sorted(points)
+    got = cdf(db, values, points)
+    assert got == sorted(got)  # no saw-tooth: the tdigest extension's own added 0.5/N past each centroid
+    for p, c in zip(points, got, strict=True):
+        share = sum(v <= p for v in values) / len(values)
+        assert 0 <= c <= 1
+        assert abs(c - share) <= 1 / len(values) + 1e-9, (p, c, share)
