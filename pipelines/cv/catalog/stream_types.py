@@ -30,6 +30,8 @@ from pipelines.logs import get_logger
 
 log = get_logger("cv.stream_types")
 
+# How many values a failed check asks again at once, before asking them one by one.
+CHECK_PART = 200
 # The schemas the runner's sessions find unqualified names in (its roles' default search_path).
 RUNNER_SEARCH_PATH = "public, streams"
 
@@ -82,24 +84,45 @@ class PostgresInputCheck:
         self.connection = connection
 
     def __call__(self, type_: str, texts: Sequence[str]) -> dict[int, str]:
-        """{position: PostgreSQL's message} of the texts its input of `type_` refuses; {} when it cannot be asked."""
-        literal = array_literal(list(texts), "jsonb")
-        reader = sql.SQL(INPUT_SQL).format(value=sql.SQL("u.j"), type=sql.SQL(type_))  # type: ignore[arg-type]
+        """{position: PostgreSQL's message} of the texts its input of `type_` refuses; {} when it cannot be asked.
+
+        The whole column in one statement; when it fails, each part of CHECK_PART values again, and
+        only a part that fails value by value (cv.input_errors): a few bad values among many cost a
+        few parts' subtransactions, not one per value of the batch.
+        """
         try:
             conn = self.connection()
-            try:
-                with conn.transaction():
-                    conn.execute(sql.SQL("SELECT count({}) FROM unnest(%t::json[]) AS u(j)").format(reader), (literal,))
+            if self._reads(conn, type_, texts):
                 return {}
-            except (psycopg.DataError, psycopg.IntegrityError):
-                pass  # some value is refused: which, the slow path says
-            with conn.transaction():
-                rows = conn.execute("SELECT i, error FROM cv.input_errors(%t::json[], %s)", (literal, type_)).fetchall()
-            return {i - 1: error for i, error in rows}
+            refused: dict[int, str] = {}
+            for start in range(0, len(texts), CHECK_PART):
+                part = texts[start : start + CHECK_PART]
+                if len(texts) > CHECK_PART and self._reads(conn, type_, part):
+                    continue
+                with conn.transaction():
+                    rows = conn.execute(
+                        "SELECT i, error FROM cv.input_errors(%t::json[], %s)", (array_literal(part, "jsonb"), type_)
+                    ).fetchall()
+                refused.update({start + i - 1: error for i, error in rows})
+            return refused
         except psycopg.Error as e:
             # Unchecked, the batch's statement fails on such a value: the batch is isolated then.
             log.warning("cannot ask PostgreSQL which values it refuses; not checked", type=type_, error=str(e).strip())
             return {}
+
+    @staticmethod
+    def _reads(conn: psycopg.Connection, type_: str, texts: Sequence[str]) -> bool:
+        """Whether PostgreSQL's input reads every text as `type_` (one statement)."""
+        reader = sql.SQL(INPUT_SQL).format(value=sql.SQL("u.j"), type=sql.SQL(type_))  # type: ignore[arg-type]
+        try:
+            with conn.transaction():
+                conn.execute(
+                    sql.SQL("SELECT count({}) FROM unnest(%t::json[]) AS u(j)").format(reader),
+                    (array_literal(list(texts), "jsonb"),),
+                )
+        except (psycopg.DataError, psycopg.IntegrityError):
+            return False  # some value is refused
+        return True
 
 
 def check_groupable(conn: psycopg.Connection, view: ViewDef, group_types: Sequence[str]) -> None:
