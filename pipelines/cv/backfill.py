@@ -38,6 +38,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from pipelines.cv import catalog
 from pipelines.cv.catalog.backfills import live_group
+from pipelines.cv.catalog.stream_types import PostgresInputCheck
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.engine import StreamMaintainer, declared_streams
 from pipelines.cv.frontend.backfill import rule_ms
@@ -199,7 +200,9 @@ class Backfiller:
         """
         streams = declared_streams(self._connection())
         sources = [s for s in streams.values() if s.name == backfill.stream or s.into == backfill.stream]
-        decoders = {s.topic: StreamDecoder(s) for s in sources}
+        # A type PostgreSQL reads: its refused values are skipped as the live runner dead-lettered them.
+        check = PostgresInputCheck(self._connection)
+        decoders = {s.topic: StreamDecoder(s, input_check=check) for s in sources}
         live = {(s.topic, live_group(s)) for s in sources}
         checkpoint: Checkpoint[psycopg.Connection, HistoryBatch] = Checkpoint(
             PostgresOffsets(self.conninfo, backfill.group_id), self.sink
