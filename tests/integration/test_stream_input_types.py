@@ -286,3 +286,15 @@ def test_the_runner_dead_letters_an_unreadable_value_and_counts_the_rest(stack, 
             wait_for(lambda: state() == ([(2, "$3.50")], [("invalid_input", 1)]), what="two counted, one dead letter")
         finally:
             stop_runner(runner)
+
+
+def test_a_stream_fed_into_another_must_declare_the_same_types_not_just_types_postgresql_reads(pg, streams):
+    target = f"{streams['schema']}_into"
+    with pg("sv_owner", autocommit=True) as conn:
+        catalog.define(conn, f"CREATE STREAM {target} (id bigint, at timestamp) WITH (topic = '{target}')")
+        try:
+            options = f"topic = '{target}_feed', into = '{target}'"
+            with pytest.raises(DefinitionError, match="their types must match"):
+                catalog.define(conn, f"CREATE STREAM {target}_feed (id bigint, at interval) WITH ({options})")
+        finally:
+            catalog.drop(conn, [target], "stream")

@@ -23,6 +23,7 @@ from pipelines.cv.catalog.stream_types import check_input_types
 from pipelines.cv.frontend.changes import AlterStream, stream_with_options
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import DefinitionError, StreamDef
+from pipelines.cv.sqltext.types import INPUT
 from pipelines.cv.views import stream_sql
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_WRITER
@@ -50,8 +51,9 @@ def _check_stream(conn: psycopg.Connection, stream: StreamDef, streams: Mapping[
         raise DefinitionError(
             f"CREATE STREAM {stream.name}: {target.name} itself feeds {target.into}; name that stream instead"
         )
-    theirs = [(c.name, c.kind) for c in target.columns]
-    ours = [(c.name, c.kind) for c in stream.columns]
+    # A type PostgreSQL reads (kind input) must be the same type, not just of the same kind.
+    theirs = [(c.name, c.type if c.kind == INPUT else c.kind) for c in target.columns]
+    ours = [(c.name, c.type if c.kind == INPUT else c.kind) for c in stream.columns]
     if [kind for _, kind in ours] != [kind for _, kind in theirs]:
         raise DefinitionError(
             f"CREATE STREAM {stream.name}: its columns go into {target.name}'s by position, so their types must "
