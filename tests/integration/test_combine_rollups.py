@@ -12,13 +12,24 @@ the feeds' page size, and when the feeds ran.
 from __future__ import annotations
 
 import random
+import signal
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from confluent_kafka.admin import NewTopic
 
 from pipelines.cv import catalog
-from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
+from tests.integration.conftest import (
+    apply_rows,
+    as_stream_table,
+    start_runner,
+    stop_runner,
+    throwaway_views,
+    unique,
+    wait_for,
+)
+from tests.integration.test_isolation import produce
 from tests.integration.test_views_over_views import feed_all
 
 T0 = datetime(2026, 11, 20, 22, 50, tzinfo=UTC)  # the events span two hours and two days
@@ -156,3 +167,35 @@ def test_combine_over_a_chain_equals_postgresqls_aggregate_over_the_raw_events(p
             feed_all(writer, page)
     feed_all(writer, page)
     assert_equal_to_oracle(writer, schema, stream, events)
+
+
+def test_combine_over_a_chain_after_a_runner_is_killed_equals_the_raw_aggregates(pg, kafka, admin, stack, rollup):
+    """A runner of the stream's group, killed (SIGKILL) while the levels are fed, then restarted: exact again."""
+    schema, stream = rollup["schema"], rollup["stream"]
+    define(pg, f"CREATE CONTINUOUS VIEW {schema}.daily_changes AS {DAY_OF_CHANGES.format(src=f'{schema}.per_minute')}")
+    define_levels(pg, schema)
+    rng = random.Random(9)
+    events = [e for _ in range(300) for e in clicks(rng)]
+    admin.create_topics([NewTopic(stream, num_partitions=3, replication_factor=1)])[stream].result(30)
+    produce(kafka, stream, [{"url": u, "uid": i, "ms": ms, "ts": ts.isoformat()} for u, i, ms, ts in events])
+    group = f"it-{schema}"
+
+    def daily_n(conn: psycopg.Connection) -> int:
+        return int(conn.execute(f"SELECT coalesce(sum(n), 0) FROM {schema}.daily").fetchone()[0])
+
+    with pg("sv_writer", autocommit=True) as conn:
+        first = start_runner(stack, group, PIPELINE_BATCH_MAX="50")  # small batches: killed well before the end
+        try:
+            wait_for(lambda: daily_n(conn) > 0, timeout=120, interval=0.05, what="the chain to move")
+        finally:
+            first.send_signal(signal.SIGKILL)
+            first.wait(30)
+        second = start_runner(stack, group)
+        try:
+            levels = ("hourly", "daily", "daily_changes")
+            total = f"SELECT {' + '.join(f'(SELECT coalesce(sum(n), 0) FROM {schema}.{v})' for v in levels)}"
+            caught_up = lambda: conn.execute(total).fetchone()[0] == 3 * len(events)  # noqa: E731
+            wait_for(caught_up, timeout=180, what="every level to catch up")
+        finally:
+            stop_runner(second)
+        assert_equal_to_oracle(conn, schema, stream, events)
