@@ -1,11 +1,12 @@
 """PipelineDB's aggregate forms in a view equal the answer over the stream's rows, whatever the batching.
 
 The oracle is PostgreSQL's own aggregate where one exists, over the same rows in a temporary table
-named like the stream: `hll_cardinality(hll_add_agg(hll_hash_any(x)))` for hll_agg (expressions
-over it included), json_object_agg and jsonb_object_agg. bucket_agg has none: its answer (each
-distinct value in the bucket of its latest row, or of its greatest ts) is computed here. Rows of one
-batch come in no order a view promises, so the generated batches never hold two rows of a value
-that the answer would have to order (a key of jsonb_object_agg, a value of untimed bucket_agg).
+named like the stream: `hll_cardinality(hll_add_agg(hll_hash_any(x), 14))` for hll_agg (2^14
+registers, PipelineDB's; expressions over it included), json_object_agg and jsonb_object_agg.
+bucket_agg has none: its answer (each distinct value in the bucket of its latest row, or of its
+greatest ts) is computed here. Rows of one batch come in no order a view promises, so the generated
+batches never hold two rows of a value that the answer would have to order (a key of
+jsonb_object_agg, a value of untimed bucket_agg).
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from tests.integration.conftest import apply_rows, as_stream_table, throwaway_vi
 
 COLUMNS = "g bigint, x bigint, k text, v int, b int, ts bigint"
 VIEW = """
-    SELECT g, hll_cardinality(hll_agg(x)) AS nx, hll_cardinality(hll_agg(x)) + hll_cardinality(hll_agg(k)) AS nxk,
+    SELECT g, hll_agg(x) AS hx, hll_cardinality(hll_agg(x)) AS nx,
+           hll_cardinality(hll_agg(x)) + hll_cardinality(hll_agg(k)) AS nxk,
            json_object_agg(k, v) AS jo, jsonb_object_agg(k, v) AS jbo,
            bucket_agg(x, b::smallint) AS latest, bucket_agg(x, b::smallint, to_timestamp(ts)) AS timed
     FROM {stream} GROUP BY g"""
 ORACLE = """
-    SELECT g, hll_cardinality(hll_add_agg(hll_hash_any(x))) AS nx,
-           hll_cardinality(hll_add_agg(hll_hash_any(x))) + hll_cardinality(hll_add_agg(hll_hash_any(k))) AS nxk,
+    SELECT g, hll_cardinality(hll_add_agg(hll_hash_any(x), 14)) AS nx,
+           hll_cardinality(hll_add_agg(hll_hash_any(x), 14)) + hll_cardinality(hll_add_agg(hll_hash_any(k), 14)) AS nxk,
            (json_object_agg(k, v) FILTER (WHERE k IS NOT NULL))::text AS jo
     FROM {stream} GROUP BY g"""
 BUCKETS = "SELECT g, bucket_ids({0}), bucket_cardinalities({0}), bucket_cardinality({0}, 1::smallint) FROM {1}"
@@ -141,3 +143,15 @@ def test_a_timed_bucket_agg_keeps_the_bucket_of_the_latest_time_not_the_latest_r
         apply_rows(writer, streams["events"], [1], [(g, 7, None, None, b, ts)])
         row = writer.execute(BUCKETS.format("timed", f"{streams['schema']}.forms WHERE g = %s"), (g,)).fetchone()
         assert row[1] == [0 if b != 2 else 2]
+
+
+def test_hll_agg_keeps_pipelinedbs_error_bound(writer, streams):
+    g, n = 997_000, 20_000
+    for start in range(0, n, 5_000):
+        rows = [(g, x, None, None, 0, 0) for x in range(start, start + 5_000)]
+        apply_rows(writer, streams["events"], [1] * len(rows), rows)
+    log2m, estimate = writer.execute(
+        f"SELECT hll_log2m(hx), hll_cardinality(hx) FROM {streams['schema']}.forms WHERE g = %s", (g,)
+    ).fetchone()
+    assert log2m == 14
+    assert abs(estimate - n) <= 3 * 0.0081 * n  # three standard errors of 1.04 / sqrt(2^14)
