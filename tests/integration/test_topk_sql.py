@@ -1,8 +1,9 @@
-"""Top-K summaries in SQL (migration 0009): exact while the values fit, within N/(capacity+1) after.
+"""Top-K summaries in SQL (migrations 0009 and 0035): exact while the values fit, within N/(capacity+1) after.
 
-Each test runs the migration's text in a transaction that is rolled back, so it checks this
-checkout's functions whether or not the database has applied the migration yet; the one test that
-needs another role's session uses the applied migration (the `stack` fixture applies it).
+Each test runs the migrations' text in a transaction that is rolled back, so it checks this
+checkout's functions whether or not the database has applied them yet; the one test that needs
+another role's session uses the applied migrations (the `stack` fixture applies them). Equal counts
+keep the order values reached them (0035; test_topk_reads_sql.py checks that order against PipelineDB's).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pipelines.cv.frontend.aggregate_calls import topk_capacity
 from pipelines.dbsetup import SQL_DIR
 from tests.integration.conftest import unique
 
-MIGRATION = SQL_DIR / "migrations" / "0009_topk_summaries.sql"
+MIGRATIONS = [
+    SQL_DIR / "migrations" / name for name in ("0009_topk_summaries.sql", "0035_pipelinedb_aggregate_forms.sql")
+]
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 # Zipf-like: 1 about half the time, 2 a sixth, ... up to 300 rarely; heavy hitters and a long tail.
 SKEWED = st.integers(1, 300).map(lambda r: 300 // r)
@@ -28,9 +31,10 @@ CAPACITIES = st.integers(1, 6)
 
 @pytest.fixture
 def db(pg):
-    """The owner role inside a transaction that is rolled back, with the migration's functions."""
+    """The owner role inside a transaction that is rolled back, with the migrations' functions."""
     with pg("sv_owner", autocommit=True) as conn, conn.transaction(force_rollback=True):
-        conn.execute(MIGRATION.read_text())
+        for migration in MIGRATIONS:
+            conn.execute(migration.read_text())
         yield conn
 
 
@@ -84,13 +88,13 @@ def assert_within_bound(summary, stream, capacity):
     assert set(estimates) <= set(truth)
     for value, true in truth.items():
         assert true - slack <= estimates.get(value, 0) <= true, (value, true, estimates.get(value), slack)
-    assert entries == sorted(entries, key=lambda e: (-e[1], e[0]))
+    assert [count for _, count in entries] == sorted((count for _, count in entries), reverse=True)
 
 
 def test_counts_are_exact_while_the_distinct_values_fit(db):
     summary = add(db, None, [3, 1, 3, 2, 3, 1], 3)
     assert summary == [[3, 3], [1, 2], [2, 1]]
-    assert add(db, summary, [2, 2, 2, 1], 3) == [[2, 4], [1, 3], [3, 3]]
+    assert add(db, summary, [2, 2, 2, 1], 3) == [[2, 4], [3, 3], [1, 3]]  # 3 reached 3 before 1 did
 
 
 def test_one_value_too_many_takes_the_smallest_count_from_every_count(db):
@@ -182,7 +186,7 @@ def test_a_batch_merges_into_the_stored_row_on_conflict(db):
     assert db.execute("SELECT top_x FROM view_rows").fetchone()[0] == [["a", 3], ["b", 1]]
 
 
-def test_top_orders_by_count_then_value_and_keeps_k(db):
+def test_top_orders_by_count_then_first_counted_and_keeps_k(db):
     summary = add(db, None, [9, 9, 9, 4, 4, 7, 7, 2], 10)
     assert top(db, summary, 3) == [{"value": 9, "count": 3}, {"value": 4, "count": 2}, {"value": 7, "count": 2}]
     assert top(db, summary, 10) == [*top(db, summary, 3), {"value": 2, "count": 1}]
