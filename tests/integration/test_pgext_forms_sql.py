@@ -1,11 +1,11 @@
-"""streamviews 1.4 and 1.5 (pgext/): freq(f, 'literal'), bucket_agg's states, dist_cdf as PipelineDB's.
+"""streamviews 1.4 to 1.6 (pgext/): freq and bloom_contains of a literal, bucket_agg, PipelineDB's dist_cdf.
 
 PipelineDB's users write freq(f, '42') with an untyped literal, which PostgreSQL cannot resolve
 against freq(bytea, anyelement): the text overload takes it and reads it as the type the sketch
-counts. bucket_add and bucket_merge keep each distinct value in the bucket of its latest row (or
-greatest ts), whatever the batches. dist_cdf interpolates as PipelineDB did: never decreasing, and
-within one value's share of the exact answer over a digest that keeps every value. Checked in
-rolled-back transactions.
+counts (bloom_contains, whose filter has no type, hashes the text as written). bucket_add and
+bucket_merge keep each distinct value in the bucket of its latest row (or greatest ts), whatever
+the batches. dist_cdf interpolates as PipelineDB did: never decreasing, and within one value's share
+of the exact answer over a digest that keeps every value. Checked in rolled-back transactions.
 """
 
 from __future__ import annotations
@@ -36,6 +36,15 @@ def test_an_untyped_literal_is_read_as_the_type_the_sketch_counts(db):
         1,
     )
     assert one(db, f"SELECT freq({texts}, '00'), freq({texts}, '0'), freq({texts}, 'x')") == (2, 1, 0)
+
+
+def test_a_bloom_filter_takes_an_untyped_literal_as_the_text_it_hashes(db):
+    words = "streamviews.bloom_add(NULL, ARRAY['hello', 'world'], 0.02, 1000)"
+    ints = "streamviews.bloom_add(NULL, ARRAY[42, 7], 0.02, 1000)"
+    row = one(
+        db, f"SELECT bloom_contains({words}, 'hello'), bloom_contains({words}, 'nope'), bloom_contains({ints}, '42')"
+    )
+    assert row == (True, False, True)
 
 
 def test_the_aggregate_and_a_merge_keep_the_type(db):
