@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 from psycopg.types.string import TextLoader
 
 from pipelines.cv import catalog
+from pipelines.cv.catalog import view_feeds
 from pipelines.cv.model import DefinitionError
 from pipelines.errors import StreamviewsError
 from pipelines.settings import PostgresSettings
@@ -202,6 +203,8 @@ class _Case:
         """DROP FOREIGN TABLE ... CASCADE: the views and transforms over the streams first."""
         for stream in streams:
             views = [v for (v,) in self.conn.execute("SELECT name FROM cv.views WHERE stream = %s", (stream,))]
+            for view in views:  # and the views over them (FROM the view, output_of, combine), as CASCADE does
+                views += [v for v in view_feeds.views_over(self.conn, view) if v not in views]
             _drop_views(self.conn, views)
             _drop_transforms(self.conn, stream)
             catalog.drop(self.conn, [stream], "stream")
@@ -235,12 +238,38 @@ class _Case:
             try:
                 _, high = self.consumer.get_watermark_offsets(TopicPartition(topic[0], 0), timeout=5)
             except KafkaException:
-                continue  # no topic yet: nothing written to it
+                # A topic the relay has just created is unknown to this client's metadata for a while
+                # (Local: Unknown partition): written to, not yet applied. Only a topic Kafka does not
+                # have holds nothing.
+                if self._topic_exists(topic[0]):
+                    return False
+                continue
             # Every record came from the relay's transactions: the last offset is a commit marker (or,
             # while Kafka is still writing it, the transaction's last record: not read yet either way).
             if high > 0 and stored.get(topic[0], 0) < high - 1:
                 return False
-        return True
+        return self.feeds_caught_up()
+
+    def feeds_caught_up(self) -> bool:
+        """Whether the views over the case's views (FROM a view, output_of) have taken every change recorded.
+
+        A level's changes are recorded in the transaction that applies the level below, so once every
+        feed has read up to its upstream's last position, a whole chain is done.
+        """
+        behind = self.conn.execute(
+            "SELECT count(*) FROM cv.change_readers AS r JOIN cv.view_change_positions AS p ON p.view = r.view"
+            " WHERE starts_with(r.reader, 'stream ') AND split_part(r.view, '.', 1) = ANY(%s) AND r.position < p.last",
+            ([self.names.schema, *self.names.schemas],),
+        ).fetchone()
+        return not behind[0]
+
+    def _topic_exists(self, topic: str) -> bool:
+        """Whether Kafka has the topic, asked of the broker (not this client's cached metadata)."""
+        try:
+            found = self.consumer.list_topics(topic, timeout=5).topics.get(topic)
+        except KafkaException:
+            return True  # no answer: ask again rather than read too early
+        return found is not None and found.error is None
 
 
 def _compare(text: str, expected: list[tuple], rows: list[tuple]) -> Outcome:
