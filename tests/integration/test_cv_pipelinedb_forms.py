@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pipelines.cv.frontend.pipelinedb_calls import APPEND_MAX_VALUES
 from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 COLUMNS = "g bigint, x bigint, k text, v int, b int, ts bigint"
@@ -155,3 +156,18 @@ def test_hll_agg_keeps_pipelinedbs_error_bound(writer, streams):
     ).fetchone()
     assert log2m == 14
     assert abs(estimate - n) <= 3 * 0.0081 * n  # three standard errors of 1.04 / sqrt(2^14)
+
+
+def test_an_object_aggregate_keeps_the_first_pairs_of_a_group_up_to_the_cap(writer, streams):
+    g = 996_000
+    keys = [f"k{i}" for i in range(APPEND_MAX_VALUES + 5)]
+    for part in (keys[:600], keys[600:]):  # two batches: the cap cuts the second
+        rows = [(g, None, k, int(k[1:]), 0, 0) for k in part]
+        apply_rows(writer, streams["events"], [1] * len(rows), rows)
+    pairs, object_ = writer.execute(
+        f"SELECT jo::text, jbo FROM {streams['schema']}.forms WHERE g = %s", (g,)
+    ).fetchone()
+    pairs = _pairs(pairs)
+    assert len(pairs) == len(object_) == APPEND_MAX_VALUES
+    assert all(v == int(k[1:]) for k, v in pairs)  # keys and values stay side by side
+    assert pairs[:600] == [(k, int(k[1:])) for k in keys[:600]]
