@@ -223,7 +223,7 @@ class PipelineSettings(_Settings):
     feed_page: int = Field(50_000, gt=0)
     feed_poll_s: float = Field(1.0, gt=0)
     # Backfills of new views from their topic's retained history (pipelines/cv/backfill.py): whether
-    # this runner catches them up (a thread beside the Kafka loop), the most records of one catch-up
+    # this runner catches them up (a child process beside the Kafka loop), the most records of one catch-up
     # batch, the seconds it pauses between batches (the live views go first), and the seconds
     # between looks for a new backfill.
     backfill: bool = True
@@ -234,6 +234,9 @@ class PipelineSettings(_Settings):
     # as long as the live runner commits: one that has not for this many seconds does not stop it.
     backfill_yield_lag: int = Field(10_000, ge=0)
     backfill_yield_max_s: float = Field(2.0, ge=0)
+    # The catch-up runs in a child process of the runner (pipelines/cv/backfill_process.py) at this
+    # nice value: when both want the CPU, the live loop gets it first (19: the least the backfill can get).
+    backfill_nice: int = Field(10, ge=0, le=19)
     # Seconds between progress log lines.
     report_interval_s: float = Field(10.0, gt=0)
     # Isolation (pipelines/cv/isolation.py). A topic whose stream cannot be applied at all is held

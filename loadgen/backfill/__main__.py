@@ -1,7 +1,7 @@
 """A new view backfilled from retained page views, beside the live runner on the same view. Prints a table.
 
 Issue 27's benchmark: a view defined today over a stream whose topic holds `--events` page views
-(loadgen.workloads.pageviews) is caught up from that history by the runner's backfill thread
+(loadgen.workloads.pageviews) is caught up from that history by the runner's backfill process
 (pipelines/cv/backfill.py) while the live views keep flowing.
 
 1. Produce `--events` page views to a new topic (`--partitions`, keyed by url).
@@ -254,7 +254,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
         f"backfill benchmark ({machine_line(postgres)})",
         f"  workload: {args.events:,} retained page views (loadgen.workloads.pageviews), {args.urls:,} urls,"
         f" topic of {args.partitions} partitions; view: {VIEWS['basic'].select.format(stream='<stream>')}",
-        "  one runner; its backfill thread catches up new_stats alone, then loaded_stats while page views flow",
+        "  one runner; its backfill process catches up new_stats alone, then loaded_stats while page views flow",
     ]
     rows = [
         ("producer -> Kafka (msgs/s)", "producer"),

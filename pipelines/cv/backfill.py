@@ -14,12 +14,13 @@ every partition marks the backfill done in that same transaction. A kill -9 anyw
 stored positions. A view dropped or rebuilt meanwhile: its backfill row is gone (or another's), the
 batch in flight finds that under the stream's lock, rolls back, and the catch-up moves on.
 
-Where it runs: a thread of the stream runner (`PIPELINE_BACKFILL`), beside the Kafka loop and the
-feeds. The runner already knows the streams it runs, its settings and its database; a backfill then
-needs no service of its own to deploy and supervise, and it stops with the runner. It keeps out of
-the live views' way: its own consumer (assigned partitions, no group membership: the live group is
-never rebalanced), bounded batches (`PIPELINE_BACKFILL_BATCH_MAX`), and a pause between batches
-(`PIPELINE_BACKFILL_PAUSE_S`) that lets the live loop take the interpreter and the database first.
+Where it runs: a child process of the stream runner (`PIPELINE_BACKFILL`; pipelines/cv/backfill_process.py),
+niced below the live loop, started while a backfill of the runner's streams waits and stopped with
+the runner: a backfill needs no service of its own to deploy and supervise. It keeps out of the
+live views' way: its own process (the live loop's interpreter is not shared, and the kernel gives
+the live loop the CPU first), its own consumer (assigned partitions, no group membership: the live
+group is never rebalanced), bounded batches (`PIPELINE_BACKFILL_BATCH_MAX`), and a pause between
+batches (`PIPELINE_BACKFILL_PAUSE_S`) that lets the live loop take the database first.
 Records the stream's decoder rejects are skipped: the live runner dead-lettered them already.
 One backfill at a time, oldest first; a quarantined view's waits until it is maintained again.
 """
@@ -130,7 +131,7 @@ class BackfillSink:
 
 
 class Backfiller:
-    """Catches up the pending backfills of the streams `runs` accepts, one batch at a time (a runner thread)."""
+    """Catches up the pending backfills of the streams `runs` accepts, one batch at a time (the runner's child)."""
 
     def __init__(
         self,

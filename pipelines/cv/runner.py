@@ -34,7 +34,7 @@ from confluent_kafka import KafkaException, Message
 
 from pipelines import metrics
 from pipelines.cv import catalog
-from pipelines.cv.backfill import Backfiller
+from pipelines.cv.backfill_process import BackfillProcess
 from pipelines.cv.catalog.stream_types import PostgresInputCheck
 from pipelines.cv.catalog.streams import declared_topic_configs
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
@@ -42,6 +42,7 @@ from pipelines.cv.engine import declared_streams
 from pipelines.cv.feeds import ViewFeeds
 from pipelines.cv.model import DefinitionError, StreamDef
 from pipelines.cv.sink import Origin, StreamChanges, ViewChanges, ViewSink
+from pipelines.cv.stream_choice import StreamChoice
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.runtime.clients import ConfluentClients, KafkaClients
@@ -108,6 +109,8 @@ class StreamRunner:
         self.postgres, self.settings, self.only = postgres, settings, only
         self.kafka = kafka
         self.group_id, self.default_group = group_id, default_group
+        self.choice = StreamChoice(group_id, default_group, only)
+        self.backfill: BackfillProcess | None = None
         self.clients = clients or ConfluentClients(kafka)
         self.sink = ViewSink(group_id, settings.poison_limit, settings.view_retry_s, settings.changes_retention_s)
         self.pipeline: Pipeline[psycopg.Connection, ViewChanges] = Pipeline(
@@ -125,7 +128,7 @@ class StreamRunner:
         self._conn: psycopg.Connection | None = None
         # The values of types PostgreSQL reads (kind input) are asked of it as each batch is decoded.
         self.input_check = PostgresInputCheck(self._catalog_connection)
-        self._next_check = self._next_slots = 0.0
+        self._next_check = self._next_slots = self._next_backfill_look = 0.0
         self._slots_refresh_s = 2 * metrics_refresh_s
 
     def run(self) -> None:
@@ -142,20 +145,16 @@ class StreamRunner:
         if self.settings.feeds:
             feeds = threading.Thread(target=self._feeds().run, args=(stop,), name="view-feeds", daemon=True)
             feeds.start()
-        backfill = None
-        if self.settings.backfill:  # new views' history (pipelines.cv.backfill), in a thread of its own
-            runs = lambda stream: stream in self.sink.streams  # noqa: E731 (read as the catalog reloads)
-            backfiller = Backfiller(self.postgres.conninfo(), self.kafka, self.settings, runs)
-            backfill = threading.Thread(target=backfiller.run, args=(stop,), name="view-backfill", daemon=True)
-            backfill.start()
+        if self.settings.backfill:  # new views' history (pipelines.cv.backfill), in a niced process of its own
+            self.backfill = BackfillProcess(self.choice)
         try:
             self.pipeline.run(tick=self.tick)
         finally:
             stop.set()
+            if self.backfill is not None:
+                self.backfill.stop()
             if feeds is not None:
                 feeds.join(timeout=10)
-            if backfill is not None:
-                backfill.join(timeout=10)
 
     def _feeds(self) -> ViewFeeds:
         return ViewFeeds(
@@ -168,12 +167,29 @@ class StreamRunner:
         )
 
     def tick(self) -> None:
-        """Between polls: the catalog, and now and then the replication slots' gauges."""
+        """Between polls: the catalog, and now and then the replication slots' gauges and the backfill process."""
         self.watch_catalog()
         now = time.monotonic()
         if now >= self._next_slots:
             self._next_slots = now + self._slots_refresh_s
             self.export_slots()
+        if self.backfill is not None and now >= self._next_backfill_look:
+            self._next_backfill_look = now + self.settings.backfill_poll_s
+            self.keep_backfill(self.backfill)
+
+    def keep_backfill(self, backfill: BackfillProcess) -> None:
+        """The backfill process running while a backfill of this runner's streams waits, and only then."""
+        try:
+            waiting = (
+                self._catalog_connection()
+                .execute("SELECT DISTINCT stream FROM cv.backfills WHERE done_at IS NULL")
+                .fetchall()
+            )
+        except psycopg.Error as e:
+            log.warning("cannot read the backfills; will retry", error=str(e).strip())
+            self._close()
+            return
+        backfill.keep(any(stream in self.sink.streams for (stream,) in waiting))
 
     def export_slots(self) -> None:
         """Set the replication-slot and failure gauges (a failure only logs: the connection is retried)."""
@@ -222,7 +238,7 @@ class StreamRunner:
         """
         sources = {}
         for stream in streams.values():
-            if not self.runs(stream) or stream.name in paused or stream.into in paused:
+            if not self.choice.runs(stream, paused):
                 continue
             known = self.sources.get(stream.topic)
             if known is not None and known.stream == stream:
@@ -247,16 +263,6 @@ class StreamRunner:
         )
         self.pipeline.starts = {topic: source.stream.start_at for topic, source in sources.items()}
         self.pipeline.subscribe(sources)
-
-    def runs(self, stream: StreamDef) -> bool:
-        """Whether this runner consumes the stream: its group's, and among `only` when that is given."""
-        if stream.is_feed:  # a view read by a view: its feeds thread applies it, from PostgreSQL
-            return False
-        if stream.consumer_group is None and not self.default_group:
-            return False
-        if stream.consumer_group is not None and stream.consumer_group != self.group_id:
-            return False
-        return self.only is None or stream.name in self.only or stream.into in self.only
 
     def decode(self, by_topic: dict[str, list[Message]]) -> Decoded[ViewChanges]:
         """A poll's messages, topic by topic through each stream's decoder, into changes per target stream."""

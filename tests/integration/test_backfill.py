@@ -7,10 +7,14 @@ view equals it, whatever the timing of the switch-over and however often the run
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import signal
 import threading
 from datetime import UTC, datetime
+from pathlib import Path
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
@@ -92,6 +96,24 @@ def define(pg, text: str) -> str:
         return catalog.define(conn, text)
 
 
+def backfill_child(runner) -> int | None:
+    """The runner's backfill process (pipelines.cv.backfill_process), when it runs one."""
+    for task in Path(f"/proc/{runner.pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"pipelines.cv.backfill_process" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    return int(child)
+    return None
+
+
+def zombie(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def nice_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])  # field 19: nice
+
+
 def test_a_view_defined_mid_stream_equals_the_oracle_over_every_event_across_kill_9_during_its_backfill(
     stack, pg, kafka, admin
 ):
@@ -115,7 +137,7 @@ def test_a_view_defined_mid_stream_equals_the_oracle_over_every_event_across_kil
             try:
                 define(pg, f"CREATE CONTINUOUS VIEW {schema}.v AS {QUERY.format(stream)}")
                 seen_progress = []
-                for threshold in sorted(random.sample(range(500, 5000), 3)):
+                for kill, threshold in enumerate(sorted(random.sample(range(500, 5000), 4))):
                     done = wait_for(
                         lambda t=threshold: (s := status(pg, f"{schema}.v")) and (s[0] or s[1] >= t) and s,
                         timeout=60,
@@ -124,8 +146,15 @@ def test_a_view_defined_mid_stream_equals_the_oracle_over_every_event_across_kil
                     seen_progress.append(done)
                     if done[0]:
                         break
-                    runner.kill()  # kill -9, mid-backfill
+                    child = backfill_child(runner)
+                    if kill % 2 and child is not None:  # kill -9 of the backfill process: the runner starts another
+                        assert nice_of(child) == 10  # below the live loop (PIPELINE_BACKFILL_NICE)
+                        os.kill(child, signal.SIGKILL)
+                        continue
+                    runner.kill()  # kill -9 of the runner, mid-backfill: its backfill process goes with it
                     runner.wait(30)
+                    if child is not None:
+                        wait_for(lambda c=child: not Path(f"/proc/{c}").exists() or zombie(c), what="the child to go")
                     runner = start_runner(stack, group, **env)
             finally:
                 flowing.set()

@@ -1,0 +1,141 @@
+"""The backfill's catch-up in a child process of the runner, at a lower CPU priority than the live loop.
+
+A backfill decodes history in Python as fast as it can. As a thread of the runner it shared the
+interpreter's lock with the live loop: whatever the backfill decoded, the live batches waited for,
+and a new view's backfill raised the live views' freshness from about 1.6 s to 5-14 s on the
+backfill benchmark (`python -m loadgen.backfill`). In a process of its own, niced by
+`PIPELINE_BACKFILL_NICE` (default 10: about a tenth of the CPU's share when both want it), the
+live loop has its own interpreter and the kernel gives it the CPU first; an idle machine still
+gives the backfill all it wants.
+
+The child is the runner's: started while a backfill of the runner's streams waits (`python -m
+pipelines.cv.backfill_process`, with the runner's environment and stream choice: no Kafka client
+or connection is inherited), stopped with SIGTERM once none does or the runner stops, sent SIGTERM
+by the kernel when the runner dies, kill -9 included (PR_SET_PDEATHSIG), and started again by the
+runner if it died. Exactly once is the catch-up's own (pipelines/cv/backfill.py): its positions
+commit with its updates, so a child killed anywhere resumes from them in the next one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+
+from pipelines.cv.backfill import Backfiller
+from pipelines.cv.engine import declared_streams
+from pipelines.cv.stream_choice import StreamChoice
+from pipelines.logs import configure_logging, get_logger
+from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
+
+log = get_logger("cv.backfill")
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+STOP_TIMEOUT_S = 10.0
+
+
+class _CatalogStreams:
+    """`Backfiller`'s `runs(name)`: the stream's current definition against the choice, re-read as the catalog moves."""
+
+    def __init__(self, conninfo: str, choice: StreamChoice, poll_s: float) -> None:
+        self.conninfo, self.choice, self.poll_s = conninfo, choice, poll_s
+        self._running: frozenset[str] = frozenset()
+        self._read_at = float("-inf")
+
+    def __call__(self, stream: str) -> bool:
+        if time.monotonic() - self._read_at >= self.poll_s:
+            self._read()
+        return stream in self._running
+
+    def _read(self) -> None:
+        with psycopg.connect(self.conninfo, autocommit=True) as conn:
+            streams = declared_streams(conn)
+            paused = frozenset(name for (name,) in conn.execute("SELECT stream FROM cv.paused_streams"))
+        self._running = frozenset(s.name for s in streams.values() if self.choice.runs(s, paused))
+        self._read_at = time.monotonic()
+
+
+class BackfillProcess:
+    """The runner's handle on its backfill child, started while a backfill of its streams waits.
+
+    The runner says at each look whether one waits (`keep`); the child is started then, and stopped
+    once none does, so an idle runner costs no second interpreter (about 50 MB).
+    """
+
+    def __init__(self, choice: StreamChoice) -> None:
+        self.argv = [sys.executable, "-m", __name__, "--group", choice.group_id]
+        if not choice.default_group:
+            self.argv.append("--declared-group-only")
+        if choice.only is not None:
+            self.argv += ["--streams", ",".join(sorted(choice.only))]
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def keep(self, wanted: bool) -> None:
+        """Start the child when `wanted` and it is not running (again, if it died); SIGTERM it when not."""
+        running = self.process is not None and self.process.poll() is None
+        if wanted and not running:
+            if self.process is not None and self.process.returncode:
+                log.warning("backfill process died; starting it again", returncode=self.process.returncode)
+            self.process = subprocess.Popen(self.argv)  # its logs go where the runner's go
+            log.info("backfill process started", pid=self.process.pid)
+        elif not wanted and running:
+            assert self.process is not None
+            self.process.terminate()  # idle: it exits at once; reaped at the next look or by stop()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after STOP_TIMEOUT_S: a batch in flight commits or rolls back whole."""
+        if self.process is None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            log.warning("backfill process did not stop; killed", pid=self.process.pid)
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    """Stop when the runner is gone and PR_SET_PDEATHSIG could not say so (not Linux, or it died first)."""
+    while not stop.wait(1.0):
+        if os.getppid() != parent:
+            stop.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m pipelines.cv.backfill_process --group G`: the runner's backfill child (started by the runner)."""
+    parser = argparse.ArgumentParser(prog="streamviews backfill", description="A runner's backfill child.")
+    parser.add_argument("--group", required=True, help="the runner's consumer group")
+    parser.add_argument("--declared-group-only", action="store_true", help="not the default group's runner")
+    parser.add_argument("--streams", default="", help="the runner's --streams")
+    args = parser.parse_args(argv)
+    settings = PipelineSettings()
+    os.nice(settings.backfill_nice)  # before any thread: librdkafka's threads inherit it
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the runner's SIGTERM or the watchdog stops it
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    configure_logging()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    threading.Thread(target=_watch_parent, args=(parent, stop), name="parent-watch", daemon=True).start()
+    only = frozenset(name for name in args.streams.split(",") if name) or None
+    choice = StreamChoice(args.group, not args.declared_group_only, only)
+    conninfo = PostgresSettings().conninfo()
+    log.info("backfill process running", nice=os.nice(0), group_id=args.group)
+    runs = _CatalogStreams(conninfo, choice, settings.catalog_poll_s)
+    Backfiller(conninfo, KafkaSettings(), settings, runs).run(stop)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

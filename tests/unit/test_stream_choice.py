@@ -1,0 +1,58 @@
+"""Which streams a runner consumes, and its backfill child's lifetime (pipelines.cv.stream_choice, backfill_process)."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from pipelines.cv.backfill_process import BackfillProcess
+from pipelines.cv.model import StreamDef
+from pipelines.cv.stream_choice import StreamChoice
+
+
+def stream(name: str, *, group: str | None = None, into: str | None = None, feed_of: str | None = None) -> StreamDef:
+    return StreamDef(name, name, (), None, "", consumer_group=group, into=into, feed_of=feed_of)
+
+
+@pytest.mark.parametrize(
+    ("choice", "declared", "paused", "runs"),
+    [
+        (StreamChoice("g"), stream("s"), frozenset(), True),  # the default group runs undeclared streams
+        (StreamChoice("g", default_group=False), stream("s"), frozenset(), False),  # another group does not
+        (StreamChoice("g", default_group=False), stream("s", group="g"), frozenset(), True),
+        (StreamChoice("g"), stream("s", group="h"), frozenset(), False),  # declared for another group
+        (StreamChoice("g"), stream("s"), frozenset({"s"}), False),  # deactivated
+        (StreamChoice("g"), stream("f", into="s"), frozenset({"s"}), False),  # it feeds a deactivated stream
+        (StreamChoice("g"), stream("v", feed_of="public.v"), frozenset(), False),  # a view read as a stream
+        (StreamChoice("g", only=frozenset({"s"})), stream("t"), frozenset(), False),
+        (StreamChoice("g", only=frozenset({"s"})), stream("f", into="s"), frozenset(), True),  # feeds one of only
+    ],
+)
+def test_a_runner_consumes_its_groups_streams_not_paused_nor_fed_from_views(choice, declared, paused, runs):
+    assert choice.runs(declared, paused) is runs
+
+
+def test_the_backfill_child_runs_only_while_wanted_and_is_started_again_when_it_died():
+    process = BackfillProcess(StreamChoice("g"))
+    process.argv = [sys.executable, "-c", "import time; time.sleep(60)"]  # a stand-in child
+    try:
+        process.keep(False)
+        assert process.process is None  # nothing waits: no second interpreter
+        process.keep(True)
+        first = process.process
+        assert first is not None
+        assert first.poll() is None
+        process.keep(True)
+        assert process.process is first  # still running: not started twice
+        first.kill()
+        first.wait(10)
+        process.keep(True)
+        assert process.process is not first
+        assert process.process.poll() is None
+        second = process.process
+        process.keep(False)
+        assert second.wait(10) is not None  # no backfill waits any more: SIGTERM
+    finally:
+        process.stop()
+    assert process.process is None
