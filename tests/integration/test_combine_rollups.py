@@ -199,3 +199,26 @@ def test_combine_over_a_chain_after_a_runner_is_killed_equals_the_raw_aggregates
         finally:
             stop_runner(second)
         assert_equal_to_oracle(conn, schema, stream, events)
+
+
+def test_a_stream_its_view_and_two_levels_of_combine_defined_in_one_script(pg, writer):
+    """One definitions text: each combine() level finds its upstream made by an earlier statement of the same text."""
+    name = unique("comb1")
+    stream = f"{name}_clicks"
+    definitions = f"""
+        CREATE STREAM {stream} ({COLUMNS}) WITH (topic = '{stream}', consumer_group = 'it-{name}');
+        CREATE CONTINUOUS VIEW {name}.per_minute AS {MINUTE.format(src=stream)};
+        CREATE CONTINUOUS VIEW {name}.totals AS SELECT combine((delta).n) AS n, combine((delta).mean) AS mean
+            FROM output_of('{name}.per_minute');
+        CREATE CONTINUOUS VIEW {name}.hourly AS {HOUR.format(src=f"{name}.per_minute")};
+        CREATE CONTINUOUS VIEW {name}.daily AS {DAY.format(src=f"{name}.hourly")};
+    """
+    with throwaway_views(pg, name, [stream], definitions):
+        batch = clicks(random.Random(4)) + clicks(random.Random(5))
+        apply_rows(writer, stream, [1] * len(batch), batch)
+        feed_all(writer)
+        with writer.transaction(force_rollback=True):
+            as_stream_table(writer, "e", COLUMNS, batch)
+            expected = writer.execute("SELECT count(*), avg(ms) FROM e").fetchone()
+            assert writer.execute(f"SELECT n, mean FROM {name}.totals").fetchone() == expected
+            assert writer.execute(f"SELECT sum(n) FROM {name}.daily").fetchone()[0] == len(batch)

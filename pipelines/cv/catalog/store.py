@@ -187,14 +187,21 @@ class _ReadableViews(dict):
         else:
             return None
         rows = super().get(view)
-        row = self._conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (view,)).fetchone()
+        row = self._conn.execute(
+            "SELECT v.definition, v.types, s.name, s.topic, s.definition FROM cv.views AS v"
+            " JOIN cv.streams AS s ON s.name = v.stream WHERE v.name = %s",
+            (view,),
+        ).fetchone()
         if row is None or (not changes and (rows is None or rows.key is None)):
             return None
-        # The feeds as they are in this transaction (a script's earlier statement may have made one):
+        # Its stream as it is in this transaction (a script's earlier statement may have made it):
         # load_streams keeps the streams of the catalog version, which moves once the script is done.
-        feeds = self._conn.execute("SELECT name, topic, definition FROM cv.streams WHERE starts_with(topic, 'view:')")
-        streams = {**load_streams(self._conn, skip_broken=True), **{r[0]: from_definition(*r) for r in feeds}}
-        in_scope = Scope(streams, general.user_aggregates(self._conn))
+        reads, topic, definition = row[2:]
+        stream = from_definition(reads, topic, definition) if is_feed_topic(topic) else parse(definition, NO_SCOPE)
+        assert isinstance(stream, StreamDef)
+        in_scope = Scope(
+            {**load_streams(self._conn, skip_broken=True), reads: stream}, general.user_aggregates(self._conn)
+        )
         compiled = stored_view(row[0], row[1], in_scope)
         if changes:
             return combine.changes_states_stream(compiled.view, compiled.types.aggregates)
