@@ -79,3 +79,12 @@ def test_object_aggregates_keep_keys_and_values_side_by_side_under_one_filter(vi
     assert call.function == name
     # Typed over no row: PostgreSQL's own would fail on the sample row's NULL key.
     assert typing_sql(f"{name}(t, x)") == f"{name}(t, x) FILTER (WHERE false)"
+
+
+def test_a_view_with_bucket_agg_starts_from_now_and_says_why_a_backfill_is_refused(view):
+    # A value's latest row sets its bucket: history applied after live events would move it back.
+    with pytest.raises(DefinitionError, match=r"backfill = 'earliest': bucket_agg kept as a transition state"):
+        parse(
+            "CREATE CONTINUOUS VIEW t.v WITH (backfill = 'earliest') AS SELECT bucket_agg(x, y::smallint) FROM ev",
+            Scope({"ev": parse(EVENTS, NO_SCOPE)}, frozenset()),
+        )

@@ -43,6 +43,8 @@ def order_dependent(aggregates: Sequence[Aggregate]) -> list[str]:
         if a.kind == "state" and a.params
         else "array_agg/json_agg/string_agg"
         if a.kind == "append"
+        else "bucket_agg"  # a value's latest row (or, on a tie of ts, the later one) sets its bucket
+        if a.kind == "bucket"
         else a.kind
         for a in aggregates
         if a.kind not in ORDER_FREE_KINDS and not (a.kind == "state" and a.params and a.params[0] in GENERAL_BUILTINS)
