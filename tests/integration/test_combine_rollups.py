@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka.admin import NewTopic
 
 from pipelines.cv import catalog
+from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import (
     apply_rows,
     as_stream_table,
@@ -222,3 +223,13 @@ def test_a_stream_its_view_and_two_levels_of_combine_defined_in_one_script(pg, w
             expected = writer.execute("SELECT count(*), avg(ms) FROM e").fetchone()
             assert writer.execute(f"SELECT n, mean FROM {name}.totals").fetchone() == expected
             assert writer.execute(f"SELECT sum(n) FROM {name}.daily").fetchone()[0] == len(batch)
+
+
+def test_an_upstream_keeps_the_aggregates_its_combine_readers_merge(pg, rollup):
+    schema, stream = rollup["schema"], rollup["stream"]
+    define_levels(pg, schema)
+    replaced = MINUTE.replace("avg(ms)", "avg(uid)").format(src=stream)
+    with pytest.raises(DefinitionError, match=r"hourly combine\(\) its stored aggregates; keep its aggregate calls"):
+        define(pg, f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.per_minute AS {replaced}")
+    filtered = MINUTE.replace(" GROUP BY", " WHERE ms > 0 GROUP BY").format(src=stream)
+    define(pg, f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.per_minute AS {filtered}")  # the same calls: kept

@@ -31,6 +31,7 @@ from psycopg import sql
 
 from pipelines.cv.catalog import change_streams, store
 from pipelines.cv.catalog.locks import lock_stream_for_change, lock_tables
+from pipelines.cv.frontend import combine
 from pipelines.cv.frontend.combine import STATES_KEY, is_states_feed
 from pipelines.cv.frontend.view_sources import FEED_TOPIC_PREFIX, from_definition, is_feed_topic
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
@@ -140,8 +141,16 @@ def shape(conn: psycopg.Connection, name: str) -> StreamDef | None:
 
 def check_shape_kept(conn: psycopg.Connection, view: ViewDef, before: StreamDef | None) -> None:
     """After `view` was replaced: the views reading it still find the columns and groups they were made for."""
-    if not feeds_of(conn, view.qualified_name):
+    feeds = feeds_of(conn, view.qualified_name)
+    if not feeds:
         return
+    combined = [f for f in feeds if is_states_feed(f)]
+    if any(combine.states_signature(f.definition) != combine.view_signature(view) for f in combined):
+        readers = ", ".join(views_over(conn, view.qualified_name))
+        raise DefinitionError(
+            f"continuous view {view.qualified_name}: {readers} combine() its stored aggregates; keep its aggregate "
+            "calls as they are, or drop those views first"
+        )
     now = shape(conn, view.qualified_name)
     if before is None or now is None or (before.columns, before.key) != (now.columns, now.key):
         readers = ", ".join(views_over(conn, view.qualified_name))

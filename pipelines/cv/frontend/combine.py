@@ -117,6 +117,23 @@ def _as_upstream(aggregate: Aggregate) -> tuple[str, list[str]]:
     return aggregate.kind, list(aggregate.params)
 
 
+def states_signature(definition: str | dict) -> dict[str, object]:
+    """What a states feed was made for, types aside: per output, its call and stored states (name, kind, params).
+
+    `definition` is a feed's stored JSON, or a view's `_combinable` map.
+    """
+    combined = json.loads(definition).get(COMBINE, {}) if isinstance(definition, str) else definition
+    return {
+        output: [info["call"], [stored[:3] for stored in info["stored"]]]  # type: ignore[index]
+        for output, info in combined.items()
+    }
+
+
+def view_signature(view: ViewDef) -> dict[str, object]:
+    """`states_signature` of what `view` stores now (for a CREATE OR REPLACE of an upstream with combine() readers)."""
+    return states_signature(_combinable(view, ("",) * len(view.aggregates)))
+
+
 def rows_states_stream(rows: StreamDef, view: ViewDef, aggregate_types: tuple[str, ...]) -> StreamDef:
     """The keyed states feed of `view`, from its plain rows feed `rows`: the same rows plus each state."""
     types = dict(zip((a.name for a in view.aggregates), aggregate_types, strict=False))
