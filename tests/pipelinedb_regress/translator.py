@@ -220,6 +220,9 @@ class Names:
     tables: set[str] = field(default_factory=set)
     schemas: set[str] = field(default_factory=set)  # schemas the case creates (or renames to): dropped after
     types: set[str] = field(default_factory=set)  # types the case creates: qualified in its streams' columns
+    # Schemas the case sets its search_path to: what it creates unqualified is in the run's schema
+    # (the harness keeps its own search_path), so `alias.t` of those is the run's `schema.t`.
+    aliases: set[str] = field(default_factory=set)
 
     def topic(self, stream: str) -> str:
         return f"pdbregress-{self.suffix}-{stream.replace('.', '-')}"
@@ -249,6 +252,11 @@ class Names:
                 if name in self.streams and index >= 2 and tokens[index - 2].start >= last:
                     out.append(text[last : tokens[index - 2].start] + self.streams[name])
                     last = token.end + 1
+                elif name in self.tables | self.views and index >= 2 and tokens[index - 2].start >= last:
+                    qualifier = text[tokens[index - 2].start : tokens[index - 2].end + 1].lower()
+                    if qualifier in self.aliases:  # the case's search_path schema: the run's schema here
+                        out.append(text[last : tokens[index - 2].start] + f"{self.schema}.{name}")
+                        last = token.end + 1
                 continue
             new = self.streams.get(name)
             relation = in_from and before in ("FROM", "JOIN", "ASCII_44")
@@ -328,6 +336,8 @@ def translate(statements: list[Statement], names: Names) -> list[Step]:
 
 def _step(statement: Statement, names: Names) -> Step:
     text = code_of(statement.text).rstrip("; \n\t")  # PipelineDB's cases end some statements with ';;'
+    if (path := re.match(r"\s*SET\s+search_path\s+TO\s+(\w+)", text, re.I)) and path.group(1).lower() in names.schemas:
+        names.aliases.add(path.group(1).lower())
     reason = unsupported_reason(text)
     if reason is not None:  # named, so that what reads it is skipped too
         created = _FOREIGN_TABLE.match(text) or _CREATE_VIEW.match(text)
@@ -381,6 +391,8 @@ def _stream(statement: Statement, names: Names, name: str, columns: str, rest: s
         return Step("unsupported", statement, reason=f"stream options of PipelineDB ({rest.strip()[:40]})")
     renamed = f"{name.split('.')[-1]}_{names.suffix}"
     names.streams[name] = renamed
+    if "." in name:  # `schema.s` is read unqualified too (`s.id`, `FROM t, schema.s WHERE s.x = ...`)
+        names.streams.setdefault(name.split(".")[-1], renamed)
     for type_ in names.types:  # the runner finds a type of the case's schema by its qualified name only
         columns = re.sub(rf"(\w\s+){type_}\b", rf"\g<1>{names.schema}.{type_}", columns, flags=re.I)
     # PipelineDB gives every stream an arrival_timestamp, the time of the INSERT: here a column of that

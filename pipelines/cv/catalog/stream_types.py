@@ -140,6 +140,6 @@ def check_groupable(conn: psycopg.Connection, view: ViewDef, group_types: Sequen
         except psycopg.errors.UndefinedFunction:
             instead = f"({group.sql})::text" + (", or declare the column jsonb" if type_ == "json" else "")
             raise DefinitionError(
-                f"continuous view {view.qualified_name}: GROUP BY {group.sql}: type {type_} has no equality to group "
-                f"rows by; group by {instead}"
+                f"continuous view {view.qualified_name}: {group.sql} is a {type_}, which has no equality, and the "
+                f"view's rows are keyed by it (a GROUP BY, or a column of a view without aggregates); write {instead}"
             ) from None
