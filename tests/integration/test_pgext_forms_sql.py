@@ -1,11 +1,12 @@
-"""streamviews 1.4 to 1.6 (pgext/): freq and bloom_contains of a literal, bucket_agg, PipelineDB's dist_cdf.
+"""streamviews 1.4 to 1.7 (pgext/): freq and bloom_contains of a literal, bucket_agg, dist_cdf, hll_agg.
 
 PipelineDB's users write freq(f, '42') with an untyped literal, which PostgreSQL cannot resolve
 against freq(bytea, anyelement): the text overload takes it and reads it as the type the sketch
 counts (bloom_contains, whose filter has no type, hashes the text as written). bucket_add and
 bucket_merge keep each distinct value in the bucket of its latest row (or greatest ts), whatever
 the batches. dist_cdf interpolates as PipelineDB did: never decreasing, and within one value's share
-of the exact answer over a digest that keeps every value. Checked in rolled-back transactions.
+of the exact answer over a digest that keeps every value. hll_agg over a table is the sketch a view
+keeps. Checked in rolled-back transactions.
 """
 
 from __future__ import annotations
@@ -114,3 +115,12 @@ def test_dist_cdf_never_decreases_and_stays_within_a_value_of_the_exact_share(db
         share = sum(v <= p for v in values) / len(values)
         assert 0 <= c <= 1
         assert abs(c - share) <= 1 / len(values) + 1e-9, (p, c, share)
+
+
+def test_hll_agg_over_a_table_is_the_sketch_a_view_keeps(db):
+    row = one(
+        db,
+        "SELECT hll_agg(x) = hll_add_agg(hll_hash_any(x), 14), hll_log2m(hll_agg(x)),"
+        " (SELECT hll_agg(v) IS NULL FROM (VALUES (NULL::int)) AS n(v)) FROM generate_series(1, 5000) AS x",
+    )
+    assert row == (True, 14, True)
