@@ -88,3 +88,12 @@ def test_a_view_with_bucket_agg_starts_from_now_and_says_why_a_backfill_is_refus
             "CREATE CONTINUOUS VIEW t.v WITH (backfill = 'earliest') AS SELECT bucket_agg(x, y::smallint) FROM ev",
             Scope({"ev": parse(EVENTS, NO_SCOPE)}, frozenset()),
         )
+
+
+def test_hll_agg_is_kept_over_a_keyed_stream_like_hll_add_agg_and_bucket_agg_is_not():
+    keyed = "CREATE STREAM kv (g bigint, k bigint, x int) WITH (topic = 'kv', key = 'g, k')"
+    scope = Scope({"kv": parse(keyed, NO_SCOPE)}, frozenset())
+    v = parse("CREATE CONTINUOUS VIEW t.v AS SELECT g, hll_agg(x) AS h FROM kv GROUP BY g", scope)
+    assert [a.kind for a in v.aggregates] == ["hll"]  # a retraction leaves the sketch as it is
+    with pytest.raises(DefinitionError, match="cannot forget a retracted row, and kv has a key"):
+        parse("CREATE CONTINUOUS VIEW t.w AS SELECT g, bucket_agg(x, 1::smallint) FROM kv GROUP BY g", scope)
