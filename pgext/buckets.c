@@ -46,8 +46,10 @@ buckets_of(bytea *b)
 {
 	BucketHeader *h = (BucketHeader *) VARDATA_ANY(b);
 
+	/* n checked by division: a crafted n whose product wraps around must not pass */
 	if (VARSIZE_ANY_EXHDR(b) < sizeof(BucketHeader) || h->magic != BUCKET_MAGIC
-		|| VARSIZE_ANY_EXHDR(b) != sizeof(BucketHeader) + h->n * sizeof(BucketEntry))
+		|| h->n != (VARSIZE_ANY_EXHDR(b) - sizeof(BucketHeader)) / sizeof(BucketEntry)
+		|| (VARSIZE_ANY_EXHDR(b) - sizeof(BucketHeader)) % sizeof(BucketEntry) != 0)
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("not a bucket_agg state")));
 	return h;
 }
@@ -249,8 +251,12 @@ bucket_counts(bytea *b, int64 *counts)
 	int			ids = 0;
 
 	for (uint64 i = 0; i < h->n; i++)
+	{
+		if (e[i].bucket < PG_INT16_MIN || e[i].bucket > PG_INT16_MAX)
+			ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("not a bucket_agg state")));
 		if (counts[e[i].bucket - PG_INT16_MIN]++ == 0)
 			ids++;
+	}
 	return ids;
 }
 

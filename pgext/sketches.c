@@ -125,8 +125,8 @@ bloom_of(bytea *b)
 {
 	BloomHeader *h = (BloomHeader *) VARDATA_ANY(b);
 
-	if (VARSIZE_ANY_EXHDR(b) < sizeof(BloomHeader) || h->magic != BLOOM_MAGIC
-		|| VARSIZE_ANY_EXHDR(b) != sizeof(BloomHeader) + (h->m + 7) / 8)
+	if (VARSIZE_ANY_EXHDR(b) < sizeof(BloomHeader) || h->magic != BLOOM_MAGIC || h->m < 8 || h->m > BLOOM_MAX_BITS
+		|| h->k < 1 || VARSIZE_ANY_EXHDR(b) != sizeof(BloomHeader) + (h->m + 7) / 8)
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("not a Bloom filter of bloom_agg")));
 	return h;
 }
@@ -337,7 +337,8 @@ freq_of(bytea *b)
 {
 	FreqHeader *h = (FreqHeader *) VARDATA_ANY(b);
 
-	if (VARSIZE_ANY_EXHDR(b) < sizeof(FreqHeader) || h->magic != FREQ_MAGIC
+	if (VARSIZE_ANY_EXHDR(b) < sizeof(FreqHeader) || h->magic != FREQ_MAGIC || h->depth < 1 || h->width < 1
+		|| (uint64) h->depth * h->width > FREQ_MAX_COUNTERS
 		|| VARSIZE_ANY_EXHDR(b) != sizeof(FreqHeader) + (Size) h->depth * h->width * sizeof(int64))
 		ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("not a count-min sketch of freq_agg")));
 	return h;

@@ -11,6 +11,8 @@ keeps. Checked in rolled-back transactions.
 
 from __future__ import annotations
 
+import struct
+
 import psycopg
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -124,3 +126,19 @@ def test_hll_agg_over_a_table_is_the_sketch_a_view_keeps(db):
         " (SELECT hll_agg(v) IS NULL FROM (VALUES (NULL::int)) AS n(v)) FROM generate_series(1, 5000) AS x",
     )
     assert row == (True, 14, True)
+
+
+@pytest.mark.parametrize(
+    ("call", "state"),
+    [
+        # bucket_agg: n such that n * 24 wraps around to 0; then an entry whose bucket is no smallint
+        ("bucket_ids", struct.pack("=IIQ", 0x424B5431, 0, 2**61)),
+        ("bucket_ids", struct.pack("=IIQqqq", 0x424B5431, 0, 1, 5, 0, 1 << 40)),
+        # Bloom: m + 7 wraps around; count-min: depth x width far past the counters there are
+        ("bloom_cardinality", struct.pack("=IIQ", 0x424C4F31, 3, 2**64 - 1)),
+        ("freq_total", struct.pack("=IIIIq", 0x434D5331, 2**31, 2**31, 0, 0)),
+    ],
+)
+def test_a_crafted_state_is_refused_not_read_past_its_end(db, call, state):
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="not a"):
+        db.execute(f"SELECT {call}(%s::bytea)", (state,))  # call: one of this file's constants
