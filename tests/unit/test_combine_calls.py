@@ -8,6 +8,8 @@ from pipelines.cv.frontend import combine
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.frontend.view_sources import rows_stream
 from pipelines.cv.model import DefinitionError, Scope
+from pipelines.cv.views import change_capture
+from pipelines.cv.views.view_types import ViewTypes
 
 CLICKS = parse("CREATE STREAM clicks (url text, uid int, ms int, ts timestamptz) WITH (topic = 'clicks')", NO_SCOPE)
 MINUTE = parse(
@@ -101,3 +103,16 @@ def test_what_combine_cannot_merge_is_refused_in_one_line(select, message):
     with pytest.raises(DefinitionError, match=message) as refused:
         view(select)
     assert "\n" not in str(refused.value)
+
+
+def test_a_view_read_by_combine_captures_its_states_beside_the_row_users_read():
+    types = ViewTypes(("timestamptz", "text"), TYPES, None)
+    plain = change_capture.projection(MINUTE, types)
+    with_states = change_capture.projection(MINUTE, types, states=True)
+    assert "_cv_states" not in plain
+    assert with_states.startswith("SELECT to_jsonb(k) AS key, to_jsonb(o) || jsonb_build_object('_cv_states',")
+    # Each mergeable state under its feed column's name; a t-digest as its text (to_jsonb makes it an object).
+    assert "'_cv_state_n', s.\"n\"" in with_states
+    assert "'_cv_state__cv_p90_" in with_states
+    assert '"::text' in with_states
+    assert "'_cv_state_exact_users'" not in with_states  # an exact distinct count keeps no state combine() merges
