@@ -233,3 +233,28 @@ def test_an_upstream_keeps_the_aggregates_its_combine_readers_merge(pg, rollup):
         define(pg, f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.per_minute AS {replaced}")
     filtered = MINUTE.replace(" GROUP BY", " WHERE ms > 0 GROUP BY").format(src=stream)
     define(pg, f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.per_minute AS {filtered}")  # the same calls: kept
+
+
+def test_a_row_the_upstream_deletes_leaves_a_combined_sketch_as_it_leaves_a_count(pg, writer):
+    """An upstream row deleted (as its ttl's retention deletes it) leaves the hour's HyperLogLog, not only its count."""
+    name = unique("combk")
+    stream = f"{name}_likes"
+    definitions = f"""
+        CREATE STREAM {stream} (oid bigint, uid bigint, ts timestamptz)
+            WITH (topic = '{stream}', key = 'oid, uid', consumer_group = 'it-{name}');
+        CREATE CONTINUOUS VIEW {name}.per_minute AS SELECT date_trunc('minute', ts) AS minute, count(*) AS n,
+            hll_add_agg(hll_hash_any(uid)) AS fans FROM {stream} GROUP BY 1;
+        CREATE CONTINUOUS VIEW {name}.hourly AS SELECT date_trunc('hour', minute) AS hour, combine(n) AS n,
+            combine(fans) AS fans FROM {name}.per_minute GROUP BY 1;
+    """
+    with throwaway_views(pg, name, [stream], definitions):
+        kept = [(1, uid, T0) for uid in range(1, 21)]
+        gone = [(1, uid, T0 + timedelta(minutes=1)) for uid in range(21, 41)]
+        apply_rows(writer, stream, [1] * 40, kept + gone)
+        feed_all(writer)
+        estimate = f"SELECT n, round(hll_cardinality(fans))::bigint FROM {name}.hourly"
+        assert writer.execute(estimate).fetchone() == (40, 40)
+        with writer.transaction():  # the second minute deleted, as retention deletes a bucket past its ttl
+            writer.execute(f"DELETE FROM cv.{name}__per_minute WHERE minute = %s", (T0 + timedelta(minutes=1),))
+        feed_all(writer)
+        assert writer.execute(estimate).fetchone() == (20, 20)

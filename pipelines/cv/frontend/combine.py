@@ -18,8 +18,8 @@ what x's call stores in the upstream:
 | var/stddev, corr/regr, bool_*)  | retracted, the new one added: exact |                                     |
 | min, max                        | min/max of the states (exact, with  | min/max of the states after         |
 |                                 | the value counts of a keyed stream) |                                     |
-| hll (approx_count_distinct)     | union of the sketches: a sketch only grows, so the union of every   |
-|                                 | version is the union of the current ones (retractions not needed)  |
+| hll (approx_count_distinct)     | recomputed per changed group (as    | union of the sketches after         |
+|                                 | below): a union of the rows' ones   |                                     |
 | tdigest, topk, bloom, freq      | recomputed per changed group from   | refused: a digest's change is not   |
 |                                 | the feed's current rows (a merge of | its after minus its before          |
 |                                 | their states: pipelines.cv.views.   |                                     |
@@ -52,8 +52,8 @@ COMBINE = "combine"
 # Stored kinds whose states combine() merges, and how (see the table above).
 ADDED = frozenset({"count", "sum"})
 EXTREMES = frozenset({"min", "max"})
-RECOMPUTED = frozenset({"tdigest", "topk", "bloom", "freq"})
-MERGEABLE = ADDED | EXTREMES | {"hll", "combined"} | RECOMPUTED
+RECOMPUTED = frozenset({"hll", "tdigest", "topk", "bloom", "freq"})  # over the rows; over output_of hll is unioned
+MERGEABLE = ADDED | EXTREMES | {"combined"} | RECOMPUTED
 _WHY_NOT = {
     "count_distinct": "an exact distinct count keeps its values, not a state that merges across groups; count "
     "approx_count_distinct(x) (a HyperLogLog) in the upstream, which combine() merges",
@@ -273,8 +273,8 @@ def _stored(
             return Stored("sum", ref)
         if kind in EXTREMES:
             return Stored(kind, ref)  # type: ignore[arg-type]
-        if kind == "hll":
-            return Stored("hll", ref, None, ("union",))
+        # A sketch cannot forget a row: recomputed from the current rows, so a row gone (the upstream's
+        # ttl, a group emptied) leaves the rollup as it does for counts.
         return Stored("combined", ref, None, (kind, *params))  # type: ignore[arg-type]
     after, before = (f"(({s} ->> '{key}'))::{type_}" for s in (NEW_STATES, OLD_STATES))
     if kind in ADDED:  # a group gone or new: its missing side counts nothing

@@ -1,12 +1,13 @@
 """combine() of summaries that cannot forget a row: recomputed per changed group from the feed's current rows.
 
-A t-digest, a top-k summary, a Bloom filter or a count-min sketch cannot take a retraction away,
+A HyperLogLog, a t-digest, a top-k summary, a Bloom filter or a count-min sketch cannot take a
+retraction away,
 so over `FROM public.pv` (whose changes retract the old row) combine() of one is kept as kind
 `combined` (pipelines.cv.frontend.combine): each batch recomputes the groups it touches as the merge
 of the states of the feed's rows in the group, read from the feed's state table (which the feed
 brings to the upstream's current rows before the views run: pipelines.cv.views.stream_sql). The
-merge is the one a sliding window uses to merge its steps (`window_merge`): tdigest(), the top-k
-merge, ...
+merge is the one a sliding window uses to merge its steps (`window_merge`): hll_union_agg(),
+tdigest(), the top-k merge, ...
 
 Its cost per changed group is a scan of the feed's rows (the state table has no index on the
 rollup's groups, whose expressions, like date_trunc over timestamptz, are not immutable): suited to
