@@ -277,22 +277,43 @@ class Window:
 
 
 @dataclass(frozen=True)
+class JoinedTable:
+    """One table the stream's events are joined with, in the order written.
+
+    Attributes:
+        table: The table (or PostgreSQL view), schema-qualified as written (SQL text).
+        alias: What the view's expressions call it (its alias, or its name).
+        left: LEFT JOIN: events without a matching row count with NULLs; otherwise they are skipped.
+        on_sql: The join condition (over the stream and the tables joined before it).
+    """
+
+    table: str
+    alias: str
+    left: bool
+    on_sql: str
+
+
+@dataclass(frozen=True)
 class Join:
-    """`FROM stream [AS s] [LEFT] JOIN table [AS t] ON ...`: each event enriched at ingest from the table.
+    """`FROM stream [AS s] [LEFT] JOIN t1 ON ... [LEFT] JOIN t2 ON ...`: each event enriched at ingest from tables.
 
     Attributes:
         stream_alias: What the view's expressions call the stream (its alias, or its name).
-        table: The table, schema-qualified as written (SQL text).
-        table_alias: What they call the table (its alias, or its name).
-        left: LEFT JOIN: events without a matching row count with NULLs; otherwise they are skipped.
-        on_sql: The join condition.
+        tables: The tables, joined in this order after the stream.
     """
 
     stream_alias: str
-    table: str
-    table_alias: str
-    left: bool
-    on_sql: str
+    tables: tuple[JoinedTable, ...]
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """The tables' names in the view's expressions."""
+        return tuple(t.alias for t in self.tables)
+
+    @property
+    def conditions(self) -> list[str]:
+        """Every join condition (SQL text), in order."""
+        return [t.on_sql for t in self.tables]
 
 
 @dataclass(frozen=True)

@@ -20,29 +20,38 @@ INNER = """SELECT p.section, count(*) AS n, count(DISTINCT c.uid) AS users, avg(
            FROM {stream} AS c JOIN {table} AS p ON p.url = c.url GROUP BY p.section"""
 LEFT = """SELECT c.url, coalesce(max(p.section), 'none') AS section, count(*) AS n
           FROM {stream} c LEFT JOIN {table} p ON p.url = c.url GROUP BY c.url"""
+# Two tables: each event's page, then its page's section title (s2 has none: LEFT JOIN keeps it, NULL).
+TWO = """SELECT t.title, count(*) AS n, sum(c.ms) AS ms
+         FROM {stream} c JOIN {table} p ON p.url = c.url LEFT JOIN {titles} t ON t.section = p.section
+         GROUP BY t.title"""
 
 
 @pytest.fixture(scope="module")
 def streams(stack, pg):
     name = unique("join")
-    stream, table = f"{name}_clicks", f"{name}.pages"
+    stream, table, titles = f"{name}_clicks", f"{name}.pages", f"{name}.titles"
     with pg("sv_owner", autocommit=True) as owner:
         owner.execute(f"CREATE SCHEMA {name}")
         owner.execute(f"CREATE TABLE {table} (url text PRIMARY KEY, section text NOT NULL)")
         owner.execute(f"INSERT INTO {table} SELECT '/p' || i, 's' || (i % 3) FROM generate_series(0, 8) i")
+        owner.execute(f"CREATE TABLE {titles} (section text PRIMARY KEY, title text NOT NULL)")
+        owner.execute(f"INSERT INTO {titles} VALUES ('s0', 'zero'), ('s1', 'one')")
     definitions = f"""
         CREATE STREAM {stream} (url text, uid bigint, ms int) WITH (topic = '{stream}');
         CREATE CONTINUOUS VIEW {name}.by_section AS {INNER.format(stream=stream, table=table)};
         CREATE CONTINUOUS VIEW {name}.by_url AS {LEFT.format(stream=stream, table=table)};
+        CREATE CONTINUOUS VIEW {name}.by_title AS {TWO.format(stream=stream, table=table, titles=titles)};
     """
     with throwaway_views(pg, name, [stream], definitions, schema_exists=True):
-        yield {"schema": name, "stream": stream, "table": table}
+        yield {"schema": name, "stream": stream, "table": table, "titles": titles}
 
 
 def recomputed(conn, streams, rows, query, key, keys):
     with conn.transaction(force_rollback=True):
         as_stream_table(conn, streams["stream"], "url text, uid bigint, ms int", rows)
-        query = query.format(stream=streams["stream"], table=streams["table"])
+        query = query.format(stream=streams["stream"], table=streams["table"], titles=streams["titles"])
+        if keys is None:
+            return conn.execute(f"SELECT * FROM ({query}) q ORDER BY 1").fetchall()
         return conn.execute(f"SELECT * FROM ({query}) q WHERE {key} = ANY(%s) ORDER BY 1", (keys,)).fetchall()
 
 
@@ -64,6 +73,7 @@ def test_a_joined_view_equals_the_join_recomputed_from_the_events(writer, stream
         writer.execute(f"DELETE FROM cv.{streams['schema']}__by_section")
         writer.execute(f"DELETE FROM cv.{streams['schema']}__by_section__refs")
         writer.execute(f"DELETE FROM cv.{streams['schema']}__by_url WHERE url LIKE '/p%%'")
+        writer.execute(f"DELETE FROM cv.{streams['schema']}__by_title")
     for start, end in itertools.pairwise(bounds):
         apply_rows(writer, streams["stream"], [1] * (end - start), rows[start:end])
 
@@ -73,6 +83,8 @@ def test_a_joined_view_equals_the_join_recomputed_from_the_events(writer, stream
     urls = sorted({r[0] for r in rows})
     got = writer.execute(f"SELECT * FROM {streams['schema']}.by_url WHERE url = ANY(%s) ORDER BY 1", (urls,))
     assert got.fetchall() == recomputed(writer, streams, rows, LEFT, "url", urls)
+    got = writer.execute(f"SELECT * FROM {streams['schema']}.by_title ORDER BY 1").fetchall()
+    assert got == recomputed(writer, streams, rows, TWO, "title", None)
 
 
 def test_a_later_change_to_the_table_does_not_rewrite_what_was_counted(pg, writer, streams):

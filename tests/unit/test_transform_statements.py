@@ -12,7 +12,7 @@ import pytest
 from pipelines.cv import status
 from pipelines.cv.frontend.statements import NO_SCOPE, parse, read_script
 from pipelines.cv.frontend.transforms import DropTransform, is_transform, parse_drop_transform, parse_transform
-from pipelines.cv.model import DefinitionError, Join, Output, Scope
+from pipelines.cv.model import DefinitionError, Join, JoinedTable, Output, Scope
 
 CLICKS = "CREATE STREAM clicks (url text, uid bigint, ms int, ts timestamptz) WITH (topic = 'clicks')"
 LIKES = "CREATE STREAM likes (oid bigint, uid bigint) WITH (topic = 'likes', key = 'oid, uid')"
@@ -42,9 +42,25 @@ def test_the_issues_example_cleaned_and_enriched_events():
         " SELECT c.url, c.uid, u.country FROM clicks AS c JOIN shop.users AS u ON u.id = c.uid"
         " WHERE c.url NOT LIKE '/health%'"
     )
-    assert t.join == Join("c", "shop.users", "u", False, "u.id = c.uid")
+    assert t.join == Join("c", (JoinedTable("shop.users", "u", False, "u.id = c.uid"),))
     assert [o.name for o in t.outputs] == ["url", "uid", "country"]
     assert t.key == ("url", "uid")
+
+
+def test_a_transform_reads_its_from_as_a_view_does_aliases_and_tables_any_way_written():
+    t = transform("CREATE CONTINUOUS TRANSFORM a AS SELECT c.url FROM public.clicks AS c WHERE c.ms > 1")
+    assert (t.outputs, t.where_sql, t.join) == ((Output("url", "url"),), "ms > 1", None)
+    t = transform(
+        "CREATE CONTINUOUS TRANSFORM b AS SELECT c.url, u.country, g.region FROM shop.users u"
+        " JOIN clicks c ON u.id = c.uid LEFT JOIN shop.geo g ON g.country = u.country"
+    )
+    assert t.join == Join(
+        "c",
+        (
+            JoinedTable("shop.users", "u", False, "u.id = c.uid"),
+            JoinedTable("shop.geo", "g", True, "g.country = u.country"),
+        ),
+    )
 
 
 def test_pipelinedbs_spelling_maps_onto_the_same_transform():
@@ -76,12 +92,10 @@ def test_pipelinedbs_spelling_maps_onto_the_same_transform():
         ("SELECT nope FROM clicks", "nope is not a column of the stream"),
         ("SELECT url FROM clicks WHERE uid IN (SELECT 1)", "subqueries are not supported"),
         ("SELECT url FROM nowhere", "nowhere is not a stream"),
-        ("SELECT url FROM clicks AS c", "an alias on the stream is only needed with a join"),
         ("SELECT oid FROM likes", "likes has a key"),
         ("SELECT url FROM app_clicks", "feeds clicks and keeps nothing of its own"),
         ("SELECT url FROM clicks UNION SELECT url FROM clicks", "a single SELECT"),
-        ("SELECT c.url FROM clicks c JOIN t ON true JOIN u ON true", "FROM must name one stream"),
-        ("SELECT x.url FROM clicks c JOIN t ON t.id = c.uid", "x is neither the stream nor the joined table"),
+        ("SELECT x.url FROM clicks c JOIN t ON t.id = c.uid", "x is neither the stream nor a joined table"),
         ("SELECT url FROM clicks WHERE ms > $1", "parameters ($n) are not supported"),
     ],
 )

@@ -7,7 +7,7 @@ import pytest
 from pipelines.cv.frontend.statements import parse
 from pipelines.cv.frontend.view_shapes import EACH_ROW_GROUP, GLOBAL_GROUP
 from pipelines.cv.frontend.windows import STEP_COLUMN
-from pipelines.cv.model import DefinitionError, Join, Scope, Window
+from pipelines.cv.model import DefinitionError, Join, JoinedTable, Scope, Window
 from pipelines.cv.views import compiler
 from pipelines.cv.views.view_types import ViewTypes
 
@@ -118,16 +118,53 @@ def test_arrival_timestamp_and_qualified_and_aliased_columns_read_as_the_stream_
 )
 def test_a_join_is_read_whichever_way_postgresql_lets_it_be_written(view, select):
     parsed = view(select)
-    assert (parsed.join.stream_alias, parsed.join.table, parsed.join.table_alias) == ("c", "pages", "p")
-    assert parsed.join.left is ("RIGHT" in select)
-    conditions = {parsed.join.on_sql, parsed.where_sql}
+    ((table),) = parsed.join.tables
+    assert (parsed.join.stream_alias, table.table, table.alias) == ("c", "pages", "p")
+    assert table.left is ("RIGHT" in select)
+    conditions = {table.on_sql, parsed.where_sql}
     assert conditions & {"p.url = c.url", "c.url = p.url"}
 
 
 def test_using_columns_are_the_streams(view):
     parsed = view("SELECT url, count(*) AS n FROM clicks c LEFT JOIN pages p USING (url) GROUP BY url")
-    assert parsed.join == Join("c", "pages", "p", True, "c.url = p.url")
+    assert parsed.join == Join("c", (JoinedTable("pages", "p", True, "c.url = p.url"),))
     assert [g.sql for g in parsed.groups] == ["c.url"]
+
+
+@pytest.mark.parametrize(
+    ("select", "tables", "where"),
+    [
+        (  # each table joined with what comes before it, in the order written
+            "SELECT u.name, count(*) FROM clicks c JOIN pages p ON p.url = c.url LEFT JOIN users u ON u.id = p.owner"
+            " GROUP BY u.name",
+            [("pages", "p", False, "p.url = c.url"), ("users", "u", True, "u.id = p.owner")],
+            None,
+        ),
+        (  # the stream second, its first table kept by RIGHT JOIN's rule; then USING a stream column
+            "SELECT u.name, count(*) FROM pages p RIGHT JOIN clicks c ON p.url = c.url JOIN users u USING (uid)"
+            " GROUP BY u.name",
+            [("pages", "p", True, "p.url = c.url"), ("users", "u", False, "c.uid = u.uid")],
+            None,
+        ),
+        (  # inner joins of the tables first: the stream first, every condition kept
+            "SELECT u.name, count(*) FROM pages p JOIN users u ON u.id = p.owner JOIN clicks c ON c.url = p.url"
+            " GROUP BY u.name",
+            [("pages", "p", False, "TRUE"), ("users", "u", False, "u.id = p.owner AND c.url = p.url")],
+            None,
+        ),
+        (  # a comma join of three: the WHERE clause joins them
+            "SELECT u.name, count(*) FROM clicks c, pages p, users u WHERE p.url = c.url AND u.id = p.owner"
+            " GROUP BY u.name",
+            [("pages", "p", False, "TRUE"), ("users", "u", False, "TRUE")],
+            "p.url = c.url AND u.id = p.owner",
+        ),
+    ],
+)
+def test_a_stream_joins_any_number_of_tables_each_after_what_comes_before_it(view, select, tables, where):
+    parsed = view(select)
+    assert parsed.join.stream_alias == "c"
+    assert [(t.table, t.alias, t.left, t.on_sql) for t in parsed.join.tables] == tables
+    assert parsed.where_sql == where
 
 
 def test_fillfactor_is_the_storage_tables(view):
@@ -188,6 +225,19 @@ def test_ttl_column_names_the_group_a_ttl_expires_by(view):
         ("SELECT url, count(*) FROM clicks WHERE EXISTS (SELECT 1) GROUP BY url", "", "subqueries"),
         ("SELECT url, count(*) FROM other.clicks GROUP BY url", "", "streams have no schema"),
         ("SELECT url, count(*) FROM clicks, likes GROUP BY url", "", "two streams"),
+        (
+            "SELECT count(*) FROM clicks c JOIN pages p ON p.url = c.url RIGHT JOIN users u ON u.id = p.owner",
+            "",
+            "keeps the table's rows",
+        ),
+        (
+            "SELECT count(*) FROM pages p LEFT JOIN users u ON u.id = p.owner JOIN clicks c ON true",
+            "",
+            "then its tables",
+        ),
+        ("SELECT count(*) FROM clicks c JOIN (pages p JOIN users u ON u.id = p.owner) ON true", "", "parenthesized"),
+        ("SELECT count(*) FROM clicks c JOIN pages p ON true JOIN users p ON true", "", "different names"),
+        ("SELECT count(*) FROM clicks c JOIN pages p ON true JOIN users u USING (owner)", "", "write ON"),
         ("SELECT x.url, count(*) FROM clicks GROUP BY x.url", "", "not a column"),
         ("SELECT arrival_timestamp, count(*) FROM likes GROUP BY 1", "", "declares none"),
         ("SELECT upper(url), count(*) FROM clicks GROUP BY uid", "", "must appear in GROUP BY"),

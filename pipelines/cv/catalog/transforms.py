@@ -62,7 +62,8 @@ def define_transform(conn: psycopg.Connection, transform: TransformDef, scope: S
         )
     )
     if transform.join is not None:  # the pipelines read the joined table's rows at ingest
-        grant = sql.SQL("GRANT SELECT ON {} TO {}").format(sql.SQL(transform.join.table), sql.Identifier(ROLE_WRITER))
+        tables = sql.SQL(", ").join(sql.SQL(t.table) for t in transform.join.tables)
+        grant = sql.SQL("GRANT SELECT ON {} TO {}").format(tables, sql.Identifier(ROLE_WRITER))
         conn.execute(grant)
     log.info("transform defined", transform=name, stream=stream.name, columns=[c for c, _ in columns])
     return Outcome(f"transform {name} created; starts from now (its output: change stream {name})")

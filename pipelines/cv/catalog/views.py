@@ -106,7 +106,8 @@ def _create(conn: psycopg.Connection, view: ViewDef, stream: StreamDef, types: V
     for index, _ in extremes.kept_extremes(view, stream):
         conn.execute(write.format(extremes.counts_table(view, index), writer))
     if view.join is not None:  # the pipelines read the joined table's rows at ingest
-        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(sql.SQL(view.join.table), writer))
+        tables = sql.SQL(", ").join(sql.SQL(t.table) for t in view.join.tables)
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(tables, writer))
     _create_read_view(conn, view, types)
     change_streams.follow_option(conn, view, types)  # before the backfill, which is then recorded
     if stream.key is None:

@@ -26,8 +26,9 @@ from pglast.enums import SetOperation
 from pglast.stream import RawStream
 
 from pipelines.cv.frontend import views
+from pipelines.cv.frontend.view_shapes import from_stream
 from pipelines.cv.model import MAX_VIEW_NAME, DefinitionError, Join, Output, Scope, StreamDef, TransformDef
-from pipelines.cv.sqltext.parsing import options_of, parse_rewritten, plain_identifier, reject_unsupported
+from pipelines.cv.sqltext.parsing import options_of, parse_rewritten, plain_identifier, reject_unsupported, walk
 
 _CREATE = re.compile(r"\s*CREATE\s+(OR\s+REPLACE\s+)?CONTINUOUS\s+TRANSFORM\b", re.IGNORECASE)
 _PIPELINEDB = re.compile(r"\s*CREATE\s+VIEW\b", re.IGNORECASE)
@@ -110,7 +111,7 @@ def parse_transform(statement: str, scope: Scope) -> TransformDef:
             "output is append-only (nothing in it could take a retraction back); read an append-only stream"
         )
     names = views._Names(set(stream.column_names), join)
-    checked = [select.whereClause] + ([select.fromClause[0].quals] if join is not None else [])
+    checked = [select.whereClause] + [n.quals for n in walk(select.fromClause) if isinstance(n, ast.JoinExpr)]
     outputs: list[Output] = []
     for target in select.targetList:
         if isinstance(target.val, ast.ColumnRef) and isinstance(target.val.fields[-1], ast.A_Star):
@@ -144,25 +145,11 @@ def parse_transform(statement: str, scope: Scope) -> TransformDef:
 
 
 def _from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[StreamDef, Join | None]:
-    """The declared stream a transform reads, and the table it joins each event with (the view's rules)."""
-    items = select.fromClause or ()
-    item = items[0] if len(items) == 1 else None
-    relation = item.larg if isinstance(item, ast.JoinExpr) else item
-    if not isinstance(relation, ast.RangeVar):
-        raise DefinitionError(
-            f"{what}: FROM must name one stream, maybe joined with one table: FROM stream [AS s] JOIN ..."
-        )
-    stream = scope.streams.get(relation.relname)
-    if relation.schemaname or stream is None:
-        known = ", ".join(sorted(s.name for s in scope.streams.values() if not s.is_feed)) or "none"
-        raise DefinitionError(f"{what}: {RawStream()(relation)} is not a stream (streams: {known})")
+    """The declared stream a transform reads and the tables it joins each event with: a view's FROM, any form."""
+    stream, join = from_stream(select, scope, what)
     if stream.is_feed:  # a view read as a stream: its batches are not the events a transform's SQL reads
         raise DefinitionError(f"{what}: {stream.name} is fed by view {stream.feed_of}; a transform reads a stream")
-    if isinstance(item, ast.RangeVar):
-        if relation.alias is not None:
-            raise DefinitionError(f"{what}: an alias on the stream is only needed with a join; name its columns")
-        return stream, None
-    return stream, views._join(item, stream, relation.alias.aliasname if relation.alias else stream.name, what)
+    return stream, join
 
 
 def _word(arg: object) -> str | None:

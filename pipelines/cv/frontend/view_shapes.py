@@ -1,31 +1,35 @@
 """The FROM clause of a continuous view as PostgreSQL lets it be written, brought to one shape.
 
 PipelineDB users write a stream's FROM every way PostgreSQL allows; the engine keeps one shape: the
-stream, maybe enriched at ingest from one table (`Join`). This module reads each written form into it:
+stream, maybe enriched at ingest from tables joined in order (`Join`). This module reads each written
+form into it:
 
 - `FROM s`, `FROM public.s` (streams have no schema: `public`, PostgreSQL's default, names them as
   PipelineDB's did; any other schema is refused), `FROM s AS x` (then `x.url` is `url`);
-- `FROM s [AS a] [LEFT] JOIN t [AS b] ON ... | USING (k, ...)`, `FROM s CROSS JOIN t`;
+- `FROM s [AS a] [LEFT] JOIN t [AS b] ON ... | USING (k, ...)`, `FROM s CROSS JOIN t`, and more
+  tables after it (`... LEFT JOIN u ON ...`), each joined with what comes before it;
 - `FROM t JOIN s ...` and `FROM t RIGHT JOIN s ...` (the stream on the preserved side) as the same;
-- `FROM s, t WHERE s.k = t.k` (a comma join: the WHERE clause joins them, and PostgreSQL plans it
-  as a join of the event's rows with the table);
+- inner joins written in any order (`FROM t JOIN u ON ... JOIN s ON ...`): the stream first, the
+  tables after it, every condition kept (inner joins commute);
+- `FROM s, t [, u ...] WHERE s.k = t.k ...` (a comma join: the WHERE clause joins them, and
+  PostgreSQL plans it as a join of the event's rows with the tables);
 - `arrival_timestamp`, PipelineDB's arrival time, anywhere (an output, `s.arrival_timestamp`) is the
   stream's `timestamp_column`, unless the stream has a column of that name.
 
-A stream joined with two or more tables is refused with what to write instead: a PostgreSQL view of
-the joined tables, joined with the stream.
+An outer join that keeps a table's rows (the stream on the nullable side) is refused: it would count
+rows no event brought.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pglast import ast
-from pglast.enums import JoinType
+from pglast.enums import BoolExprType, JoinType
 from pglast.stream import RawStream
 
 from pipelines.cv.frontend.view_sources import refuse_feed_by_name, source_of
-from pipelines.cv.model import DefinitionError, GroupColumn, Join, Scope, StreamDef
+from pipelines.cv.model import DefinitionError, GroupColumn, Join, JoinedTable, Scope, StreamDef
 from pipelines.cv.sqltext.parsing import walk
 
 ARRIVAL = "arrival_timestamp"
@@ -36,9 +40,10 @@ GLOBAL_GROUP = GroupColumn(GLOBAL_COLUMN, "true")
 # constant group and read back as many times as it was counted (pipelines.cv.views.read_views).
 EACH_ROW_GROUP = GroupColumn("_cv_each_row", "true")
 HIDDEN_GROUP_PREFIX = "_cv_by_"  # GROUP BY expressions that are not outputs: _cv_by_0, _cv_by_1, ...
-_ONE_TABLE = (
-    "a stream joins one table; for more, join the tables in a PostgreSQL view (CREATE VIEW t AS SELECT ... "
-    "FROM t1 JOIN t2 ...) and join the stream with that view"
+_JOIN_SHAPE = (
+    "write the stream and then its tables, each joined with what comes before it: FROM stream [LEFT] JOIN t1 "
+    "ON ... [LEFT] JOIN t2 ON ... (no subqueries or parenthesized joins: a PostgreSQL view of the tables "
+    "can be joined like a table)"
 )
 
 
@@ -69,15 +74,15 @@ def from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[Stream
         )
     if feed is not None:
         return feed, None
-    if len(items) == 2 and all(isinstance(i, ast.RangeVar) for i in items):  # FROM s, t WHERE ...
-        item = ast.JoinExpr(jointype=JoinType.JOIN_INNER, larg=items[0], rarg=items[1], quals=_TRUE)
+    if len(items) >= 2 and all(isinstance(i, ast.RangeVar) for i in items):  # FROM s, t [, u ...] WHERE ...
+        item = items[0]
+        for other in items[1:]:
+            item = ast.JoinExpr(jointype=JoinType.JOIN_INNER, larg=item, rarg=other, quals=_TRUE)
     elif len(items) == 1 and isinstance(items[0], (ast.RangeVar, ast.JoinExpr)):
         item = items[0]
-    elif len(items) > 2 and all(isinstance(i, ast.RangeVar) for i in items):
-        raise DefinitionError(f"{what}: {_ONE_TABLE}")
     else:
         raise DefinitionError(
-            f"{what}: FROM must name one stream, maybe joined with one table (no subqueries: define the inner "
+            f"{what}: FROM must name one stream, maybe joined with tables (no subqueries: define the inner "
             "query as its own continuous view or transform and read that)"
         )
     if isinstance(item, ast.RangeVar):
@@ -86,43 +91,98 @@ def from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[Stream
             raise _not_a_stream(item, scope, what)
         _rewrite_refs(select, stream, _alias(item, stream), None, what)
         return stream, None
-    stream, join, using = _join(item, scope, what)
-    _rewrite_refs(select, stream, join.stream_alias, join, what, using)
-    if not join.on_sql:  # after the rewrite: the condition may name arrival_timestamp
-        join = replace(join, on_sql=RawStream()(item.quals if item.quals is not None else _TRUE))
-    return stream, join
+    stream, alias, steps = _joins(item, scope, what)
+    using = tuple(k for step in steps for k in step.using)
+    names = Join(alias, tuple(JoinedTable("", _table_alias(step.relation), step.left, "") for step in steps))
+    _rewrite_refs(select, stream, alias, names, what, using)
+    tables = []
+    for step in steps:  # after the rewrite: a condition may name arrival_timestamp
+        table_alias = _table_alias(step.relation)
+        if step.using:  # JOIN ... USING (k): k is the stream's (its side is always kept), the condition k = k
+            on_sql = " AND ".join(f"{alias}.{k} = {table_alias}.{k}" for k in step.using)
+        else:
+            on_sql = RawStream()(step.quals if step.quals is not None else _TRUE)
+        relation = ast.RangeVar(schemaname=step.relation.schemaname, relname=step.relation.relname, inh=True)
+        tables.append(JoinedTable(RawStream()(relation), table_alias, step.left, on_sql))
+    return stream, Join(alias, tuple(tables))
 
 
 _TRUE = ast.A_Const(val=ast.Boolean(boolval=True))
 
 
-def _join(item: ast.JoinExpr, scope: Scope, what: str) -> tuple[StreamDef, Join, tuple[str, ...]]:
-    """`stream JOIN table` written any way: the stream first, its table; the condition (USING's only)."""
-    if not isinstance(item.larg, ast.RangeVar) or not isinstance(item.rarg, ast.RangeVar):
-        raise DefinitionError(f"{what}: {_ONE_TABLE} (no subqueries)")
-    left, right = _side(item.larg, scope, what), _side(item.rarg, scope, what)
-    if left.stream is not None and right.stream is not None:
-        raise DefinitionError(f"{what}: a view reads one stream: two streams cannot be joined (it joins a table)")
-    if left.stream is None and right.stream is None:
-        raise _not_a_stream(item.larg, scope, what)
-    kind = item.jointype
-    if item.isNatural:
-        raise DefinitionError(f"{what}: NATURAL JOIN is not supported; name the columns: JOIN t USING (k)")
-    if kind == JoinType.JOIN_FULL:
-        raise DefinitionError(
-            f"{what}: FULL JOIN would count the table's rows no event matched; write FROM stream LEFT JOIN table"
-        )
-    stream_side, table_side = (left, right) if left.stream is not None else (right, left)
-    preserved_table = (kind == JoinType.JOIN_LEFT and stream_side is right) or (
-        kind == JoinType.JOIN_RIGHT and stream_side is left
-    )
-    if preserved_table:
-        raise DefinitionError(
-            f"{what}: an outer join that keeps the table's rows would count rows no event brought; keep the "
-            "stream's side: FROM stream LEFT JOIN table (or FROM table RIGHT JOIN stream)"
-        )
-    stream = stream_side.stream
+@dataclass(frozen=True)
+class _Step:
+    """A table joined after the stream: its relation, LEFT or not, its ON condition or USING columns."""
+
+    relation: ast.RangeVar
+    left: bool
+    quals: ast.Node | None
+    using: tuple[str, ...] = ()
+
+
+def _table_alias(relation: ast.RangeVar) -> str:
+    return relation.alias.aliasname if relation.alias is not None else relation.relname
+
+
+def _joins(item: ast.JoinExpr, scope: Scope, what: str) -> tuple[StreamDef, str, list[_Step]]:
+    """A stream joined with tables, written any way: the stream, its alias, and its tables in join order."""
+    chain: list[ast.JoinExpr] = []
+    node: ast.Node = item
+    while isinstance(node, ast.JoinExpr):  # ((base J1 r1) J2 r2) ...: the first join first
+        chain.insert(0, node)
+        node = node.larg
+    relations = [node, *(j.rarg for j in chain)]
+    if not all(isinstance(r, ast.RangeVar) for r in relations):
+        raise DefinitionError(f"{what}: {_JOIN_SHAPE}")
+    for join in chain:
+        if join.isNatural:
+            raise DefinitionError(f"{what}: NATURAL JOIN is not supported; name the columns: JOIN t USING (k)")
+        if join.jointype == JoinType.JOIN_FULL:
+            raise DefinitionError(
+                f"{what}: FULL JOIN would count the table's rows no event matched; write FROM stream LEFT JOIN table"
+            )
+    sides = [_side(r, scope, what) for r in relations]
+    at = [i for i, side in enumerate(sides) if side.stream is not None]
+    if len(at) > 1:
+        raise DefinitionError(f"{what}: a view reads one stream: two streams cannot be joined (it joins tables)")
+    if not at:
+        raise _not_a_stream(relations[0], scope, what)
+    stream = sides[at[0]].stream
     assert stream is not None
+    _joinable(stream, what)
+    alias = _alias(relations[at[0]], stream)
+    if at[0] >= 2:  # the tables first: inner joins only, which commute
+        if any(j.jointype != JoinType.JOIN_INNER or j.usingClause for j in chain):
+            raise DefinitionError(f"{what}: {_JOIN_SHAPE}")
+        conditions = [j.quals for j in chain if j.quals is not None]
+        quals = _conjunction(conditions)
+        tables = [r for i, r in enumerate(relations) if i != at[0]]
+        steps = [_Step(t, False, quals if i == len(tables) - 1 else None) for i, t in enumerate(tables)]
+        return stream, alias, _checked(steps, alias, what)
+    first = chain[0]
+    table = relations[1 - at[0]]
+    stream_first = at[0] == 0
+    if (first.jointype == JoinType.JOIN_LEFT and not stream_first) or (
+        first.jointype == JoinType.JOIN_RIGHT and stream_first
+    ):
+        raise _keeps_table_rows(what)
+    left = first.jointype != JoinType.JOIN_INNER
+    steps = [_Step(table, left, first.quals, tuple(n.sval for n in first.usingClause or ()))]
+    for join in chain[1:]:
+        if join.jointype not in (JoinType.JOIN_INNER, JoinType.JOIN_LEFT):
+            raise _keeps_table_rows(what)
+        using = tuple(n.sval for n in join.usingClause or ())
+        missing = [k for k in using if k not in stream.column_names]
+        if missing:
+            raise DefinitionError(
+                f"{what}: JOIN {RawStream()(join.rarg)} USING ({', '.join(missing)}): a later table joins the stream's "
+                "columns by USING; for the tables' own, write ON"
+            )
+        steps.append(_Step(join.rarg, join.jointype == JoinType.JOIN_LEFT, join.quals, using))
+    return stream, alias, _checked(steps, alias, what)
+
+
+def _joinable(stream: StreamDef, what: str) -> None:
     if stream.is_feed:
         raise DefinitionError(f"{what}: a continuous view read by another view is not joined with a table")
     if stream.key is not None:
@@ -130,17 +190,32 @@ def _join(item: ast.JoinExpr, scope: Scope, what: str) -> tuple[StreamDef, Join,
             f"{what}: {stream.name} has a key: a retraction would be joined with the table's rows of now, not "
             "those its row was counted with; join an append-only stream"
         )
-    table = table_side.relation
-    alias = _alias(stream_side.relation, stream)
-    table_alias = table.alias.aliasname if table.alias is not None else table.relname
-    if table_alias == alias:
-        raise DefinitionError(f"{what}: the stream and the table need different names (aliases)")
-    using = tuple(n.sval for n in item.usingClause or ())
-    # JOIN ... USING (k): k is the stream's (its side is always kept), and the condition is k = k.
-    on_sql = " AND ".join(f"{alias}.{k} = {table_alias}.{k}" for k in using)  # "": ON, read once rewritten
-    relation = ast.RangeVar(schemaname=table.schemaname, relname=table.relname, inh=True)
-    join = Join(alias, RawStream()(relation), table_alias, kind != JoinType.JOIN_INNER, on_sql)
-    return stream, join, using
+
+
+def _keeps_table_rows(what: str) -> DefinitionError:
+    return DefinitionError(
+        f"{what}: an outer join that keeps the table's rows would count rows no event brought; keep the "
+        "stream's side: FROM stream LEFT JOIN table (or FROM table RIGHT JOIN stream)"
+    )
+
+
+def _conjunction(conditions: list[ast.Node]) -> ast.Node | None:
+    if not conditions:
+        return None
+    if len(conditions) == 1:
+        return conditions[0]
+    return ast.BoolExpr(boolop=BoolExprType.AND_EXPR, args=tuple(conditions))
+
+
+def _checked(steps: list[_Step], alias: str, what: str) -> list[_Step]:
+    """Each table's name differs from the stream's and from the others'."""
+    names = [alias]
+    for step in steps:
+        name = _table_alias(step.relation)
+        if name in names:
+            raise DefinitionError(f"{what}: the stream and its tables need different names (aliases): {name}")
+        names.append(name)
+    return steps
 
 
 def _side(relation: ast.RangeVar, scope: Scope, what: str) -> _Side:
@@ -219,29 +294,3 @@ def figure_name(node: ast.Node) -> str | None:
 
 def _names(ref: ast.ColumnRef) -> list[str]:
     return [f.sval for f in ref.fields if isinstance(f, ast.String)]
-
-
-def plain_join(item: ast.JoinExpr, stream: StreamDef, alias: str, what: str) -> Join:
-    """A transform's join (pipelines.cv.frontend.transforms): `stream [LEFT] JOIN table ON <condition>`."""
-    table = item.rarg
-    if not isinstance(table, ast.RangeVar):
-        raise DefinitionError(f"{what}: a stream joins one table (no subqueries or second joins)")
-    if item.jointype not in (JoinType.JOIN_INNER, JoinType.JOIN_LEFT) or item.isNatural or item.usingClause:
-        raise DefinitionError(f"{what}: a stream joins a table with JOIN or LEFT JOIN ... ON <condition>")
-    if item.quals is None:
-        raise DefinitionError(f"{what}: JOIN needs ON <condition>")
-    if stream.key is not None:
-        raise DefinitionError(
-            f"{what}: {stream.name} has a key: a retraction would be joined with the table's rows of now, not "
-            "those its row was counted with; join an append-only stream"
-        )
-    table_alias = table.alias.aliasname if table.alias is not None else table.relname
-    if table_alias == alias:
-        raise DefinitionError(f"{what}: the stream and the table need different names (aliases)")
-    return Join(
-        stream_alias=alias,
-        table=RawStream()(ast.RangeVar(schemaname=table.schemaname, relname=table.relname, inh=True)),
-        table_alias=table_alias,
-        left=item.jointype == JoinType.JOIN_LEFT,
-        on_sql=RawStream()(item.quals),
-    )

@@ -30,7 +30,6 @@ from pipelines.cv.frontend.view_shapes import (
     figure_name,
     from_stream,
     hidden_group,
-    plain_join,
 )
 from pipelines.cv.frontend.windows import option_window, split_window, step_group
 from pipelines.cv.model import (
@@ -176,9 +175,6 @@ def _distinct_as_groups(select: ast.SelectStmt, what: str) -> None:
     if select.groupClause or any(_aggregate_calls(t.val, frozenset()) for t in select.targetList or ()):
         raise DefinitionError(f"{what}: SELECT DISTINCT over aggregates is not supported; drop DISTINCT")
     select.groupClause = tuple(ast.A_Const(val=ast.Integer(ival=i + 1)) for i in range(len(select.targetList or ())))
-
-
-_join = plain_join  # what a transform joins (pipelines.cv.frontend.transforms reads it here)
 
 
 class _KeptCalls:
@@ -405,8 +401,8 @@ class _Names:
             raise DefinitionError(f"{what}: {text}: name a column as column, alias.column")
         if len(names) == 2 and names[0] == self.join.stream_alias and names[1] not in self.columns:
             raise DefinitionError(known)
-        if len(names) == 2 and names[0] not in (self.join.stream_alias, self.join.table_alias):
-            raise DefinitionError(f"{what}: {text}: {names[0]} is neither the stream nor the joined table")
+        if len(names) == 2 and names[0] not in (self.join.stream_alias, *self.join.aliases):
+            raise DefinitionError(f"{what}: {text}: {names[0]} is neither the stream nor a joined table")
 
 
 def _check_expression(nodes: tuple, names: _Names, what: str, user_aggregates: frozenset[str]) -> None:

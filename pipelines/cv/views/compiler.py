@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from psycopg import sql
 
-from pipelines.cv.model import Aggregate, StreamDef, ViewDef, storage_name
+from pipelines.cv.model import Aggregate, StreamDef, TransformDef, ViewDef, storage_name
 from pipelines.cv.sqltext.parsing import split_arguments
 from pipelines.cv.views import extremes, stream_sql, windows
 from pipelines.cv.views.aggregates import REMOVED, ROWS, stored_columns
@@ -362,19 +362,17 @@ def _aggregate_inputs(view: ViewDef) -> tuple[list[tuple[str, str]], tuple[Aggre
     return inputs, tuple(renamed)
 
 
-def _from(view: ViewDef, source: sql.Composable) -> sql.Composed:
-    """The FROM clause of a view's maintenance: the deltas, joined with the view's table if it has one."""
+def _from(view: ViewDef | TransformDef, source: sql.Composable) -> sql.Composed:
+    """The FROM clause of a view's maintenance: the deltas, joined with the view's tables if it has any."""
     if view.join is None:
         return sql.SQL("{} AS d").format(source)
-    join = view.join
-    return sql.SQL("{} AS {} {} JOIN {} AS {} ON {}").format(
-        source,
-        ident(join.stream_alias),
-        sql.SQL("LEFT" if join.left else ""),
-        raw(join.table),
-        ident(join.table_alias),
-        raw(join.on_sql),
-    )
+    joined = [
+        sql.SQL("{}JOIN {} AS {} ON {}").format(
+            sql.SQL("LEFT " if t.left else ""), raw(t.table), ident(t.alias), raw(t.on_sql)
+        )
+        for t in view.join.tables
+    ]
+    return sql.SQL("{} AS {} {}").format(source, ident(view.join.stream_alias), sql.SQL(" ").join(joined))
 
 
 def delete_rows(view: ViewDef) -> sql.Composed:

@@ -193,7 +193,7 @@ def referenced_columns(view: ViewDef) -> set[str]:
     if view.where_sql:
         expressions.append(view.where_sql)
     if view.join is not None:
-        expressions.append(view.join.on_sql)
+        expressions += view.join.conditions
     return referenced_names(expressions)
 
 

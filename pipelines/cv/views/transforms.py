@@ -23,7 +23,8 @@ SEQ = "_cv_seq"  # the event's place in the batch: positions follow it
 def referenced_columns(transform: TransformDef) -> set[str]:
     """The stream columns the transform reads (a superset: any name its expressions use)."""
     expressions = [o.sql for o in transform.outputs]
-    expressions += [e for e in (transform.where_sql, transform.join.on_sql if transform.join else None) if e]
+    expressions += [transform.where_sql] if transform.where_sql else []
+    expressions += transform.join.conditions if transform.join else []
     return stream_sql.referenced_names(expressions)
 
 

@@ -71,9 +71,9 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
         ),
         sql.Identifier(view.join.stream_alias if view.join else "s"),
     )
-    if view.join is not None:  # one row still: the table's side all NULL, as an unmatched LEFT JOIN
+    for table in view.join.tables if view.join is not None else ():  # one row still: tables' sides all NULL
         sample = sql.SQL("{} LEFT JOIN (SELECT * FROM {} LIMIT 0) AS {} ON true").format(
-            sample, sql.SQL(view.join.table), sql.Identifier(view.join.table_alias)
+            sample, sql.SQL(table.table), sql.Identifier(table.alias)
         )
 
     def types_of(expressions: list[str], *, as_named: bool = False) -> list[str]:
@@ -90,7 +90,7 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
     _refuse_volatile(conn, view)
     group_types = types_of([g.sql for g in view.groups])
     if view.join is not None:
-        types_of(["(" + view.join.on_sql + ")::boolean"])
+        types_of(["(" + on + ")::boolean" for on in view.join.conditions])
     if view.where_sql:
         types_of(["(" + view.where_sql + ")::boolean"])
     # Each call's result type, as PostgreSQL types the call itself: this also checks its arguments
@@ -171,7 +171,8 @@ def _refuse_volatile(conn: psycopg.Connection, view: ViewDef) -> None:
     """
     expressions = [g.sql for g in view.groups]
     expressions += [e for a in view.aggregates for e in (a.arg_sql, a.filter_sql) if e]
-    expressions += [e for e in (view.where_sql, view.join.on_sql if view.join else None) if e]
+    expressions += [view.where_sql] if view.where_sql else []
+    expressions += view.join.conditions if view.join else []
     names = set()
     for expression in expressions:
         for node in walk(pglast.parse_sql(f"SELECT {expression}")[0].stmt):
