@@ -75,6 +75,8 @@ def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Sco
         columns = comma_list([ident(c.name) for c in feed.columns])
         if is_states_feed(feed):  # the rows and their stored states, projected as the capture does
             conn.execute(_states_fill(feed, upstream.view), ())
+            for key in feed.key[1:]:  # a combine() recomputing a group reads its rows by key column (views.combine)
+                conn.execute(sql.SQL("CREATE INDEX ON {} ({})").format(state, ident(key)))
         else:
             conn.execute(
                 sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(

@@ -9,9 +9,10 @@ brings to the upstream's current rows before the views run: pipelines.cv.views.s
 merge is the one a sliding window uses to merge its steps (`window_merge`): hll_union_agg(),
 tdigest(), the top-k merge, ...
 
-Its cost per changed group is a scan of the feed's rows (the state table has no index on the
-rollup's groups, whose expressions, like date_trunc over timestamptz, are not immutable): suited to
-rollups, whose upstream keeps a ttl; docs/results.md says so.
+Its cost per changed group is a scan of the feed's rows in the group: by an index when a group is
+one of the feed's key columns (`url`), of every row otherwise (the rollup's expressions, like
+date_trunc over timestamptz, are not immutable: no index on them): suited to rollups whose upstream
+keeps a ttl; docs/results.md says so.
 """
 
 from __future__ import annotations
@@ -38,6 +39,20 @@ def qualified(expression: str, alias: str) -> str:
     return RawStream()(select.targetList[0].val)
 
 
+def _same_group(expression: str) -> str:
+    """A feed row `st` in the group whose value `d`'s rows have: an index condition when it is a plain column.
+
+    The feed's state table has an index on each of its key columns (pipelines.cv.catalog.view_feeds),
+    so `hourly ... GROUP BY hour, url` reads a url's rows, not every row, per changed group.
+    """
+    value = f"(array_agg({qualified(expression, 'd')}))[1]"
+    row = qualified(expression, "st")
+    select = pglast.parse_sql(f"SELECT {expression}")[0].stmt
+    if isinstance(select.targetList[0].val, ast.ColumnRef):
+        return f"({row} = {value} OR ({row} IS NULL AND {value} IS NULL))"
+    return f"({row}) IS NOT DISTINCT FROM {value}"
+
+
 def recombined(
     view: ViewDef, aggregate: Aggregate, merge_of, states: Mapping[str, StateFunctions] | None
 ) -> tuple[sql.Composable, sql.Composable]:
@@ -49,9 +64,7 @@ def recombined(
     """
     upstream = Aggregate(aggregate.name, aggregate.params[0], params=aggregate.params[1:])  # type: ignore[arg-type]
     column = f"st.{aggregate.arg_sql}"
-    conditions = [
-        f"({qualified(g.sql, 'st')}) IS NOT DISTINCT FROM (array_agg({qualified(g.sql, 'd')}))[1]" for g in view.groups
-    ]
+    conditions = [_same_group(g.sql) for g in view.groups]
     if view.where_sql:
         conditions.append(f"({qualified(view.where_sql, 'st')})")
     batch = sql.SQL("(SELECT {} FROM {} AS st WHERE {})").format(
