@@ -152,6 +152,12 @@ def test_using_columns_are_the_streams(view):
             [("pages", "p", False, "TRUE"), ("users", "u", False, "u.id = p.owner AND c.url = p.url")],
             None,
         ),
+        (  # a comma join with a join of tables: the same joins, the tables' USING their condition
+            "SELECT u.name, count(*) FROM clicks c, pages p JOIN users u USING (owner) WHERE p.url = c.url"
+            " GROUP BY u.name",
+            [("pages", "p", False, "TRUE"), ("users", "u", False, "p.owner = u.owner")],
+            "p.url = c.url",
+        ),
         (  # a comma join of three: the WHERE clause joins them
             "SELECT u.name, count(*) FROM clicks c, pages p, users u WHERE p.url = c.url AND u.id = p.owner"
             " GROUP BY u.name",

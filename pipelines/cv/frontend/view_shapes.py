@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pglast
 from pglast import ast
 from pglast.enums import BoolExprType, JoinType
 from pglast.stream import RawStream
@@ -74,10 +75,10 @@ def from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[Stream
         )
     if feed is not None:
         return feed, None
-    if len(items) >= 2 and all(isinstance(i, ast.RangeVar) for i in items):  # FROM s, t [, u ...] WHERE ...
+    if len(items) >= 2 and all(isinstance(i, (ast.RangeVar, ast.JoinExpr)) for i in items):  # FROM s, t ... WHERE
         item = items[0]
         for other in items[1:]:
-            item = ast.JoinExpr(jointype=JoinType.JOIN_INNER, larg=item, rarg=other, quals=_TRUE)
+            item = _cross(item, other, what)
     elif len(items) == 1 and isinstance(items[0], (ast.RangeVar, ast.JoinExpr)):
         item = items[0]
     else:
@@ -108,6 +109,34 @@ def from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[Stream
 
 
 _TRUE = ast.A_Const(val=ast.Boolean(boolval=True))
+
+
+def _cross(left: ast.Node, right: ast.Node, what: str) -> ast.JoinExpr:
+    """`left, right` as one left-deep join: `right`'s own joins follow, its USING written as conditions.
+
+    A comma is a cross join, and a cross join followed by a join of the right side's relations is
+    the same join (`s, t JOIN u USING (k)` is `s CROSS JOIN t JOIN u ON t.k = u.k`).
+    """
+    chain: list[ast.JoinExpr] = []
+    base = right
+    while isinstance(base, ast.JoinExpr):
+        chain.insert(0, base)
+        base = base.larg
+    joined = ast.JoinExpr(jointype=JoinType.JOIN_INNER, larg=left, rarg=base, quals=_TRUE)
+    before = base
+    for join in chain:
+        quals = join.quals
+        if join.usingClause and isinstance(before, ast.RangeVar) and isinstance(join.rarg, ast.RangeVar):
+            a, b = _table_alias(before), _table_alias(join.rarg)
+            pairs = " AND ".join(f'"{a}"."{k.sval}" = "{b}"."{k.sval}"' for k in join.usingClause)
+            quals = pglast.parse_sql(f"SELECT {pairs}")[0].stmt.targetList[0].val
+        elif join.usingClause:
+            raise DefinitionError(f"{what}: {_JOIN_SHAPE}")
+        joined = ast.JoinExpr(
+            jointype=join.jointype, larg=joined, rarg=join.rarg, quals=quals, isNatural=join.isNatural
+        )
+        before = join.rarg
+    return joined
 
 
 @dataclass(frozen=True)
