@@ -1,12 +1,12 @@
 """combine() in rollups of views (issue 25, item 3) against PostgreSQL's own aggregates over the raw events.
 
-A per-minute view keeps avg, stddev, an approximate distinct count (HyperLogLog), a percentile
-(t-digest) and a top-k; an hourly and a daily view combine() them, FROM the view (its current rows,
+A per-minute view keeps avg, stddev, an approximate distinct count (HyperLogLog), an exact one, a
+percentile (t-digest) and a top-k; an hourly and a daily view combine() them, FROM the view (its current rows,
 retracted and added as they change) and FROM output_of (its changes, append-only). The oracle is
 PostgreSQL's aggregate per hour and per day over the raw events: exact ones equal it (avg, stddev,
-counts); the HyperLogLog estimate equals the sketch of the raw events (a union of sketches is the
-sketch of the union); the percentile is within the t-digest's bound on rank; whatever the batching,
-the feeds' page size, and when the feeds ran.
+counts, the exact distinct count); the HyperLogLog estimate equals the sketch of the raw events (a
+union of sketches is the sketch of the union); the percentile is within the t-digest's bound on
+rank; whatever the batching, the feeds' page size, and when the feeds ran.
 """
 
 from __future__ import annotations
@@ -39,17 +39,17 @@ COLUMNS = "url text, uid int, ms int, ts timestamptz"
 MINUTE = (
     "SELECT date_trunc('minute', ts) AS minute, url, count(*) AS n, avg(ms) AS mean, stddev_samp(ms) AS spread,"
     " approx_count_distinct(uid) AS users, percentile_cont(0.9) WITHIN GROUP (ORDER BY ms) AS p90,"
-    " max(ms) AS peak, topk_agg(url, 3) AS top"
+    " max(ms) AS peak, topk_agg(url, 3) AS top, count(DISTINCT uid) AS exact_users"
     " FROM {src} GROUP BY 1, 2"
 )
 HOUR = (
     "SELECT date_trunc('hour', minute) AS hour, url, combine(n) AS n, combine(mean) AS mean,"
-    " combine(spread) AS spread, combine(users) AS users, combine(p90) AS p90, combine(peak) AS peak"
-    " FROM {src} GROUP BY 1, 2"
+    " combine(spread) AS spread, combine(users) AS users, combine(p90) AS p90, combine(peak) AS peak,"
+    " combine(exact_users) AS exact_users FROM {src} GROUP BY 1, 2"
 )
 DAY = (
     "SELECT date_trunc('day', hour) AS day, combine(n) AS n, combine(mean) AS mean, combine(spread) AS spread,"
-    " combine(users) AS users, combine(p90) AS p90 FROM {src} GROUP BY 1"
+    " combine(users) AS users, combine(p90) AS p90, combine(exact_users) AS exact_users FROM {src} GROUP BY 1"
 )
 DAY_OF_CHANGES = (
     "SELECT date_trunc('day', (delta).minute) AS day, combine((delta).n) AS n, combine((delta).mean) AS mean,"
@@ -58,9 +58,10 @@ DAY_OF_CHANGES = (
 # PostgreSQL's own, over the raw events `e` (hll_add_agg: the sketch approx_count_distinct keeps).
 ORACLE = {
     "hourly": "SELECT date_trunc('hour', ts), url, count(*), avg(ms), stddev_samp(ms),"
-    " round(hll_cardinality(hll_add_agg(hll_hash_any(uid))))::bigint, NULL, max(ms) FROM e GROUP BY 1, 2",
+    " round(hll_cardinality(hll_add_agg(hll_hash_any(uid))))::bigint, NULL, max(ms), count(DISTINCT uid)"
+    " FROM e GROUP BY 1, 2",
     "daily": "SELECT date_trunc('day', ts), count(*), avg(ms), stddev_samp(ms),"
-    " round(hll_cardinality(hll_add_agg(hll_hash_any(uid))))::bigint, NULL FROM e GROUP BY 1",
+    " round(hll_cardinality(hll_add_agg(hll_hash_any(uid))))::bigint, NULL, count(DISTINCT uid) FROM e GROUP BY 1",
     "daily_changes": "SELECT date_trunc('day', ts), count(*), avg(ms), stddev_samp(ms),"
     " round(hll_cardinality(hll_add_agg(hll_hash_any(uid))))::bigint FROM e GROUP BY 1",
 }

@@ -116,3 +116,14 @@ def test_a_view_read_by_combine_captures_its_states_beside_the_row_users_read():
     assert "'_cv_state__cv_p90_" in with_states
     assert '"::text' in with_states
     assert "'_cv_state_exact_users'" not in with_states  # an exact distinct count keeps no state combine() merges
+
+
+def test_an_exact_distinct_count_is_combined_as_its_set_when_the_upstream_keeps_reference_counts():
+    with_sets = combine.rows_states_stream(ROWS, MINUTE, TYPES, distinct_set="integer")
+    assert ("_cv_state_exact_users", "integer[]") in [(c.name, c.type) for c in with_sets.columns]
+    scope = Scope({"clicks": CLICKS}, frozenset(), views={**VIEWS, "combine(web.per_minute)": with_sets})
+    hourly = parse(
+        "CREATE CONTINUOUS VIEW web.v AS SELECT url, combine(exact_users) AS u FROM web.per_minute GROUP BY url", scope
+    )
+    assert [(a.kind, a.params) for a in hourly.aggregates] == [("combined", ("count_distinct",))]
+    assert hourly.calls[0].sql == 'combine("exact_users", count(DISTINCT uid))'

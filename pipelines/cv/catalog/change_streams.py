@@ -32,7 +32,8 @@ def record_changes(conn: psycopg.Connection, view: ViewDef, types: ViewTypes) ->
         raise ValueError(f"{view.qualified_name}: a sliding window's changes cannot be recorded")
     # A combine() reader (pipelines.cv.frontend.combine) needs the stored states with each change (0033).
     states = any(is_states_reader(r) for r in readers(conn, view.qualified_name))
-    for statement in change_capture.create_triggers(view, types, states=states):
+    sets = states and store.keeps_refs(conn, view)  # an exact distinct count's state: its set of values
+    for statement in change_capture.create_triggers(view, types, states=states, sets=sets):
         conn.execute(statement)
     conn.execute(
         "INSERT INTO cv.view_change_positions (view, delta_columns, states) VALUES (%s, %s, %s)"

@@ -17,7 +17,7 @@ from pipelines.cv.frontend import combine
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.frontend.view_sources import appends_stream, from_definition, is_feed_topic, rows_stream
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
-from pipelines.cv.views import general
+from pipelines.cv.views import compiler, general
 from pipelines.cv.views.view_types import ViewTypes
 from pipelines.logs import get_logger
 
@@ -203,7 +203,14 @@ class _ReadableViews(dict):
             {**load_streams(self._conn, skip_broken=True), reads: stream}, general.user_aggregates(self._conn)
         )
         compiled = stored_view(row[0], row[1], in_scope)
+        distinct_set = compiled.types.distinct_arg if keeps_refs(self._conn, compiled.view) else None
         if changes:
-            return combine.changes_states_stream(compiled.view, compiled.types.aggregates)
+            return combine.changes_states_stream(compiled.view, compiled.types.aggregates, distinct_set)
         assert rows is not None
-        return combine.rows_states_stream(rows, compiled.view, compiled.types.aggregates)
+        return combine.rows_states_stream(rows, compiled.view, compiled.types.aggregates, distinct_set)
+
+
+def keeps_refs(conn: psycopg.Connection, view: ViewDef) -> bool:
+    """True when the view keeps reference counts (`<storage>__refs`): an exact distinct count's sets (combine())."""
+    refs = compiler.refs_table(view).as_string(conn)
+    return view.distinct_arg is not None and conn.execute("SELECT to_regclass(%s)", (refs,)).fetchone()[0] is not None

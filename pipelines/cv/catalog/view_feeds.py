@@ -74,7 +74,7 @@ def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Sco
         conn.execute(sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}").format(state, ident(ROLE_WRITER)))
         columns = comma_list([ident(c.name) for c in feed.columns])
         if is_states_feed(feed):  # the rows and their stored states, projected as the capture does
-            conn.execute(_states_fill(feed, upstream.view), ())
+            conn.execute(_states_fill(conn, feed, upstream.view), ())
             for key in feed.key[1:]:  # a combine() recomputing a group reads its rows by key column (views.combine)
                 conn.execute(sql.SQL("CREATE INDEX ON {} ({})").format(state, ident(key)))
         else:
@@ -86,9 +86,10 @@ def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Sco
     log.info("view feed created", feed=feed.name, upstream=feed.feed_of, start_position=start)
 
 
-def _states_fill(feed: StreamDef, upstream: store.CompiledView) -> sql.Composed:
+def _states_fill(conn: psycopg.Connection, feed: StreamDef, upstream: store.CompiledView) -> sql.Composed:
     """A combine() reader's feed state from the upstream's storage: each row with its states (as 0033 records them)."""
-    projection = change_capture.projection(upstream.view, upstream.types, states=True)
+    sets = store.keeps_refs(conn, upstream.view)
+    projection = change_capture.projection(upstream.view, upstream.types, states=True, sets=sets)
     return sql.SQL(
         "INSERT INTO {state} SELECT r.* FROM (WITH cv_rows AS (SELECT * FROM {storage}) {projection}) AS p"
         " CROSS JOIN LATERAL jsonb_populate_record(NULL::{state},"

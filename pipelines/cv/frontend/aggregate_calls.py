@@ -319,7 +319,10 @@ def _combined(upstream: ast.FuncCall, what: str) -> Translation:
     inner = translate(upstream, what, windowed=False)
 
     def read(refs: list[str], type_: str) -> str:
-        value = inner.reader(refs, type_)
+        # An exact distinct count is combined as its set of values: its count is the set's.
+        value = (
+            f"coalesce(cardinality({refs[0]}), 0)" if inner.function == "count_distinct" else inner.reader(refs, type_)
+        )
         return _cast(f"({value})", type_) if type_ else value
 
     return Translation(inner.function, inner.stored, read, inner.retractable)

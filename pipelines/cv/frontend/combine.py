@@ -20,13 +20,15 @@ what x's call stores in the upstream:
 |                                 | the value counts of a keyed stream) |                                     |
 | hll (approx_count_distinct)     | recomputed per changed group (as    | union of the sketches after         |
 |                                 | below): a union of the rows' ones   |                                     |
+| count(DISTINCT x) (its set of    | recomputed per changed group (as    | refused                             |
+| values, from its reference counts)| below): the union of the rows' sets |                                     |
 | tdigest, topk, bloom, freq      | recomputed per changed group from   | refused: a digest's change is not   |
 |                                 | the feed's current rows (a merge of | its after minus its before          |
 |                                 | their states: pipelines.cv.views.   |                                     |
 |                                 | aggregates, kind `combined`)        |                                     |
 
-Refused with one line: an exact count(DISTINCT x) (it keeps values, not a state that merges across
-groups), an aggregate kept as its PostgreSQL transition state, PipelineDB's collecting aggregates,
+Refused with one line: an exact count(DISTINCT x) over a keyed stream whose key covers it (it keeps
+no set of values), an aggregate kept as its PostgreSQL transition state, PipelineDB's collecting aggregates,
 an output that is not one aggregate call, a stream that is not a view. The call is stored as
 `combine(<column>, <upstream call>)`: PostgreSQL types the column, and the upstream call's reader
 reads the merged states (pipelines.cv.frontend.aggregate_calls).
@@ -53,10 +55,13 @@ COMBINE = "combine"
 ADDED = frozenset({"count", "sum"})
 EXTREMES = frozenset({"min", "max"})
 RECOMPUTED = frozenset({"hll", "tdigest", "topk", "bloom", "freq"})  # over the rows; over output_of hll is unioned
+# An exact count(DISTINCT x) merges as its set of values: captured from the upstream's reference
+# counts (`<view>__refs`), kept by a combining level as the set itself (read as its cardinality).
+DISTINCT = "count_distinct"
 MERGEABLE = ADDED | EXTREMES | {"combined"} | RECOMPUTED
 _WHY_NOT = {
-    "count_distinct": "an exact distinct count keeps its values, not a state that merges across groups; count "
-    "approx_count_distinct(x) (a HyperLogLog) in the upstream, which combine() merges",
+    DISTINCT: "an exact distinct count over a keyed stream whose key covers it keeps no set of values to merge; "
+    "count approx_count_distinct(x) (a HyperLogLog) in the upstream, which combine() merges",
     "set": "array_agg(DISTINCT x) keeps its values, not a state that merges across groups",
     "state": "an aggregate kept as its PostgreSQL transition state is not merged across views yet",
 }
@@ -67,9 +72,23 @@ def state_column(stored: str) -> str:
     return f"_cv_state_{stored}"
 
 
-def mergeable_states(view: ViewDef) -> tuple[Aggregate, ...]:
-    """The view's stored aggregates a combine() reader may merge: those its changes carry (0033)."""
-    return tuple(a for a in view.aggregates if a.kind in MERGEABLE)
+def mergeable_states(view: ViewDef, sets: bool = False) -> tuple[Aggregate, ...]:
+    """The view's stored aggregates a combine() reader may merge: those its changes carry (0033).
+
+    `sets`: the view keeps reference counts, from which an exact distinct count's set is captured.
+    """
+    return tuple(a for a in view.aggregates if a.kind in MERGEABLE or (sets and a.kind == DISTINCT))
+
+
+def state_types(view: ViewDef, aggregate_types: tuple[str, ...], distinct_set: str | None) -> tuple[str, ...]:
+    """The stored aggregates' types as combine() reads their states: a distinct count's is its set, `x[]`.
+
+    `distinct_set`: the type of x when the view keeps reference counts (None: no set to capture).
+    """
+    return tuple(
+        f"{distinct_set}[]" if a.kind == DISTINCT and distinct_set else t
+        for a, t in zip(view.aggregates, aggregate_types, strict=False)
+    )
 
 
 def rows_feed_name(view: str) -> str:
@@ -134,10 +153,14 @@ def view_signature(view: ViewDef) -> dict[str, object]:
     return states_signature(_combinable(view, ("",) * len(view.aggregates)))
 
 
-def rows_states_stream(rows: StreamDef, view: ViewDef, aggregate_types: tuple[str, ...]) -> StreamDef:
+def rows_states_stream(
+    rows: StreamDef, view: ViewDef, aggregate_types: tuple[str, ...], distinct_set: str | None = None
+) -> StreamDef:
     """The keyed states feed of `view`, from its plain rows feed `rows`: the same rows plus each state."""
+    aggregate_types = state_types(view, aggregate_types, distinct_set)
     types = dict(zip((a.name for a in view.aggregates), aggregate_types, strict=False))
-    hidden = tuple(Column(state_column(a.name), types[a.name]) for a in mergeable_states(view))
+    sets = distinct_set is not None
+    hidden = tuple(Column(state_column(a.name), types[a.name]) for a in mergeable_states(view, sets))
     stream = StreamDef(
         rows_feed_name(view.qualified_name),
         FEED_TOPIC_PREFIX + rows_feed_name(view.qualified_name),
@@ -149,13 +172,15 @@ def rows_states_stream(rows: StreamDef, view: ViewDef, aggregate_types: tuple[st
     return _with_definition(stream, view, aggregate_types)
 
 
-def changes_states_stream(view: ViewDef, aggregate_types: tuple[str, ...]) -> StreamDef:
+def changes_states_stream(
+    view: ViewDef, aggregate_types: tuple[str, ...], distinct_set: str | None = None
+) -> StreamDef:
     """The append-only states feed of `view`'s changes: (old), (new), (delta) and the states before and after."""
     name = changes_feed_name(view.qualified_name)
     row_type = view.qualified_name
     columns = (*(Column(c, row_type) for c in CHANGE_COLUMNS), Column(OLD_STATES, "jsonb"), Column(NEW_STATES, "jsonb"))
     stream = StreamDef(name, FEED_TOPIC_PREFIX + name, columns, None, "", feed_of=view.qualified_name)
-    return _with_definition(stream, view, aggregate_types)
+    return _with_definition(stream, view, state_types(view, aggregate_types, distinct_set))
 
 
 def _with_definition(stream: StreamDef, view: ViewDef, aggregate_types: tuple[str, ...]) -> StreamDef:
@@ -233,7 +258,7 @@ def translate_combine(call: ast.FuncCall, stream: StreamDef, what: str, *, windo
         )
     stored = []
     for name, kind, params, type_ in info["stored"]:
-        if kind not in MERGEABLE:
+        if kind not in MERGEABLE and not (kind == DISTINCT and type_.endswith("[]")):
             why = _WHY_NOT.get(kind, f"{info['function']} keeps every value, not a state that merges")
             raise DefinitionError(f"{what}: {label}: {column} is {info['call']}: {why}")
         stored.append(_stored(name, kind, tuple(params), type_, changes, label, column, what))
@@ -273,8 +298,8 @@ def _stored(
             return Stored("sum", ref)
         if kind in EXTREMES:
             return Stored(kind, ref)  # type: ignore[arg-type]
-        # A sketch cannot forget a row: recomputed from the current rows, so a row gone (the upstream's
-        # ttl, a group emptied) leaves the rollup as it does for counts.
+        # A sketch (or a set) cannot forget a row: recomputed from the current rows, so a row gone (the
+        # upstream's ttl, a group emptied) leaves the rollup as it does for counts.
         return Stored("combined", ref, None, (kind, *params))  # type: ignore[arg-type]
     after, before = (f"(({s} ->> '{key}'))::{type_}" for s in (NEW_STATES, OLD_STATES))
     if kind in ADDED:  # a group gone or new: its missing side counts nothing

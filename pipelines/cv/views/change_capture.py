@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from psycopg import sql
 
-from pipelines.cv.frontend.combine import STATES_KEY, mergeable_states, state_column
+from pipelines.cv.frontend.combine import DISTINCT, STATES_KEY, mergeable_states, state_column
 from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP  # a view without GROUP BY: its one row's key is {}
-from pipelines.cv.model import ViewDef, call_placeholder
-from pipelines.cv.views.compiler import storage_table
+from pipelines.cv.model import Aggregate, ViewDef, call_placeholder
+from pipelines.cv.views.compiler import refs_table, storage_table
 from pipelines.cv.views.read_views import output_columns
 from pipelines.cv.views.sql_text import comma_list, ident
 from pipelines.cv.views.view_types import ViewTypes
@@ -37,22 +37,17 @@ AS_TEXT = frozenset({"tdigest", "hll", "bloom", "freq", "min", "max", "combined"
 NUMBER_TYPES = frozenset({"smallint", "integer", "bigint", "numeric", "real", "double precision"})
 
 
-def projection(view: ViewDef, types: ViewTypes, *, states: bool = False) -> str:
+def projection(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False) -> str:
     """A SELECT of (key, row) over the transition table `cv_rows AS s`: the group key, the row as users read it.
 
     `states`: the row also holds the stored states combine() merges, as `{"_cv_states": {...}}`
-    (one jsonb_build_object per row: measured with loadgen.rollup, docs/results.md).
+    (one jsonb_build_object per row: measured with loadgen.rollup, docs/results.md). `sets`: the
+    view keeps reference counts, and an exact distinct count's state is its group's set of values.
     """
     row = sql.SQL("to_jsonb(o)")
-    kept = mergeable_states(view)
+    kept = mergeable_states(view, sets)
     if states and kept:
-        # As text where to_jsonb is no inverse of the type's input (a t-digest becomes a JSON object).
-        pairs = [
-            sql.SQL("{}, s.{}{}").format(
-                sql.Literal(state_column(a.name)), ident(a.name), sql.SQL("::text" if a.kind in AS_TEXT else "")
-            )
-            for a in kept
-        ]
+        pairs = [sql.SQL("{}, {}").format(sql.Literal(state_column(a.name)), _state(view, a)) for a in kept]
         row = sql.SQL("to_jsonb(o) || jsonb_build_object({}, jsonb_build_object({}))").format(
             sql.Literal(STATES_KEY), comma_list(pairs)
         )
@@ -70,6 +65,20 @@ def projection(view: ViewDef, types: ViewTypes, *, states: bool = False) -> str:
     )
 
 
+def _state(view: ViewDef, aggregate: Aggregate) -> sql.Composable:
+    """A stored state as a change carries it.
+
+    As text where to_jsonb is no inverse of the type's input (a t-digest becomes a JSON object); an
+    exact distinct count as its group's values, from the reference counts.
+    """
+    if aggregate.kind == DISTINCT:
+        same = [sql.SQL("r.{0} IS NOT DISTINCT FROM s.{0}").format(ident(g.name)) for g in view.groups]
+        return sql.SQL("(SELECT array_agg(r.value ORDER BY r.value) FROM {} AS r WHERE {} AND r.n > 0)").format(
+            refs_table(view), sql.SQL(" AND ").join(same)
+        )
+    return sql.SQL("s.{}{}").format(ident(aggregate.name), sql.SQL("::text" if aggregate.kind in AS_TEXT else ""))
+
+
 def delta_columns(view: ViewDef, types: ViewTypes) -> list[str]:
     """The outputs that are a count or a sum of numbers, alone: their delta is after minus before."""
     kinds = {a.name: a.kind for a in view.aggregates}
@@ -84,13 +93,13 @@ def delta_columns(view: ViewDef, types: ViewTypes) -> list[str]:
     return columns
 
 
-def create_triggers(view: ViewDef, types: ViewTypes, *, states: bool = False) -> list[sql.Composed]:
+def create_triggers(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False) -> list[sql.Composed]:
     """DDL: the capture triggers on the view's storage, replacing those of an earlier read view.
 
-    `states`: a combine() reader reads the view: the changes carry its stored states (`projection`).
+    `states`, `sets`: a combine() reader reads the view: the changes carry its stored states (`projection`).
     """
     storage = storage_table(view)
-    text = projection(view, types, states=states)
+    text = projection(view, types, states=states, sets=sets)
     args = sql.SQL("{}, {}").format(sql.Literal(view.qualified_name), sql.Literal(text))
     statements = drop_triggers(view)
     for event, name in TRIGGERS.items():

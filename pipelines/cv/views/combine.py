@@ -24,6 +24,7 @@ from pglast import ast
 from pglast.stream import RawStream
 from psycopg import sql
 
+from pipelines.cv.frontend.combine import DISTINCT
 from pipelines.cv.model import Aggregate, ViewDef, state_table_name
 from pipelines.cv.sqltext.parsing import walk
 from pipelines.cv.views.general import StateFunctions
@@ -67,9 +68,14 @@ def recombined(
     conditions = [_same_group(g.sql) for g in view.groups]
     if view.where_sql:
         conditions.append(f"({qualified(view.where_sql, 'st')})")
-    batch = sql.SQL("(SELECT {} FROM {} AS st WHERE {})").format(
-        raw(merge_of(upstream, column, "", states or {})),
+    if upstream.kind == DISTINCT:  # an exact distinct count's set: the union of the rows' sets
+        merge, rows = "array_agg(DISTINCT u.v ORDER BY u.v)", f" CROSS JOIN LATERAL unnest({column}) AS u(v)"
+    else:
+        merge, rows = merge_of(upstream, column, "", states or {}), ""
+    batch = sql.SQL("(SELECT {} FROM {} AS st{} WHERE {})").format(
+        raw(merge),
         ident(CV_SCHEMA, state_table_name(view.stream)),
+        raw(rows),
         raw(" AND ".join(conditions) or "true"),
     )
     return batch, sql.SQL("excluded.{}").format(ident(aggregate.name))
