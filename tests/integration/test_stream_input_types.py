@@ -299,3 +299,27 @@ def test_a_stream_fed_into_another_must_declare_the_same_types_not_just_types_po
                 catalog.define(conn, f"CREATE STREAM {target}_feed (id bigint, at interval) WITH ({options})")
         finally:
             catalog.drop(conn, [target], "stream")
+
+
+def test_a_transform_projects_the_new_types_of_each_event(pg, writer, streams):
+    name = f"{streams['schema']}.late"
+    definition = (
+        f"CREATE CONTINUOUS TRANSFORM {name} AS SELECT g, ts + iv AS due, m * 2 AS doubled, (e)::text AS mood "
+        f"FROM {streams['append']} WHERE iv > interval '1 hour'"
+    )
+    with pg("sv_owner", autocommit=True) as owner:
+        catalog.define(owner, definition)
+    try:
+        base = 7_000_000
+        events = [
+            {"g": base, "ts": "2030-01-01 10:00", "iv": "2 hours", "m": "$1.25", "e": "happy"},
+            {"g": base, "ts": "2030-01-01 10:00", "iv": "30 minutes", "m": 3, "e": "sad"},  # filtered out
+        ]
+        assert apply_events(writer, streams["append"], events) == []
+        got = writer.execute(f"SELECT g, due, doubled, mood FROM {name} WHERE g = %s", (base,)).fetchall()
+        assert [(g, due.isoformat(), doubled, mood) for g, due, doubled, mood in got] == [
+            (base, "2030-01-01T12:00:00", "$2.50", "happy")
+        ]
+    finally:
+        with pg("sv_owner", autocommit=True) as owner:
+            catalog.define(owner, f"DROP CONTINUOUS TRANSFORM {name}")
