@@ -173,6 +173,16 @@ def test_a_stream_joins_any_number_of_tables_each_after_what_comes_before_it(vie
     assert parsed.where_sql == where
 
 
+def test_a_joined_view_slides_over_the_streams_qualified_time(view):
+    parsed = view(
+        "SELECT c.url, count(*) FROM clicks c JOIN pages p USING (url)"
+        " WHERE c.arrival_timestamp > clock_timestamp() - interval '4 seconds' GROUP BY c.url"
+    )
+    assert parsed.window == Window("ts", "4 seconds")
+    with pytest.raises(DefinitionError, match="compares a stream column"):
+        view("SELECT count(*) FROM clicks c JOIN pages p USING (url) WHERE p.ts > now() - interval '1 minute'")
+
+
 def test_fillfactor_is_the_storage_tables(view):
     parsed = view("SELECT count(*) FROM clicks", "WITH (fillfactor = 42)")
     stream = parse(CLICKS, Scope({}, frozenset()))

@@ -112,7 +112,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         constant = [t for t in plain if not any(isinstance(c, ast.ColumnRef) for c in walk(t.val))]
         plain = [t for t in plain if t not in constant]
         outputs = [(o, t, is_aggregate or t in constant) for o, t, is_aggregate in outputs]
-    window, where = split_window(select.whereClause, stream, what)
+    window, where = split_window(select.whereClause, stream, what, join.stream_alias if join else None)
     window = option_window(options, window, stream, what)
     kept = _KeptCalls(
         what, names, user_aggregates, stream, windowed=window is not None, count_nulls=scope.count_distinct_nulls

@@ -22,12 +22,17 @@ STEP_COLUMN = "_cv_step"
 _NOW = frozenset({"now", "clock_timestamp", "statement_timestamp", "transaction_timestamp"})
 
 
-def split_window(where: ast.Node | None, stream: StreamDef, what: str) -> tuple[Window | None, ast.Node | None]:
-    """The sliding window a WHERE clause declares (one conjunct), and what remains of the clause."""
+def split_window(
+    where: ast.Node | None, stream: StreamDef, what: str, alias: str | None = None
+) -> tuple[Window | None, ast.Node | None]:
+    """The sliding window a WHERE clause declares (one conjunct), and what remains of the clause.
+
+    With a join, the column may be qualified by the stream's `alias` (`s.arrival_timestamp`).
+    """
     if where is None:
         return None, None
     conjuncts = list(where.args) if _is_and(where) else [where]
-    windows = [(i, w) for i, c in enumerate(conjuncts) if (w := _window_of(c, stream, what)) is not None]
+    windows = [(i, w) for i, c in enumerate(conjuncts) if (w := _window_of(c, stream, what, alias)) is not None]
     if not windows:
         return None, where
     if len(windows) > 1:
@@ -45,7 +50,7 @@ def _is_and(node: ast.Node) -> bool:
     return isinstance(node, ast.BoolExpr) and node.boolop == BoolExprType.AND_EXPR
 
 
-def _window_of(node: ast.Node, stream: StreamDef, what: str) -> Window | None:
+def _window_of(node: ast.Node, stream: StreamDef, what: str, alias: str | None = None) -> Window | None:
     """`column > now() - <interval constant>` (or >=) as a Window; None for any other condition."""
     if not (isinstance(node, ast.A_Expr) and len(node.name) == 1 and node.name[0].sval in {">", ">="}):
         return None
@@ -54,14 +59,16 @@ def _window_of(node: ast.Node, stream: StreamDef, what: str) -> Window | None:
         return None
     if not _is_now(right.lexpr):
         return None
-    if not isinstance(left, ast.ColumnRef) or len(left.fields) != 1:
+    fields = left.fields if isinstance(left, ast.ColumnRef) else ()
+    names = [f.sval for f in fields if isinstance(f, ast.String)]
+    if len(names) != len(fields) or not (len(names) == 1 or (len(names) == 2 and names[0] == alias)):
         raise DefinitionError(f"{what}: a sliding window compares a stream column: ts > now() - interval '...'")
     width = _interval(right.rexpr)
     if width is None:
         raise DefinitionError(
             f"{what}: a sliding window's width must be a constant interval, e.g. interval '5 minutes'"
         )
-    return _checked(Window(left.fields[0].sval, width), stream, what)
+    return _checked(Window(names[-1], width), stream, what)
 
 
 def _checked(window: Window, stream: StreamDef, what: str) -> Window:
