@@ -23,6 +23,7 @@ group is never rebalanced), bounded batches (`PIPELINE_BACKFILL_BATCH_MAX`), and
 batches (`PIPELINE_BACKFILL_PAUSE_S`) that lets the live loop take the database first.
 Records the stream's decoder rejects are skipped: the live runner dead-lettered them already.
 One backfill at a time, oldest first; a quarantined view's waits until it is maintained again.
+A replay's shadow view (pipelines.cv.catalog.replays) is swapped in by the batch that finishes its catch-up.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from pipelines.cv import catalog
+from pipelines.cv.catalog import replays
 from pipelines.cv.catalog.backfills import live_group
 from pipelines.cv.catalog.stream_types import PostgresInputCheck
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
@@ -105,9 +107,14 @@ class BackfillSink:
         self.maintainers: dict[str, StreamMaintainer] = {}
 
     def apply(self, conn: psycopg.Connection, payload: HistoryBatch, outcome: ApplyOutcome) -> int:
-        """Under the stream's lock (then the backfill's row: the catalog's order): check, apply, maybe finish."""
+        """Under the stream's lock (then the backfill's row: the catalog's order): check, apply, maybe finish.
+
+        A replay's last batch holds the lock exclusively: no live batch is in flight, so the view and
+        its shadow have seen the same live events, and the shadow is swapped in with it.
+        """
         backfill = payload.backfill
-        catalog.lock_stream(conn, backfill.stream, shared=True)
+        swap = payload.finishing and replays.is_shadow(backfill.view)
+        catalog.lock_stream(conn, backfill.stream, shared=not swap)
         row = conn.execute("SELECT done_at FROM cv.backfills WHERE group_id = %s", (backfill.group_id,)).fetchone()
         if row is None or row[0] is not None:
             raise BackfillStopped(f"backfill of {backfill.view}: dropped, rebuilt or done meanwhile")
@@ -119,6 +126,8 @@ class BackfillSink:
             changed = maintainer.apply(conn, payload.ops, payload.columns, only=frozenset({backfill.view}))
         if payload.finishing:
             conn.execute("UPDATE cv.backfills SET done_at = now() WHERE group_id = %s", (backfill.group_id,))
+        if swap:
+            replays.swap_in(conn, backfill.view)
         return changed
 
     def reset(self) -> None:
@@ -166,6 +175,7 @@ class Backfiller:
         """
         conn = self._connection()
         conn.execute("SELECT cv.forget_backfill_offsets()")  # of backfills dropped or rebuilt
+        replays.swap_ready(conn, self.runs)  # any replay whose shadow caught up but was not swapped in
         for pending in self.pending(conn):
             if conn.execute(
                 "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (BACKFILL_LOCK, pending.group_id)
@@ -378,11 +388,16 @@ class Backfiller:
                 end[(t, p)] = backfill.switch[(t, p)]
 
     def _finish_empty(self, backfill: Pending) -> None:
-        """Nothing to read (the rule starts at the switch point): done at once."""
+        """Nothing to read (the rule starts at the switch point): done at once (a replay swapped in with it)."""
         conn = self._connection()
-        conn.execute(
-            "UPDATE cv.backfills SET done_at = now() WHERE group_id = %s AND done_at IS NULL", (backfill.group_id,)
-        )
+        with conn.transaction():
+            swap = replays.is_shadow(backfill.view)
+            catalog.lock_stream(conn, backfill.stream, shared=not swap)
+            conn.execute(
+                "UPDATE cv.backfills SET done_at = now() WHERE group_id = %s AND done_at IS NULL", (backfill.group_id,)
+            )
+            if swap:
+                replays.swap_in(conn, backfill.view)
         log.info("backfill done: no history before the switch point", view=backfill.view, rule=backfill.rule)
 
     def _connection(self) -> psycopg.Connection:
@@ -419,10 +434,11 @@ class Progress:
 
 
 def progress(conn: psycopg.Connection) -> list[Progress]:
-    """Every backfill not done, with its progress (cv.backfill_status, migration 0029)."""
+    """Every backfill not done, with its progress (cv.backfill_status, migration 0029); replays as "V (replay)"."""
     rows = conn.execute(
-        "SELECT view, stream, rule, offsets_done, offsets_total, complete, extract(epoch FROM now() - started_at)"
-        " FROM cv.backfill_status WHERE NOT complete ORDER BY view"
+        "SELECT coalesce(r.view || ' (replay)', s.view) AS shown, s.stream, s.rule, s.offsets_done, s.offsets_total,"
+        " s.complete, extract(epoch FROM now() - s.started_at) FROM cv.backfill_status AS s"
+        " LEFT JOIN cv.replays AS r ON r.shadow = s.view AND r.ended_at IS NULL WHERE NOT s.complete ORDER BY shown"
     ).fetchall()
     found = []
     for view, stream, rule, done, total, complete, elapsed in rows:

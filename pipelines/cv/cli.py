@@ -10,6 +10,7 @@
     streamviews status                         # per stream: lag, freshness, last commit, dead letters; sinks
     streamviews status --json --group my-group
     streamviews subscribe public.url_stats --from 0  # a view's changes as JSON lines, then new ones
+    streamviews replay public.url_stats --from '2026-11-26 12:00+00'  # recompute it, swapped in once caught up
     streamviews run [--group G] [--streams a,b]  # the stream runner (see `streamviews run --help`)
 
 Settings come from the environment (PG*, KAFKA_*, PIPELINE_*, LOG_*; see .env.sample). `define` and
@@ -64,6 +65,7 @@ from pipelines.cv.cli_common import (
 from pipelines.cv.feeds import feed_states
 from pipelines.cv.frontend.statements import Script, read_script
 from pipelines.cv.model import DefinitionError
+from pipelines.cv.replay import add_parser as add_replay
 from pipelines.cv.status import feeds_table, runner_status, sinks_json, sinks_table, status_table
 from pipelines.cv.subscribe import follow, listen, qualified, start_position
 from pipelines.errors import StreamviewsError
@@ -185,7 +187,7 @@ SELECT kind, name, definition FROM (
     SELECT 1 AS rank, 'stream' AS kind, name, definition, created_at FROM cv.streams
      WHERE NOT starts_with(topic, 'view:')
     UNION ALL SELECT 2, 'transform', name, definition, created_at FROM cv.transforms
-    UNION ALL SELECT 3, 'view', name, definition, created_at FROM cv.views
+    UNION ALL SELECT 3, 'view', name, definition, created_at FROM cv.views WHERE NOT starts_with(name, 'cv_replay.')
     UNION ALL SELECT 4, 'sink', name, definition, created_at FROM cv.sinks
 ) AS d ORDER BY rank, CASE WHEN rank = 3 THEN created_at END, name
 """
@@ -202,7 +204,9 @@ def cmd_list(args: argparse.Namespace) -> int:
             )
             return 0
         streams = catalog.load_streams(conn, skip_broken=True)  # one no longer valid is logged, not fatal
-        views = conn.execute("SELECT name, stream FROM cv.views ORDER BY name").fetchall()
+        views = conn.execute(  # not the shadows of replays (pipelines.cv.catalog.replays)
+            "SELECT name, stream FROM cv.views WHERE NOT starts_with(name, 'cv_replay.') ORDER BY name"
+        ).fetchall()
         transforms = conn.execute("SELECT name, stream FROM cv.transforms ORDER BY name").fetchall()
         sinks = conn.execute("SELECT name, view, topic, format FROM cv.sinks ORDER BY name").fetchall()
     stream_rows = [
@@ -341,6 +345,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     subscribe.add_argument("--limit", type=_positive, help="stop after N changes (default: never)")
     subscribe.set_defaults(handler=cmd_subscribe)
+    add_replay(commands)
 
     # The runner parses its own arguments (`streamviews run --help` is the runner's help).
     run = commands.add_parser("run", help="run the stream runner: streams' topics into their views", add_help=False)
