@@ -77,12 +77,21 @@ END
 $$;
 
 -- cv.replayed_view_changed: DROP of a view drops its shadow; any change of its definition
--- (CREATE OR REPLACE, ALTER) cancels its replay, whose shadow computes the old definition. BEFORE
--- each row of cv.views: the definition holds the stream's lock exclusively already.
+-- (CREATE OR REPLACE, ALTER) cancels its replay, whose shadow computes the old definition; a shadow
+-- dropped by name ends its replay. BEFORE each row of cv.views: the definition holds the stream's
+-- lock exclusively already.
 CREATE FUNCTION cv.replayed_view_changed() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    IF starts_with(OLD.name, 'cv_replay.') THEN
+        IF TG_OP = 'DELETE' THEN
+            UPDATE cv.replays SET ended_at = now(), outcome = 'cancelled: its shadow view was dropped'
+             WHERE shadow = OLD.name AND ended_at IS NULL;
+            RETURN OLD;
+        END IF;
+        RETURN NEW;
+    END IF;
     IF TG_OP = 'DELETE' THEN
         PERFORM cv.end_replay(OLD.name, 'cancelled: the view was dropped');
         RETURN OLD;
@@ -95,8 +104,7 @@ END
 $$;
 
 CREATE TRIGGER replayed_view_changed BEFORE DELETE OR UPDATE OF definition ON cv.views
-    FOR EACH ROW WHEN (NOT starts_with(OLD.name, 'cv_replay.'))
-    EXECUTE FUNCTION cv.replayed_view_changed();
+    FOR EACH ROW EXECUTE FUNCTION cv.replayed_view_changed();
 
 -- cv.replay_ended_by_runner: what the runner may do to a replay's catalog (it may not drop
 -- tables): end it with `outcome` ('swapped': the view then holds `p_groups` groups, and its gaps

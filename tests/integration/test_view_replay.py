@@ -230,6 +230,8 @@ def test_refusals_are_one_line_and_cancel_drop_and_redefinition_end_a_running_re
             listed = streamviews(stack, "list")
             assert shadow not in listed.stdout
             assert f"{schema}.v" in listed.stdout
+            shown = streamviews(stack, "status", stream, "--group", group)
+            assert f"{schema}.v (replay)" in shown.stdout, shown.stdout + shown.stderr
             with pg("sv_reader") as conn:  # readers never see it, nor its progress
                 assert conn.execute(
                     "SELECT count(*) FROM cv.backfill_status WHERE view = %s", (shadow,)
@@ -261,6 +263,13 @@ def test_refusals_are_one_line_and_cancel_drop_and_redefinition_end_a_running_re
             assert shadows_of(pg, f"{schema}.v") == []
             assert streamviews(stack, "replay", f"{schema}.v", "--from", "earliest", "--no-wait").returncode == 0
             [shadow] = shadows_of(pg, f"{schema}.v")
+            assert streamviews(stack, "drop", shadow).returncode == 0  # the hidden view dropped by name: it ends
+            with pg("sv_owner") as conn:
+                assert conn.execute("SELECT outcome FROM cv.replays WHERE shadow = %s", (shadow,)).fetchone() == (
+                    "cancelled: its shadow view was dropped",
+                )
+            assert streamviews(stack, "replay", f"{schema}.v", "--from", "earliest", "--no-wait").returncode == 0
+            [shadow] = [name for name in shadows_of(pg, f"{schema}.v") if name != shadow]
             with pg("sv_owner", autocommit=True) as conn:  # a DROP drops its shadow
                 catalog.drop(conn, [f"{schema}.v"], "view")
                 assert conn.execute("SELECT count(*) FROM cv.views WHERE name = %s", (shadow,)).fetchone() == (0,)
