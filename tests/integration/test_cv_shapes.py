@@ -4,7 +4,8 @@ Views without GROUP BY, GROUP BY expressions that are no output, SELECT DISTINCT
 schema-qualified streams with arrival_timestamp, joins written every way, `sw` and `ttl_column`.
 The oracle is the view's own SELECT over the rows in a temporary table named like the stream (joined
 with the same table); for the forms PostgreSQL reads otherwise (`public.<stream>`, arrival_timestamp,
-the sw option) the oracle is written as PostgreSQL reads it.
+the sw option) the oracle is written as PostgreSQL reads it. A subquery in FROM that only projects and
+filters is PostgreSQL's own subquery in the oracle.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ SHAPES = {
         None,
     ),
     "anonymous": ("SELECT url, count(*) + sum(uid) FROM {s} GROUP BY url", None),
+    "subselect": (  # a subquery that projects and filters the stream: merged into the view
+        "SELECT a, sum(b) AS total, count(*) AS n FROM (SELECT upper(url) AS a, latency AS b FROM {s} WHERE uid > 1) q"
+        " WHERE b < 400 GROUP BY a",
+        None,
+    ),
     "constant": ("SELECT 1, 'a' AS a, count(*) FROM {s}", None),
     "rows": ("SELECT url, uid, latency FROM {s}", None),
     "recent_rows": (
@@ -212,3 +218,9 @@ def test_a_view_over_a_view_that_hides_its_groups_is_refused_naming_output_of(pg
     schema = streams["schema"]
     with pg("sv_owner", autocommit=True) as conn, pytest.raises(DefinitionError, match=r"output_of\("):
         catalog.define(conn, f"CREATE CONTINUOUS VIEW {schema}.over AS SELECT count(*) AS n FROM {schema}.{upstream}")
+
+
+def test_a_set_returning_function_is_refused_in_one_line(pg, streams):
+    schema, stream = streams["schema"], streams["stream"]
+    with pg("sv_owner", autocommit=True) as conn, pytest.raises(DefinitionError, match="set-returning function"):
+        catalog.define(conn, f"CREATE CONTINUOUS VIEW {schema}.srf AS SELECT unnest(ARRAY[uid]) AS u FROM {stream}")

@@ -345,7 +345,11 @@ def unsupported(query: str, match: str, id: str):
     ("query", "match"),
     [
         unsupported("SELECT oid, count(*) AS n FROM clicks JOIN likes USING (oid) GROUP BY oid", "joins", "join"),
-        unsupported("SELECT oid, count(*) AS n FROM (SELECT oid FROM clicks) c GROUP BY oid", "subqueries", "from-sub"),
+        unsupported(
+            "SELECT oid, sum(n) AS n FROM (SELECT oid, count(*) AS n FROM clicks GROUP BY oid) c GROUP BY oid",
+            "subquery in FROM may only project and filter",
+            "from-sub",
+        ),
         unsupported("SELECT oid, count(*) AS n FROM clicks WHERE uid IN (SELECT 1) GROUP BY oid", "subq", "where-sub"),
         unsupported("SELECT oid, count(*) AS n FROM clicks GROUP BY oid HAVING count(*) > 1", "HAVING", "having"),
         unsupported("SELECT oid, count(*) AS n FROM clicks GROUP BY oid ORDER BY oid", "ORDER BY", "order-by"),

@@ -183,6 +183,20 @@ def test_a_joined_view_slides_over_the_streams_qualified_time(view):
         view("SELECT count(*) FROM clicks c JOIN pages p USING (url) WHERE p.ts > now() - interval '1 minute'")
 
 
+def test_a_subquery_that_projects_and_filters_its_stream_is_merged_into_the_view(view):
+    merged = view(
+        "SELECT a0, sum(b0) AS total FROM (SELECT b1 AS b0, a1 AS a0 FROM"
+        " (SELECT upper(url) AS a1, uid::integer AS b1 FROM clicks WHERE uid > 0) s1 WHERE a1 <> '') s2"
+        " WHERE b0 < 100 GROUP BY a0"
+    )
+    written = view(
+        "SELECT upper(url) AS a0, sum(uid::integer) AS total FROM clicks"
+        " WHERE uid > 0 AND upper(url) <> '' AND uid::integer < 100 GROUP BY 1"
+    )
+    assert (merged.groups, merged.aggregates, merged.outputs) == (written.groups, written.aggregates, written.outputs)
+    assert merged.where_sql == "uid > 0 AND upper(url) <> '' AND CAST(uid AS integer) < 100"
+
+
 def test_fillfactor_is_the_storage_tables(view):
     parsed = view("SELECT count(*) FROM clicks", "WITH (fillfactor = 42)")
     stream = parse(CLICKS, Scope({}, frozenset()))
@@ -237,7 +251,13 @@ def test_ttl_column_names_the_group_a_ttl_expires_by(view):
             "approx_count_distinct",
         ),
         ("SELECT url, count(*) FROM clicks WHERE url IN (SELECT url FROM pages) GROUP BY url", "", "JOIN table"),
-        ("SELECT url, count(*) FROM (SELECT url FROM clicks) c GROUP BY url", "", "own continuous view"),
+        (
+            "SELECT url, sum(n) FROM (SELECT url, count(*) AS n FROM clicks GROUP BY url) c GROUP BY url",
+            "",
+            "of its own",
+        ),
+        ("SELECT url FROM (SELECT url FROM clicks LIMIT 3) c", "", "no LIMIT"),
+        ("SELECT url FROM (SELECT u FROM (SELECT url AS u FROM clicks) a) b", "", "not a column of the subquery"),
         ("SELECT url, count(*) FROM clicks WHERE EXISTS (SELECT 1) GROUP BY url", "", "subqueries"),
         ("SELECT url, count(*) FROM other.clicks GROUP BY url", "", "streams have no schema"),
         ("SELECT url, count(*) FROM clicks, likes GROUP BY url", "", "two streams"),

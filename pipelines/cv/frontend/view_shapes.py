@@ -29,6 +29,7 @@ from pglast import ast
 from pglast.enums import BoolExprType, JoinType
 from pglast.stream import RawStream
 
+from pipelines.cv.frontend.subselects import merge_subselects
 from pipelines.cv.frontend.view_sources import refuse_feed_by_name, source_of
 from pipelines.cv.model import DefinitionError, GroupColumn, Join, JoinedTable, Scope, StreamDef
 from pipelines.cv.sqltext.parsing import walk
@@ -66,6 +67,7 @@ def from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[Stream
     no qualifier without a join, the stream's alias on USING columns, the timestamp column for
     `arrival_timestamp`.
     """
+    merge_subselects(select, what)  # FROM (SELECT ... FROM s WHERE ...) AS a: the query over s itself
     items = select.fromClause or ()
     feed = source_of(items[0], scope.streams, scope.views, what) if len(items) == 1 else None
     if feed is not None and not set(feed.key or ()) <= set(feed.column_names):
@@ -298,27 +300,6 @@ def _rewrite_refs(
         if join is not None and len(names) == 1 and names[0] in using:
             names = [alias, names[0]]  # JOIN ... USING (k): k is the stream's (its side is kept)
         node.fields = tuple(ast.String(sval=n) for n in names)
-
-
-def figure_name(node: ast.Node) -> str | None:
-    """The name PostgreSQL gives an output written without one (its FigureColname); None: `?column?`."""
-    if isinstance(node, ast.ColumnRef):
-        last = node.fields[-1]
-        return last.sval if isinstance(last, ast.String) else None
-    if isinstance(node, ast.A_Indirection):  # (new).g: g
-        last = node.indirection[-1]
-        return last.sval if isinstance(last, ast.String) else figure_name(node.arg)
-    if isinstance(node, ast.FuncCall):
-        return node.funcname[-1].sval.lower()
-    if isinstance(node, ast.TypeCast):  # k::text is k; '1'::int is int4
-        return figure_name(node.arg) or node.typeName.names[-1].sval
-    if isinstance(node, ast.CoalesceExpr):
-        return "coalesce"
-    if isinstance(node, ast.CaseExpr):
-        return "case"
-    if isinstance(node, ast.MinMaxExpr):
-        return "greatest" if node.op == 0 else "least"
-    return None
 
 
 def _names(ref: ast.ColumnRef) -> list[str]:

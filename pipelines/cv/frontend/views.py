@@ -27,7 +27,6 @@ from pipelines.cv.frontend.view_options import check_pk, ttl_column, view_option
 from pipelines.cv.frontend.view_shapes import (
     EACH_ROW_GROUP,
     GLOBAL_GROUP,
-    figure_name,
     from_stream,
     hidden_group,
 )
@@ -48,7 +47,7 @@ from pipelines.cv.model import (
     ViewDef,
     call_placeholder,
 )
-from pipelines.cv.sqltext.parsing import plain_identifier, reject_unsupported, walk
+from pipelines.cv.sqltext.parsing import figure_name, plain_identifier, reject_unsupported, walk
 
 
 def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:

@@ -87,3 +87,24 @@ def walk(node: object) -> Iterator[ast.Node]:
     elif isinstance(node, tuple):
         for item in node:
             yield from walk(item)
+
+
+def figure_name(node: ast.Node) -> str | None:
+    """The name PostgreSQL gives an output written without one (its FigureColname); None: `?column?`."""
+    if isinstance(node, ast.ColumnRef):
+        last = node.fields[-1]
+        return last.sval if isinstance(last, ast.String) else None
+    if isinstance(node, ast.A_Indirection):  # (new).g: g
+        last = node.indirection[-1]
+        return last.sval if isinstance(last, ast.String) else figure_name(node.arg)
+    if isinstance(node, ast.FuncCall):
+        return node.funcname[-1].sval.lower()
+    if isinstance(node, ast.TypeCast):  # k::text is k; '1'::int is int4
+        return figure_name(node.arg) or node.typeName.names[-1].sval
+    if isinstance(node, ast.CoalesceExpr):
+        return "coalesce"
+    if isinstance(node, ast.CaseExpr):
+        return "case"
+    if isinstance(node, ast.MinMaxExpr):
+        return "greatest" if node.op == 0 else "least"
+    return None

@@ -85,6 +85,8 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
                 row = conn.execute(query).fetchone()
         except psycopg.Error as e:
             raise DefinitionError(f"continuous view {view.qualified_name}: {e.diag.message_primary or e}") from e
+        if row is None:  # the one sample row gave none: a set-returning function the names did not show
+            raise DefinitionError(_set_returning(view, ", ".join(expressions)))
         return list(row) if as_named else [storable(t) for t in row]
 
     _refuse_volatile(conn, view)
@@ -167,7 +169,8 @@ def _refuse_volatile(conn: psycopg.Connection, view: ViewDef) -> None:
     """Only immutable and stable functions: the pipelines evaluate a view's expressions on every batch.
 
     A volatile one (pg_sleep, set_config, random, nextval, ...) would act or differ at each batch and
-    replay. Checked by name: a name with any volatile overload is refused.
+    replay. Checked by name: a name with any volatile overload is refused, and one whose every
+    overload returns a set (a view's row is one event's, or one group's).
     """
     expressions = [g.sql for g in view.groups]
     expressions += [e for a in view.aggregates for e in (a.arg_sql, a.filter_sql) if e]
@@ -188,3 +191,16 @@ def _refuse_volatile(conn: psycopg.Connection, view: ViewDef) -> None:
             f"continuous view {view.qualified_name}: {listed} is volatile; a view may only use immutable or "
             "stable functions (the pipelines evaluate it on every batch)"
         )
+    sets = conn.execute(  # names whose every overload returns a set: unnest, json_array_elements, ...
+        "SELECT proname FROM pg_proc WHERE proname = ANY(%s) GROUP BY proname HAVING bool_and(proretset) ORDER BY 1",
+        (sorted(names),),
+    ).fetchall()
+    if sets:
+        raise DefinitionError(_set_returning(view, ", ".join(f"{name}()" for (name,) in sets)))
+
+
+def _set_returning(view: ViewDef, what: str) -> str:
+    return (
+        f"continuous view {view.qualified_name}: {what}: a set-returning function (one event in, many rows out) "
+        "is not supported in a continuous view; send one event per element"
+    )
