@@ -68,8 +68,8 @@ def retention_refusal(rule: str, reach: dict[Partition, tuple[int, int | None]])
     lost = {tp: first for tp, (low, first) in reach.items() if low > 0 and (first is None or first > since)}
     if not lost:
         return None
-    topic, partition = min(lost)
-    if any(first is None for first in lost.values()):
+    if empty := sorted(tp for tp, first in lost.items() if first is None):
+        topic, partition = empty[0]
         back = f"partition {partition} of {topic} retains no event any more"
     else:
         oldest = datetime.fromtimestamp(max(first for low, first in reach.values() if low > 0 and first) / 1000, UTC)

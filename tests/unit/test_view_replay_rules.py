@@ -70,7 +70,8 @@ def test_retention_refuses_a_from_before_the_oldest_event_a_partition_that_lost_
 def test_a_partition_that_never_lost_a_record_holds_everything_and_one_that_lost_all_holds_nothing():
     assert retention_refusal("2020-01-01 00:00:00+00", {("t", 0): (0, ms("2026-11-20 00:00:00+00"))}) is None
     assert retention_refusal("2020-01-01 00:00:00+00", {("t", 0): (0, None)}) is None  # empty, never written
-    why = retention_refusal("2026-11-26 00:00:00+00", {("t", 0): (0, None), ("t", 3): (70, None)})
+    reach = {("t", 0): (0, None), ("t", 1): (9, ms("2026-11-26 06:00:00+00")), ("t", 3): (70, None)}
+    why = retention_refusal("2026-11-26 00:00:00+00", reach)
     assert why is not None
     assert "partition 3 of t retains no event any more" in why
 
