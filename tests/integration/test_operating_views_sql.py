@@ -4,8 +4,9 @@
   transaction (a rolled-back batch counts nothing);
 - `pipelinedb.truncate_continuous_view`: a view over an append-only stream emptied; over a keyed
   stream refused, in one line;
-- `pipelinedb.deactivate` / `activate` of a view: left out, then resumed by the runner's sweep;
-  of a stream: its topic no longer read, then read on from where it stopped: nothing lost.
+- `pipelinedb.deactivate` / `activate` of a view: left out, then resumed at once (true, as PipelineDB
+  answered, with what was done as a NOTICE); of a stream: its topic no longer read, then read on from
+  where it stopped: nothing lost.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import pytest
 from confluent_kafka import Producer
 
 from pipelines.cv.engine import StreamMaintainer
-from pipelines.cv.sink import ViewSink
 from tests.integration.conftest import (
     apply_rows,
     delete_topics,
@@ -92,24 +92,21 @@ def test_truncating_an_append_only_view_empties_it_and_a_keyed_one_is_refused(pg
         reader.execute("SELECT pipelinedb.truncate_continuous_view(%s)", (f"{schema}.slow",))
 
 
-def test_a_deactivated_view_misses_events_until_activated_and_the_sweep_resumes_it(pg, writer, streams):
+def test_a_deactivated_view_misses_events_until_activated_and_counts_those_after_at_once(pg, writer, streams):
     schema, clicks = streams["schema"], streams["clicks"]
     view = f"{schema}.clicks"
     with pg("sv_owner", autocommit=True) as owner:
-        assert "deactivated" in owner.execute("SELECT pipelinedb.deactivate(%s)", (view,)).fetchone()[0]
-        assert (
-            "deactivated" in owner.execute("SELECT pipelinedb.deactivate(%s)", (view,)).fetchone()[0]
-        )  # again: the same
+        said = []
+        owner.add_notice_handler(lambda notice: said.append(notice.message_primary))
+        assert owner.execute("SELECT pipelinedb.deactivate(%s)", (view,)).fetchone() == (True,)  # PipelineDB's
+        assert owner.execute("SELECT pipelinedb.deactivate(%s)", (view,)).fetchone() == (True,)  # again: the same
+        assert "deactivated" in said[0]
     start = rows(writer, view).get("d", 0)
     apply_rows(writer, clicks, [1, 1], [("d", 1, NOW), ("d", 1, NOW)])
     assert rows(writer, view).get("d", 0) == start  # left out
     with pg("sv_owner", autocommit=True) as owner:
-        assert "activated" in owner.execute("SELECT pipelinedb.activate(%s)", (view,)).fetchone()[0]
-    sink = ViewSink(group_id="it-ops")
-    sink.streams = (clicks,)
-    with writer.transaction():
-        sink.housekeeping(writer)
-    apply_rows(writer, clicks, [1], [("d", 1, NOW)])
+        assert "applied to it" in owner.execute("SELECT cv.activate(%s)", (view,)).fetchone()[0]
+    apply_rows(writer, clicks, [1], [("d", 1, NOW)])  # the next batch, no sweep in between
     assert rows(writer, view).get("d", 0) == start + 1  # maintained again; the two it missed are a gap
     gaps = writer.execute("SELECT reason FROM cv.view_gaps WHERE view = %s", (view,)).fetchall()
     assert ("deactivated",) in gaps
