@@ -305,3 +305,17 @@ def test_housekeeping_prunes_changes_past_their_retention(pg, writer, streams):
 
     with pytest.raises(Failed):  # rolled back: other modules' old changes stay
         fail_after(writer, prune)
+
+
+def test_group_columns_may_be_named_like_anything_the_capture_writes(pg, writer):
+    name = unique("vcsk")  # k and o: the capture's own records were once named so
+    stream = f"{name}_s"
+    definitions = f"""
+        CREATE STREAM {stream} (url text, ms int) WITH (topic = '{stream}', consumer_group = '{name}');
+        CREATE CONTINUOUS VIEW {name}.letters WITH (changes = true) AS
+            SELECT url AS k, ms AS o, count(*) AS n FROM {stream} GROUP BY k, o;
+    """
+    with throwaway_views(pg, name, [stream], definitions):
+        apply_rows(writer, stream, [1, 1], [("/k", 5), ("/k", 5)])
+        ((_, key, before, after, _),) = recorded(writer, f"{name}.letters")
+    assert (key, before, after) == ({"k": "/k", "o": 5}, None, {"k": "/k", "o": 5, "n": 2})

@@ -61,8 +61,8 @@ def test_the_delta_covers_outputs_that_are_a_count_or_a_sum_alone():
 
 def test_the_capture_projects_rows_as_the_read_view_shows_them():
     text = change_capture.projection(view(STATS), TYPES)
-    assert text.startswith("SELECT to_jsonb(k) AS key, to_jsonb(o) AS row FROM cv_rows AS s")
-    assert 'CROSS JOIN LATERAL (SELECT s."url") AS k' in text
+    assert text.startswith("SELECT to_jsonb(_cv_key) AS key, to_jsonb(_cv_row) AS row FROM cv_rows AS s")
+    assert 'CROSS JOIN LATERAL (SELECT s."url") AS _cv_key' in text
     assert ' AS "mean"' in text
     assert ' AS "ratio"' in text
 

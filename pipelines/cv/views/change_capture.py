@@ -40,21 +40,24 @@ NUMBER_TYPES = frozenset({"smallint", "integer", "bigint", "numeric", "real", "d
 def projection(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False) -> str:
     """A SELECT of (key, row) over the transition table `cv_rows AS s`: the group key, the row as users read it.
 
+    The two records are named `_cv_key` and `_cv_row`, names no view column may take (a group column
+    named `k` made `to_jsonb(k)` ambiguous).
+
     `states`: the row also holds the stored states combine() merges, as `{"_cv_states": {...}}`
     (one jsonb_build_object per row: measured with loadgen.rollup, docs/results.md). `sets`: the
     view keeps reference counts, and an exact distinct count's state is its group's set of values.
     """
-    row = sql.SQL("to_jsonb(o)")
+    row = sql.SQL("to_jsonb(_cv_row)")
     kept = mergeable_states(view, sets)
     if states and kept:
         pairs = [sql.SQL("{}, {}").format(sql.Literal(state_column(a.name)), _state(view, a)) for a in kept]
-        row = sql.SQL("to_jsonb(o) || jsonb_build_object({}, jsonb_build_object({}))").format(
+        row = sql.SQL("to_jsonb(_cv_row) || jsonb_build_object({}, jsonb_build_object({}))").format(
             sql.Literal(STATES_KEY), comma_list(pairs)
         )
     return (
         sql.SQL(
-            "SELECT to_jsonb(k) AS key, {} AS row FROM cv_rows AS s"
-            " CROSS JOIN LATERAL (SELECT {}) AS k CROSS JOIN LATERAL (SELECT {}) AS o"
+            "SELECT to_jsonb(_cv_key) AS key, {} AS row FROM cv_rows AS s"
+            " CROSS JOIN LATERAL (SELECT {}) AS _cv_key CROSS JOIN LATERAL (SELECT {}) AS _cv_row"
         )
         .format(
             row,
@@ -72,7 +75,10 @@ def _state(view: ViewDef, aggregate: Aggregate) -> sql.Composable:
     exact distinct count as its group's values, from the reference counts.
     """
     if aggregate.kind == DISTINCT:
-        same = [sql.SQL("r.{0} IS NOT DISTINCT FROM s.{0}").format(ident(g.name)) for g in view.groups]
+        # `=` (with NULL apart), which the reference counts' unique index on (groups, value) answers.
+        same = [
+            sql.SQL("(r.{0} = s.{0} OR (r.{0} IS NULL AND s.{0} IS NULL))").format(ident(g.name)) for g in view.groups
+        ]
         return sql.SQL("(SELECT array_agg(r.value ORDER BY r.value) FROM {} AS r WHERE {} AND r.n > 0)").format(
             refs_table(view), sql.SQL(" AND ").join(same)
         )
