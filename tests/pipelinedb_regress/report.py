@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from tests.pipelinedb_regress.reasons import REASONS
 from tests.pipelinedb_regress.runner import CaseResult, Outcome, run_case
 from tests.pipelinedb_regress.translator import CASES
 
@@ -68,6 +69,9 @@ def _cell(text: str) -> str:
 
 def _why(result: CaseResult) -> str:
     parts = []
+    if result.count("refused") or result.count("failed"):
+        reason = REASONS.get(result.name)
+        parts.append(f"**why**: {reason}" if reason else "**why**: not yet explained")
     for status, label in (("refused", "refused"), ("failed", "differs"), ("skipped", "skipped")):
         reasons = result.reasons(status)
         if reasons:
