@@ -58,6 +58,11 @@ SHAPES = {
         None,
     ),
     "anonymous": ("SELECT url, count(*) + sum(uid) FROM {s} GROUP BY url", None),
+    "hypothetical": (  # hypothetical-set aggregates: the counts they are
+        "SELECT url, rank(3) WITHIN GROUP (ORDER BY uid) AS r, percent_rank(2.5) WITHIN GROUP (ORDER BY latency DESC)"
+        " AS p, cume_dist(3, 100) WITHIN GROUP (ORDER BY uid, latency NULLS FIRST) AS c FROM {s} GROUP BY url",
+        None,
+    ),
     "subselect": (  # a subquery that projects and filters the stream: merged into the view
         "SELECT a, sum(b) AS total, count(*) AS n FROM (SELECT upper(url) AS a, latency AS b FROM {s} WHERE uid > 1) q"
         " WHERE b < 400 GROUP BY a",

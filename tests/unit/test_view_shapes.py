@@ -244,7 +244,8 @@ def test_ttl_column_names_the_group_a_ttl_expires_by(view):
         ("SELECT url, count(*) FROM clicks GROUP BY GROUPING SETS ((url), ())", "", "one view per grouping"),
         ("SELECT url, count(*) FROM clicks GROUP BY url HAVING count(*) > 1", "", "when reading the view"),
         ("SELECT url, count(*) FROM clicks GROUP BY url ORDER BY url LIMIT 3", "", "when reading the view"),
-        ("SELECT rank(3) WITHIN GROUP (ORDER BY uid) FROM clicks", "", "hypothetical-set"),
+        ("SELECT dense_rank(3) WITHIN GROUP (ORDER BY uid) FROM clicks", "", "count\\(DISTINCT x\\) FILTER"),
+        ("SELECT rank(3, 4) WITHIN GROUP (ORDER BY uid) FROM clicks", "", "one value per ORDER BY key"),
         (
             "SELECT url, count(DISTINCT uid) AS u, count(DISTINCT latency) AS l FROM clicks GROUP BY url",
             "",

@@ -23,6 +23,7 @@ from pipelines.cv.frontend import combine
 from pipelines.cv.frontend.aggregate_calls import Stored, is_aggregate_call, read_as_stored, translate
 from pipelines.cv.frontend.backfill import check_backfill_option
 from pipelines.cv.frontend.buckets import bucket_unit
+from pipelines.cv.frontend.hypothetical import rewrite_hypothetical
 from pipelines.cv.frontend.view_options import check_pk, ttl_column, view_options
 from pipelines.cv.frontend.view_shapes import (
     EACH_ROW_GROUP,
@@ -81,6 +82,7 @@ def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
         what,
         " in a continuous view",
     )
+    rewrite_hypothetical(select, what)  # rank(c) WITHIN GROUP (ORDER BY x): the counts it is
     _distinct_as_groups(select, what)
     combining = combine.uses_combine(select)  # reads its upstream's states feed (pipelines.cv.frontend.combine)
     stream, join = from_stream(select, combine.scope_for(scope) if combining else scope, what)
