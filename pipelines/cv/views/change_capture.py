@@ -75,13 +75,18 @@ def _state(view: ViewDef, aggregate: Aggregate) -> sql.Composable:
     exact distinct count as its group's values, from the reference counts.
     """
     if aggregate.kind == DISTINCT:
-        # `=` (with NULL apart), which the reference counts' unique index on (groups, value) answers.
-        same = [
-            sql.SQL("(r.{0} = s.{0} OR (r.{0} IS NULL AND s.{0} IS NULL))").format(ident(g.name)) for g in view.groups
-        ]
-        return sql.SQL("(SELECT array_agg(r.value ORDER BY r.value) FROM {} AS r WHERE {} AND r.n > 0)").format(
-            refs_table(view), sql.SQL(" AND ").join(same)
+        # By `=`, which the reference counts' unique index on (groups, value) answers; a NULL group apart.
+        groups = [ident(g.name) for g in view.groups]
+        values = "(SELECT array_agg(r.value ORDER BY r.value) FROM {} AS r WHERE {} AND r.n > 0)"
+        equal = sql.SQL(values).format(
+            refs_table(view), sql.SQL(" AND ").join(sql.SQL("r.{0} = s.{0}").format(g) for g in groups)
         )
+        same = sql.SQL(values).format(
+            refs_table(view),
+            sql.SQL(" AND ").join(sql.SQL("r.{0} IS NOT DISTINCT FROM s.{0}").format(g) for g in groups),
+        )
+        given = sql.SQL(" AND ").join(sql.SQL("s.{} IS NOT NULL").format(g) for g in groups)
+        return sql.SQL("CASE WHEN {} THEN {} ELSE {} END").format(given, equal, same)
     return sql.SQL("s.{}{}").format(ident(aggregate.name), sql.SQL("::text" if aggregate.kind in AS_TEXT else ""))
 
 
