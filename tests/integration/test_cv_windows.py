@@ -133,6 +133,23 @@ def test_a_window_without_groups_has_one_row_and_a_read_by_group_is_an_index_sca
         assert "Index Scan" in plan or "Index Only Scan" in plan, plan
 
 
+def test_a_window_without_groups_counts_0_over_no_step_distinct_values_too(pg, streams):
+    # PostgreSQL's count and count(DISTINCT) over no rows are 0 (a distinct count is kept as sketches
+    # per step: merging none is NULL, read as 0); the other aggregates are NULL, as in PostgreSQL.
+    view = f"{streams['schema']}.empty_window"
+    statement = (
+        f"CREATE CONTINUOUS VIEW {view} WITH (backfill = 'none') AS SELECT count(*) AS n, count(DISTINCT u) AS users,"
+        f" max(x) AS top FROM {streams['append']} WHERE ts > now() - interval '1 second'"
+    )
+    with pg("sv_owner", autocommit=True) as owner:
+        catalog.define(owner, statement)
+        try:
+            with pg("sv_reader") as reader:
+                assert reader.execute(f"SELECT n, users, top FROM {view}").fetchall() == [(0, 0, None)]
+        finally:
+            catalog.drop(owner, [view], "view")
+
+
 @pytest.mark.parametrize(
     ("where", "match"),
     [

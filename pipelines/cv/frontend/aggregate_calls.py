@@ -343,11 +343,9 @@ def _distinct(
     if len(args) != 1:
         raise DefinitionError(f"{what}: {label} takes exactly one argument")
     if name == "count":
-        if windowed:  # distinct counts of steps cannot be added up; sketches can be merged
-            stored = Stored("hll", f"hll_hash_any({args[0]})")
-            return Translation(
-                "count_distinct", (stored,), lambda refs, _t: f"round(hll_cardinality({refs[0]}))::bigint", False
-            )
+        if windowed:  # steps' distinct counts cannot be added up, sketches merge; over no step 0, as PostgreSQL
+            stored, read = Stored("hll", f"hll_hash_any({args[0]})"), "coalesce(round(hll_cardinality({}))::bigint, 0)"
+            return Translation("count_distinct", (stored,), lambda refs, _t: read.format(refs[0]), False)
         return Translation("count_distinct", (Stored("count_distinct", args[0]),), read_as_stored)
     if name == "array_agg":
         if windowed:
