@@ -110,7 +110,9 @@ def test_a_view_read_by_combine_captures_its_states_beside_the_row_users_read():
     plain = change_capture.projection(MINUTE, types)
     with_states = change_capture.projection(MINUTE, types, states=True)
     assert "_cv_states" not in plain
-    assert with_states.startswith("SELECT to_jsonb(_cv_key) AS key, to_jsonb(_cv_row) || jsonb_build_object('_cv_states',")
+    assert with_states.startswith(
+        "SELECT to_jsonb(_cv_key) AS key, to_jsonb(_cv_row) || jsonb_build_object('_cv_states',"
+    )
     # Each mergeable state under its feed column's name; a t-digest as its text (to_jsonb makes it an object).
     assert "'_cv_state_n', s.\"n\"" in with_states
     assert "'_cv_state__cv_p90_" in with_states
