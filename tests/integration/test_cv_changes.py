@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from pipelines.cv import catalog
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import apply_rows, throwaway_views, unique
 
@@ -99,6 +100,30 @@ def test_alter_changes_the_ttl_that_expiry_applies(owner, streams):
         catalog.define(owner, f"ALTER CONTINUOUS VIEW {view} SET (ttl = 'soon')")
     with pytest.raises(DefinitionError, match="cannot be changed"):
         catalog.define(owner, f"ALTER CONTINUOUS VIEW {view} SET (retention = '1 day')")
+
+
+def test_alter_sets_a_ttl_by_any_timestamp_column_and_reset_removes_it(owner, writer, streams):
+    # PipelineDB's set_ttl(view, ttl, ttl_column) on a view defined without one.
+    view = f"{streams['schema']}.recent_rows"
+    catalog.define(
+        owner, f"CREATE CONTINUOUS VIEW {view} WITH (backfill = 'none') AS SELECT ts, url FROM {streams['append']}"
+    )
+    try:
+        with pytest.raises(DefinitionError, match="ttl_column 'url' must be"):
+            catalog.define(owner, f"ALTER CONTINUOUS VIEW {view} SET (ttl = '1 hour', ttl_column = 'url')")
+        catalog.define(owner, f"ALTER CONTINUOUS VIEW {view} SET (ttl = '1 hour', ttl_column = 'ts')")
+        apply_rows(writer, streams["append"], [1, 1], [("old", 1, NOW - timedelta(hours=2)), ("new", 1, NOW)])
+        with writer.transaction():  # a row already past the ttl is not kept, or expires here
+            StreamMaintainer(streams["append"]).expire(writer)
+        assert [u for (u,) in owner.execute(f"SELECT url FROM {view}")] == ["new"]
+
+        catalog.define(owner, f"ALTER CONTINUOUS VIEW {view} RESET (ttl, ttl_column)")
+        apply_rows(writer, streams["append"], [1], [("old", 1, NOW - timedelta(hours=2))])
+        with writer.transaction():
+            StreamMaintainer(streams["append"]).expire(writer)
+        assert sorted(u for (u,) in owner.execute(f"SELECT url FROM {view}")) == ["new", "old"]
+    finally:
+        catalog.drop(owner, [view], "view")
 
 
 def test_drop_statements_drop_views_and_streams_and_if_exists_skips_missing_ones(owner, streams):

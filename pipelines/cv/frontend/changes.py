@@ -30,7 +30,7 @@ from pipelines.cv.model import DefinitionError
 from pipelines.cv.sqltext.parsing import options_of, parse_rewritten, plain_identifier, string_literal
 
 _CHANGE = re.compile(r"\s*(ALTER|DROP)\s+(STREAM|CONTINUOUS\s+VIEW)\b", re.IGNORECASE)
-ALTERABLE = frozenset({"ttl", "changes"})
+ALTERABLE = frozenset({"ttl", "ttl_column", "changes"})  # ttl_column too: PipelineDB's set_ttl(view, ttl, column)
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ def parse_change(statement: str) -> AlterView | AlterStream | Drop | None:
         name = f"{plain_identifier(relation.schemaname or 'public', what)}.{plain_identifier(relation.relname, what)}"
         return AlterView(name, *_set_reset(node, ALTERABLE, what))
     raise DefinitionError(
-        f"{what}: supported: ALTER CONTINUOUS VIEW ... SET/RESET (ttl, changes), "
+        f"{what}: supported: ALTER CONTINUOUS VIEW ... SET/RESET (ttl, ttl_column, changes), "
         "ALTER STREAM ... SET/RESET (retention, retention_bytes) or ADD/DROP COLUMN, DROP STREAM, DROP CONTINUOUS VIEW"
     )
 
