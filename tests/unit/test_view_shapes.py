@@ -197,6 +197,13 @@ def test_a_subquery_that_projects_and_filters_its_stream_is_merged_into_the_view
     assert merged.where_sql == "uid > 0 AND upper(url) <> '' AND CAST(uid AS integer) < 100"
 
 
+def test_pipelinedbs_action_materialize_is_a_view_and_another_action_is_refused(view):
+    assert view("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (action = materialize)").groups
+    assert view("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (action = 'materialize', fillfactor = 50)")
+    with pytest.raises(DefinitionError, match="action is materialize"):
+        view("SELECT url, count(*) FROM clicks GROUP BY url", "WITH (action = dump)")
+
+
 def test_fillfactor_is_the_storage_tables(view):
     parsed = view("SELECT count(*) FROM clicks", "WITH (fillfactor = 42)")
     stream = parse(CLICKS, Scope({}, frozenset()))

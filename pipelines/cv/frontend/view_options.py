@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from pipelines.cv.model import DefinitionError, GroupColumn, StreamDef
-from pipelines.cv.sqltext.parsing import options_of
+from pipelines.cv.sqltext.parsing import option_word, options_of
 
 _OPTIONS = frozenset({"ttl", "ttl_column", "changes", "backfill", "sw", "step_factor", "sw_column", "pk", "fillfactor"})
 _INTEGERS = frozenset({"step_factor", "fillfactor"})  # PipelineDB wrote these unquoted
@@ -22,9 +22,15 @@ def view_options(defs: tuple | None, what: str) -> dict[str, str]:
     """WITH (...) of a view: each a quoted string; step_factor and fillfactor also integers, as PipelineDB wrote them.
 
     `fillfactor` (10 to 100) is the storage table's, as PipelineDB passed it to its matrel; by default 80.
+    PipelineDB's `action = materialize` says what a view is anyway (`action = transform` is a transform,
+    read by pipelines.cv.frontend.transforms before this).
     """
-    integers = tuple(d for d in defs or () if d.defname in _INTEGERS)
-    others = tuple(d for d in defs or () if d.defname not in _INTEGERS)
+    for action in (d for d in defs or () if d.defname == "action"):  # PipelineDB's action = materialize: a view
+        if (option_word(action.arg) or "").lower() != "materialize":
+            raise DefinitionError(f"{what}: action is materialize (a continuous view) or transform (a transform)")
+    defs = tuple(d for d in defs or () if d.defname != "action")
+    integers = tuple(d for d in defs if d.defname in _INTEGERS)
+    others = tuple(d for d in defs if d.defname not in _INTEGERS)
     options = {**options_of(others, _OPTIONS, what), **options_of(integers, _OPTIONS, what, integers=True)}
     fill = options.get("fillfactor")
     if fill is not None and not (fill.isdigit() and 10 <= int(fill) <= 100):

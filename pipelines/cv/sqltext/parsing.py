@@ -108,3 +108,12 @@ def figure_name(node: ast.Node) -> str | None:
     if isinstance(node, ast.MinMaxExpr):
         return "greatest" if node.op == 0 else "least"
     return None
+
+
+def option_word(arg: object) -> str | None:
+    """An option's value written as a word (`action = transform`) or a string (`action = 'transform'`)."""
+    if isinstance(arg, ast.String):
+        return arg.sval
+    if isinstance(arg, ast.TypeName) and len(arg.names) == 1 and not arg.typmods:
+        return arg.names[0].sval
+    return None
