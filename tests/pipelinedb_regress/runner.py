@@ -35,8 +35,10 @@ from pglast import ast
 from psycopg.types.string import TextLoader
 
 from pipelines.cv import catalog
-from pipelines.cv.catalog import view_feeds
+from pipelines.cv.catalog import store, view_feeds
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.model import DefinitionError
+from pipelines.cv.views import compiler
 from pipelines.errors import StreamviewsError
 from pipelines.settings import PostgresSettings
 from stack.configure import client_settings
@@ -111,7 +113,7 @@ def run_case(name: str, stack: StackSettings | None = None) -> CaseResult:
 
 class _Case:
     def __init__(self, conn: psycopg.Connection, names: Names, stack: StackSettings, result: CaseResult) -> None:
-        self.conn, self.names, self.result = conn, names, result
+        self.conn, self.names, self.result, self.stack = conn, names, result, stack
         self.cursor = conn.cursor()
         for (oid,) in conn.execute("SELECT oid FROM pg_type").fetchall():  # every value as psql prints it
             self.cursor.adapters.register_loader(oid, TextLoader)
@@ -152,8 +154,10 @@ class _Case:
             return Outcome(text, "skipped", f"reads {blocked[0]}, refused above")
         if step.kind == "view" and self.inserted:
             self.wait_applied()  # PipelineDB's view sees the rows inserted after it: not those still in flight
-        if step.kind in ("stream", "view", "drop_stream", "drop_view"):
+        if step.kind in ("stream", "view", "drop_stream", "drop_view", "set_ttl"):
             return self.define(step)
+        if step.kind == "ttl_expire":
+            return self.expire(step)
         if re.match(r"\s*(INSERT|COPY)\b", step.sql, re.I):
             self.inserted = True
         if expected.rows is not None and self.inserted:
@@ -178,7 +182,7 @@ class _Case:
     def define(self, step: Step) -> Outcome:
         text = step.statement.text
         try:
-            if step.kind in ("stream", "view"):
+            if step.kind in ("stream", "view", "set_ttl"):
                 catalog.define(self.conn, step.sql)
             elif step.kind == "drop_view":
                 self.drop_views(step.name.split(","))
@@ -191,8 +195,29 @@ class _Case:
                 self.refused.add(step.source)
             return Outcome(text, "refused", _line(str(e)))
         if step.statement.expected.error is not None:
+            if step.kind == "view":  # PipelineDB made nothing: the case goes on without it, as PipelineDB's did
+                catalog.drop(self.conn, [step.name], "view")
             return Outcome(text, "accepted", f"PipelineDB refused it: {step.statement.expected.error}")
         return Outcome(text, "passed")
+
+    def expire(self, step: Step) -> Outcome:
+        """PipelineDB's ttl_expire(view): the expiry the runner runs every second, run now on the view's stream."""
+        text, expected = step.statement.text, step.statement.expected
+        if self.inserted:  # the rows inserted before are in the view first, as in PipelineDB's matrel
+            self.wait_applied()
+        row = self.conn.execute("SELECT stream FROM cv.views WHERE name = %s", (step.name,)).fetchone()
+        streams = catalog.load_streams(self.conn)
+        views = {c.view.qualified_name: c.view for c in store.load_views(self.conn, streams, row[0])} if row else {}
+        view = views.get(step.name)
+        if view is None or not compiler.expire(view, streams[view.stream]):
+            error = f"{step.name} is not a continuous view with a ttl or a sliding window"
+            return Outcome(text, "passed" if expected.error else "failed", f"error: {error}")
+        settings = PostgresSettings(host="127.0.0.1", port=self.stack.pgport, secrets_dir=self.stack.paths.secrets)
+        with psycopg.connect(settings.conninfo(user="sv_writer")) as conn:  # as the runner: its own session
+            StreamMaintainer(view.stream).expire(conn)
+        if expected.error is not None:
+            return Outcome(text, "accepted", f"PipelineDB refused it: {expected.error}")
+        return Outcome(text, "passed", "expired now (PipelineDB's answer, 0 * rows, not compared)", rows=True)
 
     def drop_views(self, views: list[str]) -> None:
         """DROP VIEW: a continuous view, or a transform (PipelineDB's CREATE VIEW made both)."""

@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pglast
+from pglast import ast
 from pglast.parser import scan
 
 CASES = Path(__file__).parent / "cases"
@@ -197,7 +199,7 @@ _FOREIGN_TABLE = re.compile(
     re.I | re.S,
 )
 _CREATE_VIEW = re.compile(
-    r"^\s*CREATE\s+(OR\s+REPLACE\s+)?VIEW\s+(\w+)\s*(WITH\s*\(.*?\))?\s*AS\s+(.*?);?\s*$", re.I | re.S
+    r"^\s*CREATE\s+(OR\s+REPLACE\s+)?VIEW\s+(\w+|\"[^\"]+\")\s*(WITH\s*\(.*?\))?\s*AS\s+(.*?);?\s*$", re.I | re.S
 )
 _DROP = re.compile(r"^\s*DROP\s+(FOREIGN\s+TABLE|VIEW)\s+(IF\s+EXISTS\s+)?([\w\s,.]+?)(\s+CASCADE)?\s*$", re.I)
 _CREATE_TABLE = re.compile(r"^\s*CREATE\s+(?:TEMP\w*\s+|UNLOGGED\s+)?TABLE\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)", re.I)
@@ -338,6 +340,8 @@ def _step(statement: Statement, names: Names) -> Step:
     text = code_of(statement.text).rstrip("; \n\t")  # PipelineDB's cases end some statements with ';;'
     if (path := re.match(r"\s*SET\s+search_path\s+TO\s+(\w+)", text, re.I)) and path.group(1).lower() in names.schemas:
         names.aliases.add(path.group(1).lower())
+    if ttl_step := _ttl_call(statement, text, names):
+        return ttl_step
     reason = unsupported_reason(text)
     if reason is not None:  # named, so that what reads it is skipped too
         created = _FOREIGN_TABLE.match(text) or _CREATE_VIEW.match(text)
@@ -346,7 +350,8 @@ def _step(statement: Statement, names: Names) -> Step:
     if m := _FOREIGN_TABLE.match(text):
         return _stream(statement, names, m.group(1).lower(), m.group(2), m.group(3))
     if m := _CREATE_VIEW.match(text):
-        name, options, body = m.group(2).lower(), m.group(3) or "", m.group(4)
+        # A quoted name ("MyTTLCV") is passed as written: the catalog says what it takes.
+        name, options, body = m.group(2).lower() if m.group(2)[0] != '"' else m.group(2), m.group(3) or "", m.group(4)
         if not _reads_a_stream(body, names):
             names.tables.add(name)
             return Step(
@@ -365,7 +370,7 @@ def _step(statement: Statement, names: Names) -> Step:
             body = re.sub(rf"::\s*{type_}\b", f"::{names.schema}.{type_}", body, flags=re.I)
         sql = f"{verb} {names.schema}.{name} {options} AS " + names.rewrite(body, qualify_relations=True)
         names.views.add(name)
-        return Step("view", statement, sql=sql, name=f"{names.schema}.{name}", source=name)
+        return Step("view", statement, sql=sql, name=f"{names.schema}.{name}", source=name.strip('"').lower())
     if m := _DROP.match(text):
         kind = "drop_stream" if m.group(1).upper().startswith("FOREIGN") else "drop_view"
         targets = [t.strip().lower() for t in m.group(3).split(",")]
@@ -402,6 +407,32 @@ def _stream(statement: Statement, names: Names, name: str, columns: str, rest: s
         f"'{names.topic(name)}', consumer_group = '{names.group}', partitions = 1)"
     )
     return Step("stream", statement, sql=sql, name=renamed, source=name)
+
+
+_TTL_CALL = re.compile(r"^\s*SELECT\s+(?:0\s*\*\s*)?pipelinedb\.(set_ttl|ttl_expire)\s*\(", re.I)
+
+
+def _ttl_call(statement: Statement, text: str, names: Names) -> Step | None:
+    """PipelineDB's set_ttl(view, ttl, column) and ttl_expire(view): a step `set_ttl` or `ttl_expire`, or None.
+
+    set_ttl is `ALTER CONTINUOUS VIEW ... SET (ttl, ttl_column)` here (RESET both when they are NULL);
+    ttl_expire runs the runner's expiry of the view's stream now, as PipelineDB's did instead of
+    waiting for its reaper.
+    """
+    m = _TTL_CALL.match(text)
+    if m is None:
+        return None
+    node = pglast.parse_sql(text)[0].stmt.targetList[0].val
+    call = node.rexpr if isinstance(node, ast.A_Expr) else node
+    args = [None if a.isnull else str(getattr(a.val, "sval", getattr(a.val, "ival", ""))) for a in call.args]
+    view = (args[0] or "null").strip('"')
+    name = f"{names.schema}.{view.lower() if view.lower() in names.views else view}"
+    if m.group(1).lower() == "ttl_expire":
+        return Step("ttl_expire", statement, name=name)
+    given = zip(("ttl", "ttl_column"), args[1:], strict=False)
+    options = [f"{k} = " + "'" + v.replace("'", "''") + "'" for k, v in given if v is not None]
+    change = f"SET ({', '.join(options)})" if options else "RESET (ttl, ttl_column)"
+    return Step("set_ttl", statement, sql=f"ALTER CONTINUOUS VIEW {name} {change}", name=name)
 
 
 def _reads_a_stream(body: str, names: Names) -> bool:

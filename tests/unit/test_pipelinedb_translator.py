@@ -214,3 +214,23 @@ def test_a_view_over_a_view_starts_from_its_upstream_and_the_cases_schemas_are_r
     assert "backfill = 'none'" in steps[3].sql  # PipelineDB's views see the events after their creation
     assert "backfill" not in steps[4].sql  # a view over a view reads its upstream's rows: no backfill option
     assert " FROM sch.c" in steps[4].sql
+
+
+def test_set_ttl_is_an_alter_and_ttl_expire_the_runners_expiry_now():
+    names = Names(schema="r", suffix="1", group="g")
+    statements = [
+        Statement("CREATE FOREIGN TABLE s (x int) SERVER pipelinedb;"),
+        Statement("CREATE VIEW v AS SELECT arrival_timestamp AS ts, x FROM s;"),
+        Statement("SELECT pipelinedb.set_ttl('v', '5 seconds', 'ts');"),
+        Statement("SELECT pipelinedb.set_ttl('v', null, null);"),
+        Statement("SELECT 0 * pipelinedb.ttl_expire('v');"),
+        Statement("""CREATE VIEW "MyCV" WITH (ttl = '1 second', ttl_column = 'ts') AS SELECT ts FROM s;"""),
+    ]
+    steps = translate(statements, names)
+    assert [(s.kind, s.sql) for s in steps[2:4]] == [
+        ("set_ttl", "ALTER CONTINUOUS VIEW r.v SET (ttl = '5 seconds', ttl_column = 'ts')"),
+        ("set_ttl", "ALTER CONTINUOUS VIEW r.v RESET (ttl, ttl_column)"),
+    ]
+    assert (steps[4].kind, steps[4].name) == ("ttl_expire", "r.v")
+    # A quoted name is the catalog's to take or refuse; what reads it is skipped by its plain name.
+    assert (steps[5].kind, steps[5].name, steps[5].source) == ("view", 'r."MyCV"', "mycv")
