@@ -298,9 +298,8 @@ class StreamMaintainer:
         per_view = []
         for compiled in views:
             view = compiled.view
-            if compiler.uses_refs(view, stream):
-                temp_tables.append(compiler.create_transitions_table(view, compiled.types))
-                clear_tables.append(sql.SQL("DELETE FROM {}").format(compiler.transitions_table(view)))
+            temp_tables += compiler.create_transitions_tables(view, stream, compiled.types)
+            clear_tables += [sql.SQL("DELETE FROM {}").format(t) for t in compiler.transitions_tables(view, stream)]
             per_view.append(_view_statements(compiled, stream, source))
         log.info(
             "stream plan loaded",
@@ -337,15 +336,14 @@ def declared_streams(conn: psycopg.Connection) -> dict[str, StreamDef]:
 
 def _view_statements(compiled: catalog.CompiledView, stream: StreamDef, source: sql.Composable) -> _ViewStatements:
     view = compiled.view
-    refs = compiler.uses_refs(view, stream)
     return _ViewStatements(
         view=view,
         before=(
             *compiler.update_extreme_counts(view, stream, source),
-            *((compiler.update_refs(view, source),) if refs else ()),
+            *compiler.update_all_refs(view, stream, source),
         ),
         apply=compiler.apply_deltas(view, stream, source, compiled.types.states),
-        after=(compiler.drop_dead_refs(view),) if refs else (),
+        after=tuple(compiler.drop_all_dead_refs(view, stream)),
         delete_rows=compiler.delete_rows(view),
         returns_rows=compiler.returns_rows(view, stream),
         fix_extremes=compiler.fix_extremes(view, stream),
@@ -365,8 +363,8 @@ def probe_view(conn: psycopg.Connection, compiled: catalog.CompiledView, stream:
     else:
         conn.execute(stream_sql.create_delta_table(stream))
         source, params = stream_sql.delta_table(stream), []
-    if compiler.uses_refs(view, stream):
-        conn.execute(compiler.create_transitions_table(view, compiled.types))
+    for statement in compiler.create_transitions_tables(view, stream, compiled.types):
+        conn.execute(statement)
     _maintain(conn, _view_statements(compiled, stream, source), params)
 
 

@@ -357,8 +357,16 @@ class ViewDef:
 
     @property
     def distinct_arg(self) -> str | None:
-        """The one expression every DISTINCT aggregate of this view is over."""
+        """The first expression a DISTINCT aggregate of this view is over (see `distinct_args`)."""
         return next((a.arg_sql for a in self.aggregates if a.kind in DISTINCT_KINDS), None)
+
+    @property
+    def distinct_args(self) -> tuple[str, ...]:
+        """Every expression this view's DISTINCT aggregates are over, in order of first use.
+
+        Each keeps reference counts of its own (`<storage>__refs`, `__refs2`, ...): one value column a table.
+        """
+        return tuple(dict.fromkeys(a.arg_sql or "" for a in self.aggregates if a.kind in DISTINCT_KINDS))
 
     @property
     def is_monotonic(self) -> bool:

@@ -212,5 +212,7 @@ class _ReadableViews(dict):
 
 def keeps_refs(conn: psycopg.Connection, view: ViewDef) -> bool:
     """True when the view keeps reference counts (`<storage>__refs`): an exact distinct count's sets (combine())."""
+    if len(view.distinct_args) != 1:  # several DISTINCT expressions: combine() merges none of their sets
+        return False
     refs = compiler.refs_table(view).as_string(conn)
-    return view.distinct_arg is not None and conn.execute("SELECT to_regclass(%s)", (refs,)).fetchone()[0] is not None
+    return conn.execute("SELECT to_regclass(%s)", (refs,)).fetchone()[0] is not None

@@ -101,8 +101,8 @@ def _create(conn: psycopg.Connection, view: ViewDef, stream: StreamDef, types: V
     writer = sql.Identifier(ROLE_WRITER)
     write = sql.SQL("GRANT SELECT, INSERT, UPDATE, DELETE ON {} TO {}")
     conn.execute(write.format(storage, writer))
-    if compiler.uses_refs(view, stream):
-        conn.execute(write.format(compiler.refs_table(view), writer))
+    for index in compiler.refs_indexes(view, stream):
+        conn.execute(write.format(compiler.refs_table(view, index), writer))
     for index, _ in extremes.kept_extremes(view, stream):
         conn.execute(write.format(extremes.counts_table(view, index), writer))
     if view.join is not None:  # the pipelines read the joined table's rows at ingest
@@ -139,6 +139,7 @@ def _storage_of(view: ViewDef, types: ViewTypes) -> tuple[object, ...]:
         view.window,
         types.groups,
         types.distinct_arg,
+        types.distinct_more,
         frozenset(_stored_by_meaning(view, types)),
     )
 
@@ -252,11 +253,11 @@ def drop_view(conn: psycopg.Connection, name: str, stream: str, scope: Scope) ->
 
 
 def view_tables(conn: psycopg.Connection, schema: str, view: str) -> list[sql.Identifier]:
-    """A view's tables that exist: its storage, its reference counts and its min/max value counts."""
+    """A view's tables that exist: its storage, reference counts (`__refs`, `__refs2`...), min/max value counts."""
     names = conn.execute(  # min/max value counts: <storage>__m<i>
         "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace AND relkind = 'r' AND relname ~ %s"
         " ORDER BY relname",
-        (CV_SCHEMA, f"^{storage_name(schema, view)}(__refs|__m[0-9]+)?$"),
+        (CV_SCHEMA, f"^{storage_name(schema, view)}(__refs[0-9]*|__m[0-9]+)?$"),
     ).fetchall()
     return [sql.Identifier(CV_SCHEMA, table) for (table,) in names]
 

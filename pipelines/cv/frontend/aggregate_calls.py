@@ -355,8 +355,13 @@ def _distinct(
         # The set keeps the values; NULL, which PostgreSQL's array_agg(DISTINCT) lists last, is counted.
         nulls = Stored("count", None, null_test(args[0]))
         return Translation("array_agg", (Stored("set", args[0]), nulls), _distinct_array)
+    if name in {"sum", "avg"}:  # over the group's set of values, which reference counts keep exact
+        if windowed:
+            raise DefinitionError(f"{what}: {label} is not supported in a sliding-window view")
+        over_set = f"(SELECT {name}(e) FROM unnest({{}}) AS e)"  # noqa: S608 - the view's own stored column
+        return Translation(name, (Stored("set", args[0]),), lambda refs, _t: over_set.format(refs[0]))
     hint = " (only array_agg(DISTINCT x) keeps a set)" if name == "array_agg" else ""
-    raise DefinitionError(f"{what}: {label} is not supported{hint}; DISTINCT works with count and array_agg")
+    raise DefinitionError(f"{what}: {label} is not supported{hint}; DISTINCT works with count, sum, avg and array_agg")
 
 
 def _within_group(name: str, call: ast.FuncCall, where: str | None, label: str, what: str) -> Translation:

@@ -34,7 +34,6 @@ from pipelines.cv.frontend.view_shapes import (
 from pipelines.cv.frontend.windows import option_window, split_window, step_group
 from pipelines.cv.model import (
     BOOLEAN_WORDS,
-    DISTINCT_KINDS,
     MAX_VIEW_NAME,
     TRUE_WORDS,
     Aggregate,
@@ -426,13 +425,7 @@ def _check_expression(nodes: tuple, names: _Names, what: str, user_aggregates: f
 
 
 def _check_semantics(view: ViewDef, what: str) -> None:
-    distinct_args = {a.arg_sql for a in view.aggregates if a.kind in DISTINCT_KINDS}
-    if len(distinct_args) > 1:
-        raise DefinitionError(
-            f"{what}: DISTINCT aggregates over different expressions ({', '.join(sorted(distinct_args))}) in one "
-            "view are not supported; define one view per expression, or count the others with "
-            "approx_count_distinct(x) (HyperLogLog)"
-        )
+    # DISTINCT aggregates over several expressions keep reference counts each (pipelines.cv.views.compiler).
     if view.ttl is not None and view.bucket is None:
         raise DefinitionError(f"{what}: ttl needs a time bucket in GROUP BY, e.g. date_trunc('hour', ts) or hour(ts)")
 

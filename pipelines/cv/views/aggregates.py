@@ -27,12 +27,12 @@ of a sliding window's steps are merged when it is read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from psycopg import sql
 
-from pipelines.cv.model import Aggregate, ViewDef
+from pipelines.cv.model import DISTINCT_KINDS, Aggregate, ViewDef
 from pipelines.cv.sqltext.parsing import split_arguments
 from pipelines.cv.views.combine import recombined
 from pipelines.cv.views.general import StateFunctions
@@ -62,10 +62,13 @@ def stored_columns(
     states: Mapping[str, StateFunctions] | None = None,
     aggregates: tuple[Aggregate, ...] | None = None,
     extreme_merges: Mapping[str, sql.Composable] | None = None,
+    distinct_sources: Sequence[tuple[sql.Composable, sql.Composable]] = (),
 ) -> list[StoredColumn]:
     """The view's stored columns: each one's aggregate over a batch, and its merge into the stored row.
 
     `sign`/`value`: where DISTINCT transitions come from (the deltas, or the transitions table).
+    `distinct_sources`: with several DISTINCT expressions, each one's (sign, value), by its index in
+    ViewDef.distinct_args (the first's being `sign`/`value`).
 
     `rows_sign` is what `count(*)` and the group's row count add up: the deltas' sign, or, for views
     aggregated from transitions alone (`counts_from_transitions`), the transitions' sign.
@@ -79,7 +82,12 @@ def stored_columns(
     """
     columns = []
     rows = sql.SQL("sum({})").format(rows_sign)
-    for aggregate in aggregates or view.aggregates:
+    sources = list(distinct_sources) or [(sign, value)]
+    for original, aggregate in zip(view.aggregates, aggregates or view.aggregates, strict=True):
+        if original.kind in DISTINCT_KINDS:  # the transitions of its own expression
+            index = view.distinct_args.index(original.arg_sql or "")
+            sign, value = sources[index]
+            removed = ident(removed_column(index))
         col = ident(aggregate.name)
         a = raw(aggregate.arg_sql) if aggregate.arg_sql else None
         where = raw(aggregate.filter_sql) if aggregate.filter_sql else None
@@ -155,13 +163,24 @@ def stored_columns(
             merge = sql.SQL(
                 "CASE WHEN excluded.{removed} IS NULL THEN v.{0} || excluded.{0}"
                 " ELSE cv.set_remove(v.{0}, excluded.{removed}) || excluded.{0} END"
-            ).format(col, removed=ident(REMOVED))
+            ).format(col, removed=removed)
             columns.append(StoredColumn(aggregate.name, entering.format(value, sign), merge))
-    if any(a.kind == "set" for a in view.aggregates):
+    for index in removed_indexes(view):
+        sign, value = sources[index]
         leaving = sql.SQL("array_agg({0}) FILTER (WHERE {1} < 0 AND ({0}) IS NOT NULL)").format(value, sign)
-        columns.append(StoredColumn(REMOVED, leaving, sql.SQL("NULL")))
+        columns.append(StoredColumn(removed_column(index), leaving, sql.SQL("NULL")))
     columns.append(StoredColumn(ROWS, rows, sql.SQL("v.{0} + excluded.{0}").format(ident(ROWS))))
     return columns
+
+
+def removed_indexes(view: ViewDef) -> list[int]:
+    """The DISTINCT expressions (by index in ViewDef.distinct_args) an array_agg(DISTINCT) keeps a set of."""
+    return sorted({view.distinct_args.index(a.arg_sql or "") for a in view.aggregates if a.kind == "set"})
+
+
+def removed_column(index: int) -> str:
+    """The scratch column of the values a batch removes from the sets over DISTINCT expression `index`."""
+    return REMOVED if index == 0 else f"{REMOVED}{index + 1}"
 
 
 def _filter(where: sql.Composable | None) -> sql.Composable:

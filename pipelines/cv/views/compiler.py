@@ -11,7 +11,8 @@ How each aggregate is computed over a batch and merged is in pipelines.cv.views.
 DISTINCT aggregates need to know when a value enters or leaves a group. When the stream's key is
 covered by the group columns plus x, the batch's deltas netted per (group, x) are exactly those
 transitions. Otherwise a reference-count table `<view>__refs(groups, value, n)` counts the rows behind
-each value and reports them.
+each value and reports them. Each DISTINCT expression of a view (ViewDef.distinct_args, by index) goes
+its own way by the same statements: the first keeps `__refs`, the others `__refs2`, `__refs3`, ...
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from psycopg import sql
 from pipelines.cv.model import Aggregate, StreamDef, TransformDef, ViewDef, storage_name
 from pipelines.cv.sqltext.parsing import split_arguments
 from pipelines.cv.views import extremes, stream_sql, windows
-from pipelines.cv.views.aggregates import REMOVED, ROWS, stored_columns
+from pipelines.cv.views.aggregates import ROWS, removed_column, removed_indexes, stored_columns
 from pipelines.cv.views.general import StateFunctions
 from pipelines.cv.views.sql_text import CV_SCHEMA, comma_list, ident, raw
 from pipelines.cv.views.view_types import ViewTypes
@@ -40,32 +41,38 @@ def storage_table_of(schema: str, view: str) -> sql.Identifier:
     return ident(CV_SCHEMA, storage_name(schema, view))
 
 
-def refs_table(view: ViewDef) -> sql.Identifier:
-    """Reference counts behind a view's DISTINCT aggregates, when they are needed."""
-    return refs_table_of(view.schema, view.name)
+def refs_table(view: ViewDef, index: int = 0) -> sql.Identifier:
+    """Reference counts behind a view's DISTINCT aggregates over its `index`-th expression, when needed."""
+    return refs_table_of(view.schema, view.name, index)
 
 
-def refs_table_of(schema: str, view: str) -> sql.Identifier:
-    """The reference-count table's name for a view given by name (`cv.<schema>__<view>__refs`)."""
-    return ident(CV_SCHEMA, f"{storage_name(schema, view)}__refs")
+def refs_table_of(schema: str, view: str, index: int = 0) -> sql.Identifier:
+    """The reference-count table's name for a view given by name (`cv.<schema>__<view>__refs`, `__refs2`...)."""
+    return ident(CV_SCHEMA, f"{storage_name(schema, view)}__refs{_suffix(index)}")
 
 
-def transitions_table(view: ViewDef) -> sql.Identifier:
+def transitions_table(view: ViewDef, index: int = 0) -> sql.Identifier:
     """Per-session table of a batch's DISTINCT transitions (values entering or leaving groups)."""
-    return ident("pg_temp", f"cv_trans_{view.schema}_{view.name}")
+    return ident("pg_temp", f"cv_trans_{view.schema}_{view.name}{_suffix(index)}")
 
 
 # --- views ----------------------------------------------------------------------------------------
 
 
-def distinct_is_covered(view: ViewDef, stream: StreamDef) -> bool:
+def distinct_is_covered(view: ViewDef, stream: StreamDef, index: int = 0) -> bool:
     """True when (groups, distinct argument) identify at most one stream row: deltas are transitions."""
-    if stream.key is None or view.distinct_arg is None:
+    if stream.key is None or len(view.distinct_args) <= index:
         return False
+    arg = view.distinct_args[index]
     columns = {g.source_column for g in view.groups}
-    if None in columns or view.distinct_arg not in stream.column_names:
+    if None in columns or arg not in stream.column_names:
         return False
-    return set(stream.key) <= columns | {view.distinct_arg}
+    return set(stream.key) <= columns | {arg}
+
+
+def refs_indexes(view: ViewDef, stream: StreamDef) -> list[int]:
+    """The DISTINCT expressions (by index) that keep reference counts: those the stream's key does not cover."""
+    return [i for i in range(len(view.distinct_args)) if not distinct_is_covered(view, stream, i)]
 
 
 def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> list[sql.Composed]:
@@ -79,8 +86,8 @@ def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> li
             )
         )
     columns.append(sql.SQL("{} bigint NOT NULL DEFAULT 0").format(ident(ROWS)))
-    if any(a.kind == "set" for a in view.aggregates):
-        columns.append(sql.SQL("{} {}[]").format(ident(REMOVED), raw(types.distinct_arg or "")))
+    for index in removed_indexes(view):
+        columns.append(sql.SQL("{} {}[]").format(ident(removed_column(index)), raw(types.distinct_type(index))))
     groups = comma_list([ident(g.name) for g in view.groups])
     statements = [
         # fillfactor leaves room on each page so that updates of a group can stay on its page (HOT).
@@ -93,22 +100,37 @@ def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> li
         statements.append(sql.SQL("CREATE INDEX ON {} ({})").format(storage_table(view), ident(expired_by)))
     for index, _ in extremes.kept_extremes(view, stream):
         statements += extremes.create_counts_table(view, index, types.groups, types.aggregates[index])
-    if view.distinct_arg is not None and not distinct_is_covered(view, stream):
+    for index in refs_indexes(view, stream):
         statements.append(
             sql.SQL(
                 "CREATE TABLE {} ({}, value {} NOT NULL, n bigint NOT NULL, last_delta bigint NOT NULL,"
                 " UNIQUE NULLS NOT DISTINCT ({}, value))"
-            ).format(refs_table(view), comma_list(_group_columns(view, types)), raw(types.distinct_arg or ""), groups)
+            ).format(
+                refs_table(view, index),
+                comma_list(_group_columns(view, types)),
+                raw(types.distinct_type(index)),
+                groups,
+            )
         )
     return statements
 
 
-def create_transitions_table(view: ViewDef, types: ViewTypes) -> sql.Composed:
+def create_transitions_table(view: ViewDef, types: ViewTypes, index: int = 0) -> sql.Composed:
     """DDL of the session's transitions table for a view with reference counts."""
     columns = _group_columns(view, types)
     return sql.SQL(
         "CREATE TEMP TABLE IF NOT EXISTS {} (sign int2 NOT NULL, {}, value {}) ON COMMIT DELETE ROWS"
-    ).format(transitions_table(view), comma_list(columns), raw(types.distinct_arg or ""))
+    ).format(transitions_table(view, index), comma_list(columns), raw(types.distinct_type(index)))
+
+
+def create_transitions_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> list[sql.Composed]:
+    """DDL of the session's transitions tables: one per DISTINCT expression with reference counts."""
+    return [create_transitions_table(view, types, index) for index in refs_indexes(view, stream)]
+
+
+def transitions_tables(view: ViewDef, stream: StreamDef) -> list[sql.Identifier]:
+    """The session's transitions tables of a view (emptied between batches)."""
+    return [transitions_table(view, index) for index in refs_indexes(view, stream)]
 
 
 def _group_columns(view: ViewDef, types: ViewTypes) -> list[sql.Composed]:
@@ -140,9 +162,9 @@ def _delta_filter(view: ViewDef) -> sql.Composable:
     return sql.SQL(" WHERE ") + sql.SQL(" AND ").join(conditions)
 
 
-def _distinct_filter(view: ViewDef) -> sql.Composable:
+def _distinct_filter(view: ViewDef, index: int = 0) -> sql.Composable:
     """The view's filter on deltas, and a DISTINCT argument that is not NULL (NULL is never counted)."""
-    not_null = sql.SQL("({}) IS NOT NULL").format(raw(view.distinct_arg or ""))
+    not_null = sql.SQL("({}) IS NOT NULL").format(raw(view.distinct_args[index]))
     where = _delta_filter(view)
     return (where + sql.SQL(" AND ") + not_null) if where.as_string() else sql.SQL(" WHERE ") + not_null
 
@@ -156,7 +178,17 @@ def update_extreme_counts(view: ViewDef, stream: StreamDef, source: sql.Composab
     return statements
 
 
-def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
+def update_all_refs(view: ViewDef, stream: StreamDef, source: sql.Composable) -> list[sql.Composed]:
+    """`update_refs` of each DISTINCT expression that keeps reference counts."""
+    return [update_refs(view, source, index) for index in refs_indexes(view, stream)]
+
+
+def drop_all_dead_refs(view: ViewDef, stream: StreamDef) -> list[sql.Composed]:
+    """`drop_dead_refs` of each DISTINCT expression that keeps reference counts."""
+    return [drop_dead_refs(view, index) for index in refs_indexes(view, stream)]
+
+
+def update_refs(view: ViewDef, source: sql.Composable, index: int = 0) -> sql.Composed:
     """Reference counts of (group, value) move by the batch's deltas; record values entering or leaving.
 
     Each row keeps the change it last received (`last_delta`), so RETURNING tells the count before and
@@ -164,7 +196,7 @@ def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
     """
     group_exprs = _group_exprs(view)
     group_names = [ident(g.name) for g in view.groups]
-    arg = raw(view.distinct_arg or "")
+    arg = raw(view.distinct_args[index])
     return sql.SQL(
         "WITH up AS (INSERT INTO {refs} AS r ({gnames}, value, n, last_delta)"
         " SELECT {gexprs}, {arg} AS value, sum(_cv_sign), sum(_cv_sign) FROM {source}{where}"
@@ -173,18 +205,18 @@ def update_refs(view: ViewDef, source: sql.Composable) -> sql.Composed:
         " INSERT INTO {trans} (sign, {gnames}, value)"
         " SELECT CASE WHEN n > 0 THEN 1 ELSE -1 END, {gnames}, value FROM up WHERE (n > 0) <> (n - last_delta > 0)"
     ).format(
-        refs=refs_table(view),
+        refs=refs_table(view, index),
         gnames=comma_list(group_names),
         gexprs=comma_list(group_exprs),
         arg=arg,
         source=_from(view, source),
-        where=_distinct_filter(view),
+        where=_distinct_filter(view, index),
         pos=_positions(len(view.groups) + 1),
-        trans=transitions_table(view),
+        trans=transitions_table(view, index),
     )
 
 
-def drop_dead_refs(view: ViewDef) -> sql.Composed:
+def drop_dead_refs(view: ViewDef, index: int = 0) -> sql.Composed:
     """Forget the values this batch made unreferenced (only they can have reached zero)."""
     # `value` is never NULL: the equality lets PostgreSQL hash the join; groups may be NULL.
     match = sql.SQL(" AND ").join(
@@ -192,13 +224,13 @@ def drop_dead_refs(view: ViewDef) -> sql.Composed:
         + [sql.SQL("r.{0} IS NOT DISTINCT FROM t.{0}").format(ident(g.name)) for g in view.groups]
     )
     return sql.SQL("DELETE FROM {} AS r USING {} AS t WHERE t.sign < 0 AND r.n <= 0 AND {}").format(
-        refs_table(view), transitions_table(view), match
+        refs_table(view, index), transitions_table(view, index), match
     )
 
 
 def uses_refs(view: ViewDef, stream: StreamDef) -> bool:
-    """True when the view's DISTINCT aggregates need the reference-count table."""
-    return view.distinct_arg is not None and not distinct_is_covered(view, stream)
+    """True when the view's DISTINCT aggregates need reference-count tables (`refs_indexes`)."""
+    return bool(refs_indexes(view, stream))
 
 
 def counts_from_transitions(view: ViewDef, stream: StreamDef) -> bool:
@@ -209,7 +241,8 @@ def counts_from_transitions(view: ViewDef, stream: StreamDef) -> bool:
     (sum, min/max, hll, count(x)) need the rows themselves.
     """
     return (
-        distinct_is_covered(view, stream)
+        len(view.distinct_args) == 1
+        and distinct_is_covered(view, stream)
         and stream.key is not None
         and view.distinct_arg in stream.key
         and all(
@@ -219,7 +252,7 @@ def counts_from_transitions(view: ViewDef, stream: StreamDef) -> bool:
     )
 
 
-def _netted_transitions(view: ViewDef, source: sql.Composable) -> sql.Composed:
+def _netted_transitions(view: ViewDef, source: sql.Composable, index: int = 0) -> sql.Composed:
     """Covered DISTINCT: the deltas netted per (group, value) are the transitions (+1 in, -1 out)."""
     groups = _group_exprs(view)
     return sql.SQL(
@@ -227,9 +260,9 @@ def _netted_transitions(view: ViewDef, source: sql.Composable) -> sql.Composed:
         " GROUP BY {pos} HAVING sum(_cv_sign) <> 0)"
     ).format(
         groups=comma_list(groups),
-        arg=raw(view.distinct_arg or ""),
+        arg=raw(view.distinct_args[index]),
         source=_from(view, source),
-        where=_distinct_filter(view),
+        where=_distinct_filter(view, index),
         pos=_positions(len(view.groups) + 1),
     )
 
@@ -271,16 +304,32 @@ def apply_deltas(
     else:
         # The deltas' side computes each aggregate's inputs (its arguments and filter) under names of
         # its own, so that the outer aggregation needs no stream or joined table column.
+        # Each DISTINCT expression's transitions are one more branch, in columns of their own.
         inputs, renamed = _aggregate_inputs(view)
-        transitions = transitions_table(view) if uses_refs(view, stream) else _netted_transitions(view, source)
+        refs = refs_indexes(view, stream)
+        count = len(view.distinct_args)
+        sources = [(sql.SQL(f"_cv_tsign{_suffix(i)}"), sql.SQL(f"_cv_value{_suffix(i)}")) for i in range(count)]
         columns = stored_columns(
-            view, sql.SQL("_cv_tsign"), sql.SQL("_cv_value"), states=states, aggregates=renamed, extreme_merges=merges
+            view, *sources[0], states=states, aggregates=renamed, extreme_merges=merges, distinct_sources=sources
         )
         slots = [ident(f"_cv_g{i}") for i in range(len(view.groups))]
+        # NULL typed as its expression: UNION ALL types its branches two at a time, from the left.
+        empty = [
+            f"CASE WHEN false THEN {arg} END AS _cv_value{_suffix(i)}, NULL::int AS _cv_tsign{_suffix(i)}"
+            for i, arg in enumerate(view.distinct_args)
+        ]
+        branches = [
+            sql.SQL(" UNION ALL SELECT {t_groups}, NULL, {nulls}{values} FROM {trans} AS t").format(
+                t_groups=comma_list([sql.SQL("t.{}").format(n) for n in group_names]),
+                nulls=sql.SQL("NULL, " * len(inputs)),
+                values=sql.SQL(", ".join(["NULL, NULL"] * i + ["t.value, t.sign"] + ["NULL, NULL"] * (count - i - 1))),
+                trans=transitions_table(view, i) if i in refs else _netted_transitions(view, source, i),
+            )
+            for i in range(count)
+        ]
         body = sql.SQL(
             "SELECT {slots}, {batch} FROM ("
-            "SELECT {group_exprs}, _cv_sign, {inputs}NULL AS _cv_value, NULL::int AS _cv_tsign FROM {source}{where}"
-            " UNION ALL SELECT {t_groups}, NULL, {nulls}t.value, t.sign FROM {trans} AS t"
+            "SELECT {group_exprs}, _cv_sign, {inputs}{empty} FROM {source}{where}{branches}"
             ") AS u GROUP BY {pos} ORDER BY {pos}"
         ).format(
             slots=comma_list(slots),
@@ -289,11 +338,10 @@ def apply_deltas(
                 [sql.SQL("{} AS {}").format(raw(g.sql), n) for g, n in zip(view.groups, slots, strict=True)]
             ),
             inputs=sql.SQL("").join(sql.SQL("{} AS {}, ").format(raw(e), ident(n)) for n, e in inputs),
+            empty=sql.SQL(", ".join(empty)),
             source=_from(view, source),
             where=_delta_filter(view),
-            t_groups=comma_list([sql.SQL("t.{}").format(n) for n in group_names]),
-            nulls=sql.SQL("NULL, " * len(inputs)),
-            trans=transitions,
+            branches=sql.SQL("").join(branches),
             pos=by_position,
         )
     upsert = sql.SQL(
@@ -315,6 +363,11 @@ def apply_deltas(
         "WITH up AS ({upsert} RETURNING v.ctid AS tid, v.{rows} AS n)"
         " SELECT coalesce({emptied}, '{{}}'), coalesce({kept}, '{{}}') FROM up"
     ).format(upsert=upsert, rows=ident(ROWS), emptied=sql.SQL(emptied), kept=sql.SQL(kept))
+
+
+def _suffix(index: int) -> str:
+    """How the names of a view's `index`-th DISTINCT expression end: `` for the first, then 2, 3, ..."""
+    return str(index + 1) if index else ""
 
 
 def returns_rows(view: ViewDef, stream: StreamDef) -> bool:
@@ -401,8 +454,7 @@ def backfill_from_state(view: ViewDef, stream: StreamDef, types: ViewTypes) -> l
     """
     source = stream_sql.backfill_source(stream)
     statements = list(update_extreme_counts(view, stream, source))
-    if uses_refs(view, stream):
-        statements += [create_transitions_table(view, types), update_refs(view, source)]
+    statements += create_transitions_tables(view, stream, types) + update_all_refs(view, stream, source)
     statements.append(apply_deltas(view, stream, source, types.states))
     return statements
 
@@ -410,7 +462,6 @@ def backfill_from_state(view: ViewDef, stream: StreamDef, types: ViewTypes) -> l
 def reset_storage(view: ViewDef, stream: StreamDef) -> list[sql.Composed]:
     """Empty a view's storage: its rows, reference counts and min/max value counts."""
     tables = [storage_table(view)]
-    if uses_refs(view, stream):
-        tables.append(refs_table(view))
+    tables += [refs_table(view, index) for index in refs_indexes(view, stream)]
     tables += [extremes.counts_table(view, index) for index, _ in extremes.kept_extremes(view, stream)]
     return [sql.SQL("DELETE FROM {}").format(table) for table in tables]

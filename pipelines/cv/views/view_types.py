@@ -38,6 +38,12 @@ class ViewTypes:
     states: Mapping[str, StateFunctions] = field(default_factory=dict)
     # False for a view defined before array_agg(DISTINCT x) counted NULL x: its storage keeps no count.
     distinct_nulls: bool = True
+    # The types of the view's other DISTINCT expressions (ViewDef.distinct_args after the first).
+    distinct_more: tuple[str, ...] = ()
+
+    def distinct_type(self, index: int) -> str:
+        """The type of the view's `index`-th DISTINCT expression (ViewDef.distinct_args)."""
+        return (self.distinct_arg or "") if index == 0 else self.distinct_more[index - 1]
 
     def to_json(self) -> dict[str, object]:
         """As kept in cv.views.types."""
@@ -48,6 +54,7 @@ class ViewTypes:
             "calls": list(self.calls),
             "states": {name: f.to_json() for name, f in self.states.items()},
             "distinct_nulls": self.distinct_nulls,
+            **({"distinct_more": list(self.distinct_more)} if self.distinct_more else {}),
         }
 
     @classmethod
@@ -60,6 +67,7 @@ class ViewTypes:
             tuple(data.get("calls", ())),
             {name: StateFunctions.from_json(f) for name, f in data.get("states", {}).items()},
             data.get("distinct_nulls", False),
+            tuple(data.get("distinct_more", ())),
         )
 
 
@@ -151,7 +159,10 @@ def resolve(conn: psycopg.Connection, view: ViewDef, stream: StreamDef) -> ViewT
             (arg_type,) = types_of([aggregate.arg_sql or ""])
             aggregate_types.append(arg_type + "[]" if aggregate.kind == "set" else arg_type)
     distinct = types_of([view.distinct_arg])[0] if view.distinct_arg else None
-    return ViewTypes(tuple(group_types), tuple(aggregate_types), distinct, tuple(call_types), states)
+    more = tuple(types_of(list(view.distinct_args[1:]))) if len(view.distinct_args) > 1 else ()
+    return ViewTypes(
+        tuple(group_types), tuple(aggregate_types), distinct, tuple(call_types), states, distinct_more=more
+    )
 
 
 # pg_typeof names a type without its length; written as a column type, `bit` and `character` then
