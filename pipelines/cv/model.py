@@ -418,6 +418,8 @@ class TransformDef:
         where_sql: The filter over the stream's (and the joined table's) columns.
         join: The table each event is enriched from, at ingest.
         key: The output columns a change's key is made of (`WITH (key = 'a, b')`); None: its position.
+        into: PipelineDB's `outputfunc = pipelinedb.insert_into_stream('s')`: the stream each output
+            row is also written into, with its columns in the outputs' order; None: none.
     """
 
     schema: str
@@ -428,6 +430,7 @@ class TransformDef:
     definition: str
     join: Join | None = None
     key: tuple[str, ...] | None = None
+    into: tuple[str, tuple[str, ...]] | None = None  # (stream, its columns)
 
     @property
     def qualified_name(self) -> str:

@@ -276,7 +276,11 @@ class _Case:
             # while Kafka is still writing it, the transaction's last record: not read yet either way).
             if high > 0 and stored.get(topic[0], 0) < high - 1:
                 return False
-        return self.feeds_caught_up()
+        if not self.feeds_caught_up():
+            return False
+        # A batch committed since the first look may have written rows (a transform's insert_into_stream).
+        left = self.conn.execute("SELECT count(*) FROM cv.stream_inbox WHERE stream = ANY(%s)", (streams,)).fetchone()
+        return not left[0]
 
     def feeds_caught_up(self) -> bool:
         """Whether the views over the case's views (FROM a view, output_of) have taken every change recorded.
@@ -373,7 +377,14 @@ def _drop_views(conn: psycopg.Connection, views: list[str]) -> None:
 
 
 def _drop_transforms(conn: psycopg.Connection, stream: str) -> None:
+    """The transforms over a stream, each after what reads its output (views, transforms), as CASCADE does."""
     for (name,) in conn.execute("SELECT name FROM cv.transforms WHERE stream = %s", (stream,)).fetchall():
+        views = view_feeds.views_over(conn, name)
+        for view in views:
+            views += [v for v in view_feeds.views_over(conn, view) if v not in views]
+        _drop_views(conn, views)
+        for feed in view_feeds.feeds_of(conn, name):
+            _drop_transforms(conn, feed.name)
         catalog.define(conn, f"DROP CONTINUOUS TRANSFORM {name}")
 
 
@@ -397,7 +408,7 @@ def _clean(conn: psycopg.Connection, names: Names) -> None:
             _drop_transforms(conn, stream)
             catalog.drop(conn, [stream], "stream")
     conn.execute(f"DROP SCHEMA {names.schema} CASCADE")
-    topics = [names.topic(s) for s in names.streams]
+    topics = names.topics()
     if topics:
         admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{StackSettings().kafka_port}"})
         for future in admin.delete_topics([*topics, *(f"{t}.dlq" for t in topics)], operation_timeout=30).values():

@@ -37,13 +37,13 @@ _SKIPPED_TOKENS = frozenset({"SQL_COMMENT", "C_COMMENT"})
 # What has no meaning on this system, by the words that show it, with the reason the table gives.
 INTERNALS: list[tuple[re.Pattern[str], str]] = [
     (
-        re.compile(r"\boutputfunc\b|\bpipelinedb\.insert_into_stream\b", re.I),
-        "a transform's outputfunc (PipelineDB's trigger function per row): here a transform's rows are read "
-        "with output_of",
+        re.compile(r"\boutputfunc\s*=\s*(?!(pipelinedb\s*\.\s*)?insert_into_stream\b)", re.I),
+        "a transform's outputfunc that is a trigger function (run per row in PipelineDB's worker): here "
+        "insert_into_stream, a view over the transform's output or a sink does its work",
     ),
     (re.compile(r"_mrel\b|_seq\b|_osrel\b|\bmatrel\b", re.I), "reads a view's matrel (PipelineDB's storage internals)"),
     (
-        re.compile(r"\bpipelinedb\.(?!activate|deactivate|truncate_continuous_view)\w+", re.I),
+        re.compile(r"\bpipelinedb\.(?!activate|deactivate|truncate_continuous_view|insert_into_stream)\w+", re.I),
         "PipelineDB's own catalog or settings (pipelinedb.*)",
     ),
     (
@@ -225,9 +225,31 @@ class Names:
     # Schemas the case sets its search_path to: what it creates unqualified is in the run's schema
     # (the harness keeps its own search_path), so `alias.t` of those is the run's `schema.t`.
     aliases: set[str] = field(default_factory=set)
+    # Streams declared again after a DROP: each declaration has a topic of its own (`generation`).
+    declared: dict[str, int] = field(default_factory=dict)
 
-    def topic(self, stream: str) -> str:
-        return f"pdbregress-{self.suffix}-{stream.replace('.', '-')}"
+    def topic(self, stream: str, generation: int | None = None) -> str:
+        """The topic of a declaration of `stream` (by default its last one).
+
+        A stream PipelineDB dropped kept no events; a topic here keeps them, and a runner that had not
+        yet read the new declaration would decode them, and the new ones, with the old columns.
+        """
+        generation = self.declared.get(stream, 0) if generation is None else generation
+        again = f"-{generation}" if generation else ""
+        return f"pdbregress-{self.suffix}-{stream.replace('.', '-')}{again}"
+
+    def topics(self) -> list[str]:
+        """Every topic the case's streams had."""
+        return [self.topic(s, g) for s in self.streams for g in range(self.declared.get(s, 0) + 1)]
+
+    def rewrite_options(self, options: str) -> str:
+        """A view's WITH (...) with the stream a transform writes renamed: outputfunc = insert_into_stream('s')."""
+        return re.sub(
+            r"\b(insert_into_stream)\(\s*'(\w+)'",
+            lambda m: f"{m.group(1)}('{self.streams.get(m.group(2).lower(), m.group(2))}'",
+            options,
+            flags=re.I,
+        )
 
     def rewrite(self, text: str, *, qualify_relations: bool) -> str:
         """`text` with streams renamed and, in definitions, the case's views and tables schema-qualified.
@@ -361,6 +383,7 @@ def _step(statement: Statement, names: Names) -> Step:
                 name=name,
             )
         transform = re.search(r"action\s*=\s*'?transform", options, re.I) is not None
+        options = names.rewrite_options(options)
         verb = "CREATE VIEW" if transform else "CREATE CONTINUOUS VIEW"
         reads_stream = bool(set(re.findall(r"\w+", body.lower())) & set(names.streams))
         if not transform and reads_stream:  # a PipelineDB view sees the events after its creation, not history
@@ -395,6 +418,8 @@ def _stream(statement: Statement, names: Names, name: str, columns: str, rest: s
     if rest.strip():
         return Step("unsupported", statement, reason=f"stream options of PipelineDB ({rest.strip()[:40]})")
     renamed = f"{name.split('.')[-1]}_{names.suffix}"
+    if name in names.streams:
+        names.declared[name] = names.declared.get(name, 0) + 1
     names.streams[name] = renamed
     if "." in name:  # `schema.s` is read unqualified too (`s.id`, `FROM t, schema.s WHERE s.x = ...`)
         names.streams.setdefault(name.split(".")[-1], renamed)

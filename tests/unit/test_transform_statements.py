@@ -11,8 +11,14 @@ import pytest
 
 from pipelines.cv import status
 from pipelines.cv.frontend.statements import NO_SCOPE, parse, read_script
-from pipelines.cv.frontend.transforms import DropTransform, is_transform, parse_drop_transform, parse_transform
-from pipelines.cv.model import DefinitionError, Join, JoinedTable, Output, Scope
+from pipelines.cv.frontend.transforms import (
+    DropTransform,
+    is_transform,
+    parse_drop_transform,
+    parse_transform,
+    writes_into,
+)
+from pipelines.cv.model import Column, DefinitionError, Join, JoinedTable, Output, Scope, StreamDef
 
 CLICKS = "CREATE STREAM clicks (url text, uid bigint, ms int, ts timestamptz) WITH (topic = 'clicks')"
 LIKES = "CREATE STREAM likes (oid bigint, uid bigint) WITH (topic = 'likes', key = 'oid, uid')"
@@ -115,9 +121,23 @@ def test_what_a_transform_refuses_in_one_line(query, says):
         ("CREATE CONTINUOUS TRANSFORM t WITH (ttl = '1 day') AS SELECT url FROM clicks", "unknown option 'ttl'"),
         ('CREATE CONTINUOUS TRANSFORM "T" AS SELECT url FROM clicks', "not a plain lower-case identifier"),
         (
-            "CREATE VIEW t WITH (action = transform, outputfunc = pipelinedb.insert_into_stream('s')) AS"
+            "CREATE VIEW t WITH (action = transform, outputfunc = ct_tg) AS SELECT url FROM clicks",
+            "outputfunc ct_tg: a trigger function per output row is not supported",
+        ),
+        (
+            "CREATE VIEW t WITH (action = transform, outputfunc = pipelinedb.insert_into_stream('nope')) AS"
             " SELECT url FROM clicks",
-            "outputfunc is not supported",
+            "no stream named nope",
+        ),
+        (
+            "CREATE VIEW t WITH (action = transform, outputfunc = pipelinedb.insert_into_stream('clicks')) AS"
+            " SELECT url, uid FROM clicks",
+            "clicks must have the same columns as the transform: it has 4 (url, uid, ms, ts), the transform outputs 2",
+        ),
+        (
+            "CREATE VIEW t WITH (action = transform, outputfunc = pipelinedb.insert_into_stream(clicks)) AS"
+            " SELECT url FROM clicks",
+            "insert_into_stream takes the stream's name, quoted",
         ),
     ],
 )
@@ -155,3 +175,37 @@ def test_status_lists_each_streams_transforms_with_their_last_position():
     assert ["public.clean", "clicks", "7"] in [line.split() for line in text.splitlines()]
     assert clicks.as_json()["transforms"] == {"public.clean": 7}
     assert "continuous transforms" not in status.status_table("g", [status.StreamStatus("clicks", "clicks")])
+
+
+def test_insert_into_stream_writes_each_output_row_into_a_stream_by_position():
+    t = transform(
+        "CREATE VIEW public.copy WITH (action = transform, outputfunc = pipelinedb.insert_into_stream('clicks')) AS"
+        " SELECT lower(url) AS u, uid + 1 AS id, ms, ts FROM clicks WHERE ms > 100"
+    )
+    assert t.into == ("clicks", ("url", "uid", "ms", "ts"))
+    assert writes_into(t.definition) == "clicks"
+    assert writes_into("CREATE CONTINUOUS TRANSFORM public.slow AS SELECT url FROM clicks") is None
+
+
+def test_insert_into_stream_leaves_out_pipelinedbs_arrival_timestamp_the_insert_fills():
+    arrivals = "CREATE STREAM arrivals (x int, arrival_timestamp timestamptz DEFAULT now()) WITH (topic = 'a')"
+    scope = Scope({**SCOPE.streams, "arrivals": parse(arrivals, NO_SCOPE)}, frozenset())
+    t = parse_transform(
+        "CREATE VIEW t WITH (action = transform, outputfunc = insert_into_stream('arrivals')) AS"
+        " SELECT ms % 4 AS x FROM clicks",
+        scope,
+    )
+    assert t.into == ("arrivals", ("x",))
+
+
+def test_a_transform_reads_another_transforms_output_but_not_a_views_changes():
+    clean = StreamDef("public.clean", "view:public.clean", (Column("url", "text"),), None, "", feed_of="public.clean")
+    per_url = StreamDef(
+        "public.per_url", "view:public.per_url", (Column("url", "text"),), ("url",), "", feed_of="public.per_url"
+    )
+    scope = Scope(SCOPE.streams, frozenset(), views={"public.clean": clean, "public.per_url": per_url})
+    for source in ("output_of('clean')", "public.clean"):
+        t = parse_transform(f"CREATE CONTINUOUS TRANSFORM t2 AS SELECT upper(url) AS u FROM {source}", scope)
+        assert t.stream == "public.clean"
+    with pytest.raises(DefinitionError, match="retract rows as well as add them"):
+        parse_transform("CREATE CONTINUOUS TRANSFORM t3 AS SELECT url FROM public.per_url", scope)

@@ -3,7 +3,9 @@
 A transform is a row of cv.transforms (its statement and its output columns' types), a position row
 in cv.view_change_positions (its change stream, recorded by the engine: pipelines.cv.views.transforms)
 and a read view `schema.name` over its recorded output. It keeps no state, so it starts from now,
-whatever the stream: there is nothing to backfill from an append-only stream.
+whatever the stream: there is nothing to backfill from an append-only stream. A transform over
+another transform's output reads that output's feed stream, made by the first view or transform
+that reads it and dropped with the last (pipelines.cv.catalog.view_feeds).
 
 Locks follow pipelines.cv.catalog.locks: the read view first (DROP), then the stream's lock, which
 no batch of the stream holds meanwhile.
@@ -17,9 +19,10 @@ import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
-from pipelines.cv.catalog import change_streams, store
+from pipelines.cv.catalog import change_streams, store, stream_inserts, view_feeds
 from pipelines.cv.catalog.locks import Outcome, drop_read_view, lock_stream_for_change
-from pipelines.cv.frontend.transforms import DropTransform, parse_transform
+from pipelines.cv.frontend.transforms import DropTransform, parse_transform, writes_into
+from pipelines.cv.frontend.view_sources import stream_named
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, TransformDef
 from pipelines.cv.views import transforms as transform_sql
 from pipelines.logs import get_logger
@@ -47,9 +50,13 @@ def define_transform(conn: psycopg.Connection, transform: TransformDef, scope: S
     ).fetchone()
     if taken:
         raise DefinitionError(f"{what}: a relation named {name} exists; a transform's read view takes that name")
-    stream = scope.streams[transform.stream]
+    stream = stream_named(transform.stream, scope.streams, scope.views)
+    if stream.is_feed:  # another transform's output, fed from its recorded rows
+        view_feeds.ensure(conn, stream, scope, what)
     lock_stream_for_change(conn, stream.name, what)
     columns = output_types(conn, transform, stream)
+    if transform.into is not None:
+        _check_into(conn, transform, scope.streams[transform.into[0]], columns, what)
     conn.execute(
         "INSERT INTO cv.transforms (name, stream, definition, columns) VALUES (%s, %s, %s, %s)",
         (name, stream.name, transform.definition, Jsonb(columns)),
@@ -103,15 +110,37 @@ def drop_transforms(conn: psycopg.Connection, change: DropTransform) -> Outcome:
         drop_read_view(conn, what, sql.Identifier(schema, relation))
         lock_stream_for_change(conn, row[0], what)
         conn.execute("DELETE FROM cv.transforms WHERE name = %s", (name,))  # its positions and changes too
+        view_feeds.drop_if_unused(conn, row[0], store.scope(conn))  # the output it read, if nothing else does
         log.info("transform dropped", transform=name)
         lines.append(f"transform {name} dropped")
     return Outcome("; ".join(lines), changed=any(line.endswith("dropped") for line in lines))
 
 
+def _check_into(
+    conn: psycopg.Connection, transform: TransformDef, target: StreamDef, columns: list[tuple[str, str]], what: str
+) -> None:
+    """insert_into_stream: a stream written with SQL, whose columns have the outputs' types, in order."""
+    if not stream_inserts.writable(target):
+        raise DefinitionError(f"{what}: insert_into_stream({target.name!r}): {target.name} is not written with SQL")
+    assert transform.into is not None
+    declared = {c.name: c.type for c in target.columns}
+    pairs = [(t, declared[c]) for (_, t), c in zip(columns, transform.into[1], strict=True)]
+    same = conn.execute(
+        "SELECT bool_and(to_regtype(o) = to_regtype(s)) FROM unnest(%s::text[], %s::text[]) AS p(o, s)",
+        ([o for o, _ in pairs], [t for _, t in pairs]),
+    ).fetchone()[0]
+    if not same:
+        wanted = ", ".join(f"{c} {declared[c]}" for c in transform.into[1])
+        given = ", ".join(f"{n} {t}" for n, t in columns)
+        raise DefinitionError(
+            f"{what}: {target.name} must have the same columns as the transform: ({wanted}), not ({given})"
+        )
+
+
 def transforms_of(conn: psycopg.Connection, stream: str) -> list[str]:
-    """The names of the transforms reading `stream`, in name order."""
-    rows = conn.execute("SELECT name FROM cv.transforms WHERE stream = %s ORDER BY name", (stream,)).fetchall()
-    return [name for (name,) in rows]
+    """The names of the transforms reading `stream` or writing into it (insert_into_stream), in name order."""
+    rows = conn.execute("SELECT name, stream, definition FROM cv.transforms ORDER BY name").fetchall()
+    return [name for name, reads, definition in rows if stream in (reads, writes_into(definition))]
 
 
 def load_transforms(conn: psycopg.Connection, streams: Mapping[str, StreamDef], stream: str) -> list[TransformDef]:

@@ -56,6 +56,12 @@ def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Sco
     if view.qualified_name in chain:
         path = " -> ".join([view.qualified_name, *chain[: chain.index(view.qualified_name) + 1]])
         raise DefinitionError(f"{what}: it would read itself ({path}): a cycle")
+    ensure(conn, feed, scope, what)
+
+
+def ensure(conn: psycopg.Connection, feed: StreamDef, scope: Scope, what: str) -> None:
+    """The feed stream made, if no view or transform reads it yet (steps 1 to 4 above)."""
+    assert feed.feed_of is not None
     if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (feed.name,)).fetchone():
         return
     upstream = change_streams.source_of(conn, feed.feed_of, scope)
@@ -164,8 +170,9 @@ def check_shape_kept(conn: psycopg.Connection, view: ViewDef, before: StreamDef 
 
 
 def drop_if_unused(conn: psycopg.Connection, feed_name: str, scope: Scope) -> str | None:
-    """After a view over `feed_name` was dropped: the feed too, when no view reads it any more."""
-    if conn.execute("SELECT 1 FROM cv.views WHERE stream = %s", (feed_name,)).fetchone():
+    """After a view or transform over `feed_name` was dropped: the feed too, when none reads it any more."""
+    readers = "SELECT 1 FROM cv.views WHERE stream = %s UNION ALL SELECT 1 FROM cv.transforms WHERE stream = %s"
+    if conn.execute(readers, (feed_name, feed_name)).fetchone():
         return None
     row = conn.execute("SELECT name, topic, definition FROM cv.streams WHERE name = %s", (feed_name,)).fetchone()
     if row is None or not is_feed_topic(row[1]):

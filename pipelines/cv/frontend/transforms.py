@@ -10,10 +10,12 @@ Each event of the stream that passes the WHERE (and, with a JOIN, each row it jo
 recorded as one change of the transform's change stream (before absent, after the row), which sinks
 and views read as they read a view's changes. The SELECT is checked as a view's is (the same column,
 join and expression rules: pipelines.cv.frontend.views), and what makes a view a view is refused:
-aggregates, GROUP BY, window functions. PipelineDB's `outputfunc` (a trigger per row) is refused: its
-two uses, writing into another stream and into a table, are a view over the transform's output and
-a sink. A keyed stream is refused: its events are inserts and retractions of a set's rows, and an
-append-only output has no row to take a retraction back with.
+aggregates, GROUP BY, window functions. PipelineDB's `outputfunc = pipelinedb.insert_into_stream('s')`
+also writes each output row into stream s (its columns in the outputs' order, as `INSERT INTO s`
+would: pipelines.cv.views.transforms); any other `outputfunc` (a trigger function per row) is
+refused: a view over the transform's output, or a sink, does what it did. A keyed stream is refused:
+its events are inserts and retractions of a set's rows, and an append-only output has no row to take
+a retraction back with.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pglast.enums import SetOperation
 from pglast.stream import RawStream
 
 from pipelines.cv.frontend import views
-from pipelines.cv.frontend.view_shapes import from_stream
+from pipelines.cv.frontend.view_shapes import ARRIVAL, from_stream
 from pipelines.cv.model import MAX_VIEW_NAME, DefinitionError, Join, Output, Scope, StreamDef, TransformDef
 from pipelines.cv.sqltext.parsing import options_of, parse_rewritten, plain_identifier, reject_unsupported, walk
 
@@ -79,7 +81,7 @@ def parse_transform(statement: str, scope: Scope) -> TransformDef:
     what = f"continuous transform {schema}.{name}"
     if len(schema) + len(name) > MAX_VIEW_NAME:
         raise DefinitionError(f"{what}: schema and transform names together may take {MAX_VIEW_NAME} characters")
-    options = _options(node.options, pipelinedb=head is None, what=what)
+    options, into = _options(node.options, pipelinedb=head is None, what=what)
     select = node.query
     if not isinstance(select, ast.SelectStmt) or select.op != SetOperation.SETOP_NONE:
         raise DefinitionError(f"{what}: the query must be a single SELECT (no UNION/INTERSECT/EXCEPT)")
@@ -132,6 +134,7 @@ def parse_transform(statement: str, scope: Scope) -> TransformDef:
     views._check_expression(tuple(n for n in checked if n is not None), names, what, scope.user_aggregates)
     key = _key(options.get("key"), outputs, what)
     where = select.whereClause
+    target = _into(into, outputs, scope, what) if into is not None else None
     return TransformDef(
         schema=schema,
         name=name,
@@ -141,14 +144,23 @@ def parse_transform(statement: str, scope: Scope) -> TransformDef:
         definition=text,
         join=join,
         key=key,
+        into=target,
     )
 
 
 def _from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[StreamDef, Join | None]:
-    """The declared stream a transform reads and the tables it joins each event with: a view's FROM, any form."""
+    """The stream a transform reads and the tables it joins each event with: a view's FROM, any form.
+
+    Another transform's output (`FROM output_of('t')`, `FROM t`) is a stream too: its rows, appended,
+    fed by the runner's feeds as a view over a transform is (PipelineDB's chains of transforms). A
+    view's rows or changes are not: their batches retract as well as add.
+    """
     stream, join = from_stream(select, scope, what)
-    if stream.is_feed:  # a view read as a stream: its batches are not the events a transform's SQL reads
-        raise DefinitionError(f"{what}: {stream.name} is fed by view {stream.feed_of}; a transform reads a stream")
+    if stream.is_feed and not stream.feeds_appends:
+        raise DefinitionError(
+            f"{what}: {stream.name} is fed by view {stream.feed_of}, whose changes retract rows as well as add "
+            "them; a transform reads a stream or another transform's output"
+        )
     return stream, join
 
 
@@ -161,19 +173,63 @@ def _word(arg: object) -> str | None:
     return None
 
 
-def _options(defs: tuple | None, *, pipelinedb: bool, what: str) -> dict[str, str]:
-    """WITH (key = '...'); in PipelineDB's spelling also `action = transform`, and `outputfunc` refused."""
+def _options(defs: tuple | None, *, pipelinedb: bool, what: str) -> tuple[dict[str, str], str | None]:
+    """WITH (key = '...'); in PipelineDB's spelling also `action = transform` and `outputfunc`.
+
+    Returns the options and the stream `outputfunc = pipelinedb.insert_into_stream('s')` names (or None).
+    """
     rest = []
+    into = None
     for item in defs or ():
         if pipelinedb and item.defname == "action":
             continue  # is_transform has seen it is `transform`
         if pipelinedb and item.defname == "outputfunc":
-            raise DefinitionError(
-                f"{what}: outputfunc is not supported: the transform's output is a change stream; a continuous "
-                "view reads it, or a sink (CREATE SINK) writes it to a topic"
-            )
+            into = _insert_into_stream(item.arg, what)
+            continue
         rest.append(item)
-    return options_of(tuple(rest), {"key"}, what)
+    return options_of(tuple(rest), {"key"}, what), into
+
+
+def _insert_into_stream(arg: object, what: str) -> str:
+    """The stream of `outputfunc = [pipelinedb.]insert_into_stream('s')`; any other outputfunc refused."""
+    names = [n.sval for n in arg.names] if isinstance(arg, ast.TypeName) else []
+    typmods = arg.typmods or () if isinstance(arg, ast.TypeName) else ()
+    if names in (["insert_into_stream"], ["pipelinedb", "insert_into_stream"]) and len(typmods) == 1:
+        value = typmods[0]
+        if isinstance(value, ast.A_Const) and isinstance(value.val, ast.String):
+            return value.val.sval
+        raise DefinitionError(f"{what}: insert_into_stream takes the stream's name, quoted: insert_into_stream('s')")
+    raise DefinitionError(
+        f"{what}: outputfunc {'.'.join(names) or '?'}: a trigger function per output row is not supported; "
+        "outputfunc = pipelinedb.insert_into_stream('stream') writes the rows into a stream, a continuous view "
+        "reads the transform's output (FROM output_of('transform')), and a sink (CREATE SINK) writes it to a topic"
+    )
+
+
+def _into(name: str, outputs: list[Output], scope: Scope, what: str) -> tuple[str, tuple[str, ...]]:
+    """The stream insert_into_stream writes, and its columns matched to the outputs in order (types: the catalog)."""
+    stream = scope.streams.get(name)
+    if stream is None or stream.is_feed:
+        raise DefinitionError(f"{what}: insert_into_stream({name!r}): no stream named {name}")
+    columns = stream.column_names
+    if len(columns) != len(outputs):  # PipelineDB's arrival time is the INSERT's, as for any INSERT INTO s
+        columns = tuple(c for c in columns if c != ARRIVAL)
+    if len(columns) != len(outputs):
+        raise DefinitionError(
+            f"{what}: {name} must have the same columns as the transform: it has {len(columns)} "
+            f"({', '.join(columns)}), the transform outputs {len(outputs)}"
+        )
+    return name, columns
+
+
+def writes_into(definition: str) -> str | None:
+    """The stream a stored transform's statement writes into (insert_into_stream), read without a scope."""
+    if _CREATE.match(definition) or not _PIPELINEDB.match(definition):
+        return None
+    node = parse_rewritten(definition.rstrip().rstrip(";"))
+    if not isinstance(node, ast.ViewStmt):
+        return None
+    return _options(node.options, pipelinedb=True, what=definition)[1]
 
 
 def _key(text: str | None, outputs: list[Output], what: str) -> tuple[str, ...] | None:

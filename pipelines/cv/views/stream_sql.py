@@ -302,6 +302,14 @@ def appends_source(stream: StreamDef) -> sql.Composed:
     )
 
 
+def numbered_appends(stream: StreamDef, seq: str) -> sql.Composed:
+    """A transform's feed stream's batch as events numbered by position (column `seq`): a transform over it reads it."""
+    names = comma_list([sql.SQL("(r).{}").format(ident(c.name)) for c in stream.columns])
+    return sql.SQL("(SELECT {}, v.position AS {} FROM (SELECT {} AS r, v.position {}) AS v)").format(
+        names, ident(seq), _row(stream, "v.after"), sql.SQL(_CHANGES)
+    )
+
+
 def changes_source(stream: StreamDef) -> sql.Composed:
     """An output_of feed stream's batch as deltas of sign +1: (old), (new) and (delta) of each change.
 

@@ -1,7 +1,8 @@
 """A continuous transform's SQL: its SELECT over a batch, recorded as its change stream in one statement.
 
 The batch is an append-only stream's array parameters (the same ones its views read, see
-pipelines.cv.views.stream_sql.batch_source), numbered in batch order. One statement per transform and
+pipelines.cv.views.stream_sql.batch_source), numbered in batch order; over another transform's
+output, the rows that transform recorded in the feed's page, numbered by their position. One statement per transform and
 batch projects and filters the events (joined with the table, if any), advances the transform's
 position row by the number of rows that passed, inserts one change per row into cv.view_changes
 (before NULL, after the row) and notifies `streamviews_changes` as cv.record_view_changes does. A
@@ -66,6 +67,8 @@ def record(transform: TransformDef, stream: StreamDef, shipped: tuple[str, ...])
     declared key columns' values, or the change's own position.
     """
     name = sql.Literal(transform.qualified_name)
+    # Another transform's output is read where it is recorded, with the feed's parameters (the engine's).
+    source = stream_sql.numbered_appends(stream, SEQ) if stream.is_feed else numbered_batch(stream, shipped)
     if transform.key:
         key = sql.SQL("jsonb_build_object({})").format(
             comma_list([sql.SQL("{}, o.{}").format(sql.Literal(k), ident(k)) for k in transform.key])
@@ -80,16 +83,34 @@ def record(transform: TransformDef, stream: StreamDef, shipped: tuple[str, ...])
         " o AS (SELECT pos.last - pos.n + row_number() OVER (ORDER BY out.{seq}) AS {position},"
         " to_jsonb(out) - {seq_text} AS _cv_row, out.* FROM out, pos),"
         " ins AS (INSERT INTO cv.view_changes (view, position, key, before, after, delta, committed_at)"
-        " SELECT {name}, o.{position}, {key}, NULL, o._cv_row, NULL, clock_timestamp() FROM o)"
+        " SELECT {name}, o.{position}, {key}, NULL, o._cv_row, NULL, clock_timestamp() FROM o){into}"
         " SELECT pg_notify('streamviews_changes', cv.view_changes_payload(jsonb_build_object({name}, pos.last))),"
         " pos.n FROM pos"
     ).format(
-        select=select(transform, numbered_batch(stream, shipped)),
+        select=select(transform, source),
         name=name,
         seq=ident(SEQ),
         seq_text=sql.Literal(SEQ),
         position=ident(POSITION),
         key=key,
+        into=_into(transform),
+    )
+
+
+def _into(transform: TransformDef) -> sql.Composable:
+    """insert_into_stream: the output rows written into the stream as `INSERT INTO streams.<s>` would, in order.
+
+    Through the stream's writable relation (pipelines.cv.catalog.stream_inserts), in the batch's
+    transaction: a batch rolled back writes nothing, a committed one's rows reach the stream's topic.
+    """
+    if transform.into is None:
+        return sql.SQL("")
+    stream, columns = transform.into
+    return sql.SQL(", fwd AS (INSERT INTO {} ({}) SELECT {} FROM out ORDER BY out.{})").format(
+        ident("streams", stream),  # its writable relation, streams.<stream> (migration 0030)
+        comma_list([ident(c) for c in columns]),
+        comma_list([sql.SQL("out.{}").format(ident(o.name)) for o in transform.outputs]),
+        ident(SEQ),
     )
 
 
