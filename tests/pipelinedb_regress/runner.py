@@ -194,11 +194,30 @@ class _Case:
             if step.source:
                 self.refused.add(step.source)
             return Outcome(text, "refused", _line(str(e)))
+        if step.kind == "stream":
+            self.wait_subscribed(step.name)
         if step.statement.expected.error is not None:
             if step.kind == "view":  # PipelineDB made nothing: the case goes on without it, as PipelineDB's did
                 catalog.drop(self.conn, [step.name], "view")
             return Outcome(text, "accepted", f"PipelineDB refused it: {step.statement.expected.error}")
         return Outcome(text, "passed")
+
+    def wait_subscribed(self, stream: str) -> None:
+        """Until the case's runner reads the new stream's topic, as a PipelineDB stream reads at once.
+
+        Otherwise the first INSERT waits for the runner to see the catalog, subscribe and rebalance
+        (seconds), and a case that sleeps past a short window (sw_expiration: rows 1 s old in a 3 s
+        window) reads them already expired.
+        """
+        topic = self.conn.execute("SELECT topic FROM cv.streams WHERE name = %s", (stream,)).fetchone()
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{self.stack.kafka_port}"})
+        deadline = time.monotonic() + APPLY_TIMEOUT_S
+        while topic and time.monotonic() < deadline:
+            with contextlib.suppress(KafkaException):
+                group = admin.describe_consumer_groups([self.names.group])[self.names.group].result(5)
+                if any(tp.topic == topic[0] for m in group.members for tp in m.assignment.topic_partitions):
+                    return
+            time.sleep(0.1)
 
     def expire(self, step: Step) -> Outcome:
         """PipelineDB's ttl_expire(view): the expiry the runner runs every second, run now on the view's stream."""
