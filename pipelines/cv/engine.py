@@ -24,7 +24,7 @@ from pipelines.cv import catalog
 from pipelines.cv.catalog.transforms import load_transforms
 from pipelines.cv.model import StreamDef, ViewDef
 from pipelines.cv.sqltext import arrays
-from pipelines.cv.views import compiler, stream_sql
+from pipelines.cv.views import compiler, refs, stream_sql
 from pipelines.cv.views import transforms as transform_sql
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
@@ -299,7 +299,7 @@ class StreamMaintainer:
         for compiled in views:
             view = compiled.view
             temp_tables += compiler.create_transitions_tables(view, stream, compiled.types)
-            clear_tables += [sql.SQL("DELETE FROM {}").format(t) for t in compiler.transitions_tables(view, stream)]
+            clear_tables += [sql.SQL("DELETE FROM {}").format(t) for t in refs.transitions_tables(view, stream)]
             per_view.append(_view_statements(compiled, stream, source))
         log.info(
             "stream plan loaded",
@@ -343,7 +343,7 @@ def _view_statements(compiled: catalog.CompiledView, stream: StreamDef, source: 
             *compiler.update_all_refs(view, stream, source),
         ),
         apply=compiler.apply_deltas(view, stream, source, compiled.types.states),
-        after=tuple(compiler.drop_all_dead_refs(view, stream)),
+        after=tuple(refs.drop_all_dead_refs(view, stream)),
         delete_rows=compiler.delete_rows(view),
         returns_rows=compiler.returns_rows(view, stream),
         fix_extremes=compiler.fix_extremes(view, stream),

@@ -11,7 +11,7 @@ import pytest
 
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import Scope, StreamDef, ViewDef
-from pipelines.cv.views import compiler
+from pipelines.cv.views import compiler, refs
 from pipelines.cv.views.view_types import ViewTypes
 
 CLICKS = "CREATE STREAM clicks (url text, uid bigint, ms int, ts timestamptz) WITH (topic = 'clicks')"
@@ -76,7 +76,7 @@ def test_each_expressions_reference_counts_move_by_the_same_statement_over_its_o
         assert f"{arg} AS value" in statement
         assert f"({arg}) IS NOT NULL" in statement
         assert f'INSERT INTO "pg_temp"."cv_trans_t_v{suffix}"' in statement
-    drops = [text(s) for s in compiler.drop_all_dead_refs(view, streams["clicks"])]
+    drops = [text(s) for s in refs.drop_all_dead_refs(view, streams["clicks"])]
     assert [d.split(" AS r")[0] for d in drops] == [
         'DELETE FROM "cv"."t__v__refs"',
         'DELETE FROM "cv"."t__v__refs2"',
@@ -119,3 +119,15 @@ def test_the_types_of_the_other_expressions_are_kept_with_the_view():
     assert [types.distinct_type(i) for i in range(3)] == ["bigint", "integer", "text"]
     older = {k: v for k, v in types.to_json().items() if k != "distinct_more"}  # a view stored before
     assert ViewTypes.from_json(older).distinct_more == ()
+
+
+def test_retention_reaches_every_expressions_reference_counts(streams):
+    view = parse(
+        "CREATE CONTINUOUS VIEW t.hourly WITH (ttl = '1 day') AS SELECT date_trunc('hour', ts) AS hour,"
+        " count(DISTINCT uid) AS users, count(DISTINCT url) AS urls FROM clicks GROUP BY hour",
+        Scope(streams, frozenset()),
+    )
+    deletes = [text(s) for s in compiler.expire(view, streams["clicks"])]
+    assert deletes[1:] == [
+        f"""DELETE FROM "cv"."t__hourly__refs{s}" WHERE "hour" < now() - '1 day'::interval""" for s in ("", "2")
+    ]

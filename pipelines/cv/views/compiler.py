@@ -27,6 +27,13 @@ from pipelines.cv.sqltext.parsing import split_arguments
 from pipelines.cv.views import extremes, stream_sql, windows
 from pipelines.cv.views.aggregates import ROWS, removed_column, removed_indexes, stored_columns
 from pipelines.cv.views.general import StateFunctions
+from pipelines.cv.views.refs import (
+    distinct_is_covered,
+    refs_indexes,
+    refs_table,
+    suffix,
+    transitions_table,
+)
 from pipelines.cv.views.sql_text import CV_SCHEMA, comma_list, ident, raw
 from pipelines.cv.views.view_types import ViewTypes
 
@@ -41,38 +48,7 @@ def storage_table_of(schema: str, view: str) -> sql.Identifier:
     return ident(CV_SCHEMA, storage_name(schema, view))
 
 
-def refs_table(view: ViewDef, index: int = 0) -> sql.Identifier:
-    """Reference counts behind a view's DISTINCT aggregates over its `index`-th expression, when needed."""
-    return refs_table_of(view.schema, view.name, index)
-
-
-def refs_table_of(schema: str, view: str, index: int = 0) -> sql.Identifier:
-    """The reference-count table's name for a view given by name (`cv.<schema>__<view>__refs`, `__refs2`...)."""
-    return ident(CV_SCHEMA, f"{storage_name(schema, view)}__refs{_suffix(index)}")
-
-
-def transitions_table(view: ViewDef, index: int = 0) -> sql.Identifier:
-    """Per-session table of a batch's DISTINCT transitions (values entering or leaving groups)."""
-    return ident("pg_temp", f"cv_trans_{view.schema}_{view.name}{_suffix(index)}")
-
-
 # --- views ----------------------------------------------------------------------------------------
-
-
-def distinct_is_covered(view: ViewDef, stream: StreamDef, index: int = 0) -> bool:
-    """True when (groups, distinct argument) identify at most one stream row: deltas are transitions."""
-    if stream.key is None or len(view.distinct_args) <= index:
-        return False
-    arg = view.distinct_args[index]
-    columns = {g.source_column for g in view.groups}
-    if None in columns or arg not in stream.column_names:
-        return False
-    return set(stream.key) <= columns | {arg}
-
-
-def refs_indexes(view: ViewDef, stream: StreamDef) -> list[int]:
-    """The DISTINCT expressions (by index) that keep reference counts: those the stream's key does not cover."""
-    return [i for i in range(len(view.distinct_args)) if not distinct_is_covered(view, stream, i)]
 
 
 def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> list[sql.Composed]:
@@ -128,11 +104,6 @@ def create_transitions_tables(view: ViewDef, stream: StreamDef, types: ViewTypes
     return [create_transitions_table(view, types, index) for index in refs_indexes(view, stream)]
 
 
-def transitions_tables(view: ViewDef, stream: StreamDef) -> list[sql.Identifier]:
-    """The session's transitions tables of a view (emptied between batches)."""
-    return [transitions_table(view, index) for index in refs_indexes(view, stream)]
-
-
 def _group_columns(view: ViewDef, types: ViewTypes) -> list[sql.Composed]:
     """The view's group columns as column definitions: `name type`."""
     return [sql.SQL("{} {}").format(ident(g.name), raw(t)) for g, t in zip(view.groups, types.groups, strict=True)]
@@ -183,11 +154,6 @@ def update_all_refs(view: ViewDef, stream: StreamDef, source: sql.Composable) ->
     return [update_refs(view, source, index) for index in refs_indexes(view, stream)]
 
 
-def drop_all_dead_refs(view: ViewDef, stream: StreamDef) -> list[sql.Composed]:
-    """`drop_dead_refs` of each DISTINCT expression that keeps reference counts."""
-    return [drop_dead_refs(view, index) for index in refs_indexes(view, stream)]
-
-
 def update_refs(view: ViewDef, source: sql.Composable, index: int = 0) -> sql.Composed:
     """Reference counts of (group, value) move by the batch's deltas; record values entering or leaving.
 
@@ -213,18 +179,6 @@ def update_refs(view: ViewDef, source: sql.Composable, index: int = 0) -> sql.Co
         where=_distinct_filter(view, index),
         pos=_positions(len(view.groups) + 1),
         trans=transitions_table(view, index),
-    )
-
-
-def drop_dead_refs(view: ViewDef, index: int = 0) -> sql.Composed:
-    """Forget the values this batch made unreferenced (only they can have reached zero)."""
-    # `value` is never NULL: the equality lets PostgreSQL hash the join; groups may be NULL.
-    match = sql.SQL(" AND ").join(
-        [sql.SQL("r.value = t.value")]
-        + [sql.SQL("r.{0} IS NOT DISTINCT FROM t.{0}").format(ident(g.name)) for g in view.groups]
-    )
-    return sql.SQL("DELETE FROM {} AS r USING {} AS t WHERE t.sign < 0 AND r.n <= 0 AND {}").format(
-        refs_table(view, index), transitions_table(view, index), match
     )
 
 
@@ -308,14 +262,14 @@ def apply_deltas(
         inputs, renamed = _aggregate_inputs(view)
         refs = refs_indexes(view, stream)
         count = len(view.distinct_args)
-        sources = [(sql.SQL(f"_cv_tsign{_suffix(i)}"), sql.SQL(f"_cv_value{_suffix(i)}")) for i in range(count)]
+        sources = [(sql.SQL(f"_cv_tsign{suffix(i)}"), sql.SQL(f"_cv_value{suffix(i)}")) for i in range(count)]
         columns = stored_columns(
             view, *sources[0], states=states, aggregates=renamed, extreme_merges=merges, distinct_sources=sources
         )
         slots = [ident(f"_cv_g{i}") for i in range(len(view.groups))]
         # NULL typed as its expression: UNION ALL types its branches two at a time, from the left.
         empty = [
-            f"CASE WHEN false THEN {arg} END AS _cv_value{_suffix(i)}, NULL::int AS _cv_tsign{_suffix(i)}"
+            f"CASE WHEN false THEN {arg} END AS _cv_value{suffix(i)}, NULL::int AS _cv_tsign{suffix(i)}"
             for i, arg in enumerate(view.distinct_args)
         ]
         branches = [
@@ -363,11 +317,6 @@ def apply_deltas(
         "WITH up AS ({upsert} RETURNING v.ctid AS tid, v.{rows} AS n)"
         " SELECT coalesce({emptied}, '{{}}'), coalesce({kept}, '{{}}') FROM up"
     ).format(upsert=upsert, rows=ident(ROWS), emptied=sql.SQL(emptied), kept=sql.SQL(kept))
-
-
-def _suffix(index: int) -> str:
-    """How the names of a view's `index`-th DISTINCT expression end: `` for the first, then 2, 3, ..."""
-    return str(index + 1) if index else ""
 
 
 def returns_rows(view: ViewDef, stream: StreamDef) -> bool:
@@ -434,7 +383,7 @@ def delete_rows(view: ViewDef) -> sql.Composed:
 
 
 def expire(view: ViewDef, stream: StreamDef) -> list[sql.Composed]:
-    """Retention: delete time buckets older than the view's TTL (and their value counts), or a window's steps."""
+    """Retention: delete time buckets past the TTL (and their value and reference counts), or a window's steps."""
     if view.window is not None:
         return [windows.expire(view, storage_table(view))]
     if not view.ttl or not view.bucket:
@@ -443,7 +392,13 @@ def expire(view: ViewDef, stream: StreamDef) -> list[sql.Composed]:
         storage_table(view), ident(view.bucket.name), sql.Literal(view.ttl)
     )
     counts = [extremes.expire(view, i) for i, _ in extremes.kept_extremes(view, stream)]
-    return [statement, *(c for c in counts if c is not None)]
+    refs = [  # and each DISTINCT expression's reference counts, as the min/max value counts
+        sql.SQL("DELETE FROM {} WHERE {} < now() - {}::interval").format(
+            refs_table(view, index), ident(view.bucket.name), sql.Literal(view.ttl)
+        )
+        for index in refs_indexes(view, stream)
+    ]
+    return [statement, *(c for c in counts if c is not None), *refs]
 
 
 def backfill_from_state(view: ViewDef, stream: StreamDef, types: ViewTypes) -> list[sql.Composed]:
