@@ -133,6 +133,35 @@ def test_a_window_without_groups_has_one_row_and_a_read_by_group_is_an_index_sca
         assert "Index Scan" in plan or "Index Only Scan" in plan, plan
 
 
+def test_keyed_max_and_min_in_a_window_take_the_value_at_the_extreme_key_of_its_steps(pg, writer, streams):
+    # PipelineDB's keyed_max(key, value) in a sliding window: the value at the greatest key among the
+    # rows of the window (a tie of keys: the least value, as outside windows); rows older are not read.
+    view = f"{streams['schema']}.keyed_window"
+    statement = (
+        f"CREATE CONTINUOUS VIEW {view} WITH (backfill = 'none') AS SELECT g, keyed_max(x, u) AS top_u,"
+        f" keyed_min(x, u) AS low_u FROM {streams['append']} WHERE ts > now() - interval '{WIDTH}' GROUP BY g"
+    )
+    now, g = datetime.now(UTC), 7_000_100
+    with pg("sv_owner", autocommit=True) as owner:
+        catalog.define(owner, statement)
+        try:
+            apply_rows(writer, streams["append"], [1, 1], [(g, 1, 5.0, now - timedelta(minutes=1)), (g, 3, 9.0, now)])
+            apply_rows(
+                writer,
+                streams["append"],
+                [1, 1, 1],
+                [
+                    (g, 2, 9.0, now - timedelta(minutes=2)),  # ties with u = 3, in another step: the least u
+                    (g, 7, 1.0, now - timedelta(minutes=4)),
+                    (g, 4, 50.0, now - timedelta(minutes=20)),  # older than the window
+                ],
+            )
+            with pg("sv_reader") as reader:
+                assert reader.execute(f"SELECT top_u, low_u FROM {view} WHERE g = {g}").fetchall() == [(2, 7)]
+        finally:
+            catalog.drop(owner, [view], "view")
+
+
 def test_a_window_without_groups_counts_0_over_no_step_distinct_values_too(pg, streams):
     # PostgreSQL's count and count(DISTINCT) over no rows are 0 (a distinct count is kept as sketches
     # per step: merging none is NULL, read as 0); the other aggregates are NULL, as in PostgreSQL.

@@ -57,8 +57,10 @@ DIST_COMPRESSION = (100, 10, 10000)  # default, least, most
 # hll_agg's registers, as PipelineDB's (p = 14): 0.81% standard error, at most 10 KB per group (the hll
 # extension's default, 2^11, which approx_count_distinct keeps, is 2.3% in 1.3 KB).
 HLL_AGG_LOG2M = 14
-# Sketches merge a sliding window's steps at read time; the others keep values a window cannot merge.
-MERGED_IN_WINDOWS = frozenset({"hll_union_agg", "hll_agg", "bloom_agg", "freq_agg", "dist_agg"})
+# Sketches and keyed values merge a sliding window's steps at read time; the others keep what a window cannot merge.
+MERGED_IN_WINDOWS = frozenset(
+    {"hll_union_agg", "hll_agg", "bloom_agg", "freq_agg", "dist_agg", "keyed_max", "keyed_min"}
+)
 
 
 def translate_pipelinedb(

@@ -38,7 +38,7 @@ def pipelinedb_column(
             "(array_agg({v} ORDER BY {k} " + direction + ", {v} ASC NULLS LAST)"
             " FILTER (WHERE {entering} AND ({k}) IS NOT NULL))[1]"
         ).format(v=value, k=key, entering=entering)
-        kc = ident(_key_column(view, aggregate))
+        kc = ident(key_column(view, aggregate))
         merge = sql.SQL(
             "CASE WHEN excluded.{kc} IS NULL THEN v.{c} WHEN v.{kc} IS NULL OR excluded.{kc} " + beats + " v.{kc}"
             " THEN excluded.{c} WHEN excluded.{kc} = v.{kc} THEN least(v.{c}, excluded.{c}) ELSE v.{c} END"
@@ -76,7 +76,7 @@ def pipelinedb_column(
     return batch, either(col, sql.SQL("(v.{0} || excluded.{0})[1:{1}]").format(col, cap))
 
 
-def _key_column(view: ViewDef, keyed: Aggregate) -> str:
+def key_column(view: ViewDef, keyed: Aggregate) -> str:
     """The stored max(k) / min(k) beside a keyed aggregate: same key, same filter (as the front end stores it)."""
     index = next(i for i, a in enumerate(view.aggregates) if a.name == keyed.name)
     original = view.aggregates[index]

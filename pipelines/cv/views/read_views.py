@@ -19,7 +19,7 @@ from pipelines.cv.views.aggregates import ROWS, stored_value, window_merge
 from pipelines.cv.views.compiler import storage_table
 from pipelines.cv.views.sql_text import comma_list, ident
 from pipelines.cv.views.view_types import ViewTypes
-from pipelines.cv.views.windows import horizon
+from pipelines.cv.views.windows import horizon, keyed_merge
 
 # What the counts of a view without GROUP BY read before any row (and a window's, over no step): 0.
 _ZERO_WHEN_EMPTY = frozenset({"count", "count_distinct"})
@@ -84,6 +84,8 @@ def output_columns(view: ViewDef, types: ViewTypes) -> list[str]:
             refs[aggregate.name] = stored_value(aggregate, column, types.states)
             if is_global(view) and aggregate.kind in _ZERO_WHEN_EMPTY:
                 refs[aggregate.name] = f"coalesce({refs[aggregate.name]}, 0)"
+        elif aggregate.kind == "keyed":  # merged with the sibling key column: the view is needed
+            refs[aggregate.name] = keyed_merge(view, aggregate, column)
         else:
             refs[aggregate.name] = window_merge(aggregate, column, type_, types.states)
             if len(view.groups) == 1 and aggregate.kind in _ZERO_WHEN_EMPTY:  # one row, over no steps too

@@ -15,7 +15,8 @@ from __future__ import annotations
 from psycopg import sql
 
 from pipelines.cv.frontend.windows import STEP_COLUMN
-from pipelines.cv.model import ViewDef, Window
+from pipelines.cv.model import Aggregate, ViewDef, Window
+from pipelines.cv.views.pipelinedb_columns import key_column
 from pipelines.cv.views.sql_text import ident
 
 STEPS_PER_WINDOW = 60  # cv.window_step() divides a window by the same number
@@ -38,3 +39,18 @@ def expire(view: ViewDef, storage: sql.Identifier) -> sql.Composed:
     """Delete the steps no read will merge again."""
     assert view.window is not None
     return sql.SQL("DELETE FROM {} WHERE {} <= {}").format(storage, ident(STEP_COLUMN), horizon(view.window))
+
+
+def keyed_merge(view: ViewDef, keyed: Aggregate, column: str) -> str:
+    """keyed_max / keyed_min over a group's steps: the value at the most extreme key of any step.
+
+    Each step keeps its extreme key (the sibling max(k) / min(k) column) and the value at it; pgext's
+    keyed_max(key, value) over the steps' pairs picks as a batch merge does (a tie of keys: the least value).
+    """
+    extreme = keyed.params[0]
+    assert extreme in {"max", "min"}, extreme
+    return (
+        sql.SQL("keyed_" + extreme + "(s.{}, {})")
+        .format(ident(key_column(view, keyed)), sql.SQL(column))
+        .as_string(None)
+    )
