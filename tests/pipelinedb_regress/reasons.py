@@ -16,6 +16,12 @@ REASONS: dict[str, str] = {
         "PipelineDB's interpolate differently on one group holding a repeated value; both are within the "
         "documented error of the exact answer"
     ),
+    "cont_distinct": (
+        "DISTINCT ON keeps the row first in an order, which a stream does not have: refused with what to write "
+        "(keyed_max(ts, x) ... GROUP BY the DISTINCT ON expressions); combine() in a plain SELECT merges the "
+        "summaries a view shows (hll, top-k), and an exact distinct count is shown finalized: combine it in a "
+        "continuous view over the view, which keeps the sets"
+    ),
     "cont_grouping_sets": (
         "GROUPING SETS, ROLLUP and CUBE are refused with what to write instead: one view per grouping (each "
         "kept as PipelineDB kept its grouping set's rows)"
@@ -51,6 +57,10 @@ REASONS: dict[str, str] = {
         "json_array_elements() in a view: set-returning functions (one event in, many rows out) are refused; "
         "send one event per element"
     ),
+    "cont_sw_count": (
+        "count(*) over a sliding window with no row in it reads 0, PostgreSQL's count over no rows, where "
+        "PipelineDB's combine of no stored step gave NULL"
+    ),
     "delta_streams": (
         "combine() of a t-digest, Bloom, count-min or exact distinct count over output_of(): a change of those "
         "summaries is not its state after minus before; the refusal says to combine FROM the view instead"
@@ -59,6 +69,16 @@ REASONS: dict[str, str] = {
         "GROUP BY a json column is refused (json has no equality: group by its text or declare jsonb); a "
         "function declared VOLATILE (plpgsql's default) is refused in a view, which evaluates it at every "
         "batch; EXISTS (SELECT ...) is refused with the join to write instead"
+    ),
+    "keyed_min_max": (
+        "keyed_max/keyed_min keep the least value among rows whose keys tie and skip a NULL key, so any "
+        "batching gives one answer; PipelineDB kept the last row's value on a tie (1001 where ours is 2) and, "
+        "when the first row's key was NULL, that row's value for ever (1 where ours is NULL)"
+    ),
+    "ttl_expiration": (
+        "a view's name is a plain lower-case identifier here: the quoted MyTTLCV is refused (write myttlcv); "
+        "set_ttl runs as ALTER CONTINUOUS VIEW ... SET (ttl, ttl_column), ttl_expire as the runner's expiry, "
+        "and the reads of PipelineDB's matrel and catalog have no meaning here"
     ),
     "output_streams": (
         "(old)/(new) are per committed batch, as issue 25 defines a view's change stream: two INSERTs "
