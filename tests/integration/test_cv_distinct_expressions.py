@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.cv import catalog
+from pipelines.cv.model import DefinitionError
 from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 TWO = "SELECT g, count(DISTINCT uid) AS users, count(DISTINCT url) AS urls, count(*) AS n FROM {stream} GROUP BY g"
@@ -157,3 +158,13 @@ def test_truncate_replace_and_drop_take_every_expressions_reference_counts(pg, w
         assert len(refs_tables(conn, schema, "again")) == 3
         catalog.define(conn, f"DROP CONTINUOUS VIEW {schema}.again")
         assert refs_tables(conn, schema, "again") == []
+
+
+def test_combine_of_a_distinct_count_beside_other_expressions_is_refused_in_one_line(pg, streams):
+    """Its sets are not captured with the view's changes: the line says so and what to keep instead."""
+    with pg("sv_owner", autocommit=True) as conn, pytest.raises(DefinitionError, match="other expressions too"):
+        catalog.define(
+            conn,
+            f"CREATE CONTINUOUS VIEW {streams['schema']}.combined AS"
+            f" SELECT combine(users) AS users FROM {streams['schema']}.append_two",
+        )

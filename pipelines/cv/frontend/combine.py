@@ -60,7 +60,8 @@ RECOMPUTED = frozenset({"hll", "tdigest", "topk", "bloom", "freq"})  # over the 
 DISTINCT = "count_distinct"
 MERGEABLE = ADDED | EXTREMES | {"combined"} | RECOMPUTED
 _WHY_NOT = {
-    DISTINCT: "an exact distinct count over a keyed stream whose key covers it keeps no set of values to merge; "
+    DISTINCT: "an exact distinct count over a keyed stream whose key covers it, or in a view with DISTINCT "
+    "aggregates over other expressions too, keeps no set of values to merge; "
     "count approx_count_distinct(x) (a HyperLogLog) in the upstream, which combine() merges",
     "set": "array_agg(DISTINCT x) keeps its values, not a state that merges across groups",
     "state": "an aggregate kept as its PostgreSQL transition state is not merged across views yet",
