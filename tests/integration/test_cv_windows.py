@@ -207,9 +207,15 @@ def test_a_window_must_slide_over_a_timestamp_by_a_constant_width(pg, streams, w
 
 @pytest.mark.parametrize(
     ("ttl", "match"),
-    [("0 days", "positive"), ("-1 day", "positive"), ("7000 years", "longer than 1000 years"), ("soon", "not an")],
+    [
+        ("0 days", "positive"),
+        ("-1 day", "positive"),
+        ("1 millisecond", "at least 1 second"),
+        ("7000 years", "longer than 1000 years"),
+        ("soon", "not an"),
+    ],
 )
-def test_a_ttl_must_be_positive_and_at_most_1000_years(pg, streams, ttl, match):
+def test_a_ttl_must_be_from_1_second_to_1000_years(pg, streams, ttl, match):
     statement = (
         f"CREATE CONTINUOUS VIEW {streams['schema']}.bad WITH (ttl = '{ttl}') AS SELECT g, date_trunc('hour', ts) AS h,"
         f" count(*) AS n FROM {streams['append']} GROUP BY g, h"

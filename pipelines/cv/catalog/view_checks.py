@@ -20,16 +20,25 @@ from pipelines.cv.sqltext.parsing import walk
 MAX_INTERVAL = "1000 years"
 # A sliding window's shortest width: its steps (1/60 of it) are then at least 1/60 s.
 MIN_WINDOW_S = 1
+# The shortest ttl, PipelineDB's minimum too.
+MIN_TTL_S = 1
 
 
 def check_ttl(conn: psycopg.Connection, view: ViewDef) -> None:
-    """A ttl must be a positive interval PostgreSQL reads, at most MAX_INTERVAL."""
+    """A ttl must be an interval PostgreSQL reads, from MIN_TTL_S (as PipelineDB's) to MAX_INTERVAL.
+
+    Expiry sweeps every PIPELINE_EXPIRE_INTERVAL_S (1 s by default): a shorter ttl could not be kept.
+    """
     if view.ttl is None:
         return
     what = f"continuous view {view.qualified_name}"
     seconds, too_long = _interval(conn, view.ttl, f"{what}: ttl")
     if seconds <= 0:
         raise DefinitionError(f"{what}: ttl must be a positive interval, not {view.ttl!r}")
+    if seconds < MIN_TTL_S:
+        raise DefinitionError(
+            f"{what}: ttl must be at least {MIN_TTL_S} second (expiry sweeps each second), not {view.ttl!r}"
+        )
     if too_long:
         raise DefinitionError(f"{what}: ttl {view.ttl!r} is longer than {MAX_INTERVAL}")
 
