@@ -168,3 +168,13 @@ def test_combine_of_a_distinct_count_beside_other_expressions_is_refused_in_one_
             f"CREATE CONTINUOUS VIEW {streams['schema']}.combined AS"
             f" SELECT combine(users) AS users FROM {streams['schema']}.append_two",
         )
+
+
+def test_a_replays_shadow_is_dropped_with_every_expressions_reference_counts(pg, streams):
+    """cv.drop_replay_shadow (and swap_replay) find a view's tables by name: __refs<n> among them (0039)."""
+    schema, append = streams["schema"], streams["append"]
+    with pg("sv_owner", autocommit=True) as conn:
+        catalog.define(conn, f"CREATE CONTINUOUS VIEW {schema}.shadowed AS {TWO.format(stream=append)}")
+        assert len(refs_tables(conn, schema, "shadowed")) == 2
+        conn.execute("SELECT cv.drop_replay_shadow(%s)", (f"{schema}.shadowed",))
+        assert refs_tables(conn, schema, "shadowed") == []
