@@ -178,3 +178,17 @@ def test_a_replays_shadow_is_dropped_with_every_expressions_reference_counts(pg,
         assert len(refs_tables(conn, schema, "shadowed")) == 2
         conn.execute("SELECT cv.drop_replay_shadow(%s)", (f"{schema}.shadowed",))
         assert refs_tables(conn, schema, "shadowed") == []
+
+
+def test_a_view_defined_over_a_keyed_streams_state_is_backfilled_into_every_expressions_counts(pg, writer, streams):
+    """Filled from the stream's current rows, it equals the view that saw each event and retraction."""
+    schema, keyed = streams["schema"], streams["keyed"]
+    rows = [(-5, 1, 1, "/a", 1), (-5, 2, 1, "/b", 2), (-5, 3, 2, "/b", 2), (-6, 1, 3, None, None)]
+    apply_rows(writer, keyed, [1] * len(rows), rows)
+    apply_rows(writer, keyed, [-1], [rows[1]])
+    with pg("sv_owner", autocommit=True) as conn:
+        catalog.define(conn, f"CREATE CONTINUOUS VIEW {schema}.late AS {THREE.format(stream=keyed)}")
+        late = rows_of(conn, f"SELECT * FROM {schema}.late", [-6, -5])
+        assert late == rows_of(conn, f"SELECT * FROM {schema}.keyed_three", [-6, -5])
+        assert [(r["users"], r["urls"], r["sum_ms"]) for r in late] == [(1, 0, None), (2, 2, 3)]
+        catalog.define(conn, f"DROP CONTINUOUS VIEW {schema}.late")
