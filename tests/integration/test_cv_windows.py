@@ -7,6 +7,7 @@ same transaction as the read (so both see the same now()).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from datetime import UTC, datetime, timedelta
@@ -55,6 +56,17 @@ def read_and_recompute(conn, view, stream, columns, rows, select, groups):
         query = select.format(stream=stream, where=merged)
         expected = conn.execute(f"SELECT * FROM ({query}) q WHERE g = ANY(%s) ORDER BY g", (groups,)).fetchall()
     return got, expected
+
+
+@contextlib.contextmanager
+def defined(pg, view, statement):
+    """A view of the test's own, dropped after."""
+    with pg("sv_owner", autocommit=True) as owner:
+        catalog.define(owner, statement)
+        try:
+            yield
+        finally:
+            catalog.drop(owner, [view], "view")
 
 
 example = itertools.count(1)
@@ -142,24 +154,20 @@ def test_keyed_max_and_min_in_a_window_take_the_value_at_the_extreme_key_of_its_
         f" keyed_min(x, u) AS low_u FROM {streams['append']} WHERE ts > now() - interval '{WIDTH}' GROUP BY g"
     )
     now, g = datetime.now(UTC), 7_000_100
-    with pg("sv_owner", autocommit=True) as owner:
-        catalog.define(owner, statement)
-        try:
-            apply_rows(writer, streams["append"], [1, 1], [(g, 1, 5.0, now - timedelta(minutes=1)), (g, 3, 9.0, now)])
-            apply_rows(
-                writer,
-                streams["append"],
-                [1, 1, 1],
-                [
-                    (g, 2, 9.0, now - timedelta(minutes=2)),  # ties with u = 3, in another step: the least u
-                    (g, 7, 1.0, now - timedelta(minutes=4)),
-                    (g, 4, 50.0, now - timedelta(minutes=20)),  # older than the window
-                ],
-            )
-            with pg("sv_reader") as reader:
-                assert reader.execute(f"SELECT top_u, low_u FROM {view} WHERE g = {g}").fetchall() == [(2, 7)]
-        finally:
-            catalog.drop(owner, [view], "view")
+    with defined(pg, view, statement):
+        apply_rows(writer, streams["append"], [1, 1], [(g, 1, 5.0, now - timedelta(minutes=1)), (g, 3, 9.0, now)])
+        apply_rows(
+            writer,
+            streams["append"],
+            [1, 1, 1],
+            [
+                (g, 2, 9.0, now - timedelta(minutes=2)),  # ties with u = 3, in another step: the least u
+                (g, 7, 1.0, now - timedelta(minutes=4)),
+                (g, 4, 50.0, now - timedelta(minutes=20)),  # older than the window
+            ],
+        )
+        with pg("sv_reader") as reader:
+            assert reader.execute(f"SELECT top_u, low_u FROM {view} WHERE g = {g}").fetchall() == [(2, 7)]
 
 
 def test_a_window_without_groups_counts_0_over_no_step_distinct_values_too(pg, streams):
@@ -170,13 +178,8 @@ def test_a_window_without_groups_counts_0_over_no_step_distinct_values_too(pg, s
         f"CREATE CONTINUOUS VIEW {view} WITH (backfill = 'none') AS SELECT count(*) AS n, count(DISTINCT u) AS users,"
         f" max(x) AS top FROM {streams['append']} WHERE ts > now() - interval '1 second'"
     )
-    with pg("sv_owner", autocommit=True) as owner:
-        catalog.define(owner, statement)
-        try:
-            with pg("sv_reader") as reader:
-                assert reader.execute(f"SELECT n, users, top FROM {view}").fetchall() == [(0, 0, None)]
-        finally:
-            catalog.drop(owner, [view], "view")
+    with defined(pg, view, statement), pg("sv_reader") as reader:
+        assert reader.execute(f"SELECT n, users, top FROM {view}").fetchall() == [(0, 0, None)]
 
 
 @pytest.mark.parametrize(
