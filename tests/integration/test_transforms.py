@@ -210,7 +210,7 @@ def test_drop_removes_its_changes_and_is_refused_while_read(pg, writer, streams)
         with pytest.raises(DefinitionError, match="sink test read its changes; drop them first"):
             catalog.define(owner, f"DROP CONTINUOUS TRANSFORM {name}")
         owner.execute("DELETE FROM cv.change_readers WHERE view = %s", (name,))
-        with pytest.raises(DefinitionError, match=f"stream {stream} is read by transforms"):
+        with pytest.raises(DefinitionError, match=f"stream {stream} is read or written by transforms"):
             catalog.drop(owner, [stream], "stream")
         assert catalog.define(owner, f"DROP CONTINUOUS TRANSFORM {name}") == [f"transform {name} dropped"]
         assert recorded(owner, name) == []

@@ -129,6 +129,7 @@ class _Case:
             }
         )
         self.refused: set[str] = set()
+        self.unread: set[str] = set()  # streams defined whose topic the case's runner may not read yet
         self.inserted = False
         self.timeouts = 0
 
@@ -160,6 +161,8 @@ class _Case:
             return self.expire(step)
         if re.match(r"\s*(INSERT|COPY)\b", step.sql, re.I):
             self.inserted = True
+            for stream in [s for s in self.unread if re.search(rf"\b{s}\b", step.sql)]:
+                self.wait_subscribed(stream)
         if expected.rows is not None and self.inserted:
             self.wait_applied()
         try:
@@ -175,7 +178,8 @@ class _Case:
         if expected.rows is None:
             return Outcome(text, "passed")
         columns = [c.name for c in self.cursor.description or ()]
-        outcome = _compare(text, expected.rows, rows or [], _sort_keys(step.sql, columns))
+        texts = {i for i, c in enumerate(self.cursor.description or ()) if c.type_code in _TEXT_TYPES}
+        outcome = _compare(text, expected.rows, rows or [], _sort_keys(step.sql, columns), texts)
         outcome.rows = True
         return outcome
 
@@ -195,7 +199,7 @@ class _Case:
                 self.refused.add(step.source)
             return Outcome(text, "refused", _line(str(e)))
         if step.kind == "stream":
-            self.wait_subscribed(step.name)
+            self.unread.add(step.name)
         if step.statement.expected.error is not None:
             if step.kind == "view":  # PipelineDB made nothing: the case goes on without it, as PipelineDB's did
                 catalog.drop(self.conn, [step.name], "view")
@@ -203,12 +207,13 @@ class _Case:
         return Outcome(text, "passed")
 
     def wait_subscribed(self, stream: str) -> None:
-        """Until the case's runner reads the new stream's topic, as a PipelineDB stream reads at once.
+        """Before a stream's first INSERT: until the case's runner reads its topic, as a PipelineDB stream reads at once.
 
         Otherwise the first INSERT waits for the runner to see the catalog, subscribe and rebalance
         (seconds), and a case that sleeps past a short window (sw_expiration: rows 1 s old in a 3 s
         window) reads them already expired.
         """
+        self.unread.discard(stream)
         topic = self.conn.execute("SELECT topic FROM cv.streams WHERE name = %s", (stream,)).fetchone()
         admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{self.stack.kafka_port}"})
         deadline = time.monotonic() + APPLY_TIMEOUT_S
@@ -216,7 +221,7 @@ class _Case:
             with contextlib.suppress(KafkaException):
                 group = admin.describe_consumer_groups([self.names.group])[self.names.group].result(5)
                 if any(tp.topic == topic[0] for m in group.members for tp in m.assignment.topic_partitions):
-                    return
+                    break
             time.sleep(0.1)
 
     def expire(self, step: Step) -> Outcome:
@@ -356,14 +361,22 @@ def _runs(rows: list[tuple], keys: list[int]) -> list[tuple[tuple, list[tuple]]]
     return [(key, sorted(members, key=repr)) for key, members in runs]
 
 
-def _compare(text: str, expected: list[tuple], rows: list[tuple], keys: list[int] | None = None) -> Outcome:
-    """PipelineDB's rows and ours: in order under ORDER BY (rows its keys tie on in any order), else as sets."""
+def _compare(
+    text: str, expected: list[tuple], rows: list[tuple], keys: list[int] | None = None, texts: set[int] | None = None
+) -> Outcome:
+    """PipelineDB's rows and ours: in order under ORDER BY (rows its keys tie on in any order), else as sets.
+
+    PipelineDB's cases ran in an en_US database, this one sorts text in C.UTF-8 ('LO' before 'leri'):
+    ordered by text columns (`texts`, ascending), our rows are put in en_US's order before comparing.
+    """
     got = [tuple(_normal(v) for v in row) for row in rows]
     want = [tuple(_normal(v) for v in row) for row in expected]
     ordered = re.search(r"\bORDER\s+BY\b", text, re.I) is not None
     if not ordered:
         same = sorted(got, key=repr) == sorted(want, key=repr)
     elif keys is not None and all(len(r) > max(keys, default=-1) for r in got + want):
+        if set(keys) & (texts or set()) and not re.search(r"\bDESC\b", text, re.I):
+            got = sorted(got, key=lambda row: tuple(_en_us(row[i], i in (texts or set())) for i in keys))
         same = _runs(got, keys) == _runs(want, keys)
     else:
         same = got == want
@@ -375,6 +388,21 @@ def _compare(text: str, expected: list[tuple], rows: list[tuple], keys: list[int
         f"rows differ: expected {want[:4]}{'...' if len(want) > 4 else ''}, got "
         f"{got[:4]}{'...' if len(got) > 4 else ''}",
     )
+
+
+_TEXT_TYPES = frozenset({19, 25, 1042, 1043})  # name, text, char(n), varchar
+
+
+def _en_us(value: str | None, text: bool) -> tuple:
+    """A sort key of a cell as en_US orders it (NULLs last, as ASC does): text by its case-folded letters."""
+    if value is None:
+        return (2, "")
+    if text:
+        return (1, value.casefold(), value)
+    try:
+        return (0, float(value), value)
+    except ValueError:
+        return (1, value, value)
 
 
 def _normal(value: object) -> str | None:

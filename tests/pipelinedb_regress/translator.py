@@ -31,7 +31,7 @@ _TABLE_SEPARATOR = re.compile(r"^-+(\+-+)*$")
 _ROW_COUNT = re.compile(r"^\((\d+) rows?\)$")
 _MESSAGE = re.compile(r"^(ERROR|NOTICE|WARNING|DETAIL|HINT|CONTEXT|INFO|LINE \d+|QUERY|STATEMENT):")
 # Lines that continue a message psql printed (DETAIL of a DROP ... CASCADE lists one object per line).
-_CONTINUED = re.compile(r"^drop cascades to ")
+_CONTINUED = re.compile(r"^drop cascades to |^(view|foreign table|table|function|type) \S+ depends on ")
 _SKIPPED_TOKENS = frozenset({"SQL_COMMENT", "C_COMMENT"})
 
 # What has no meaning on this system, by the words that show it, with the reason the table gives.
@@ -63,7 +63,10 @@ INTERNALS: list[tuple[re.Pattern[str], str]] = [
         re.compile(r"^\s*(SET|RESET)\s+search_path\b", re.I),
         "the case's search_path: the harness keeps its own (the case's schema, then public and streams)",
     ),
-    (re.compile(r"\bTRIGGER\b", re.I), "triggers on matrels (PipelineDB internals)"),
+    (
+        re.compile(r"\b(CREATE|DROP|ALTER)\s+(CONSTRAINT\s+)?TRIGGER\b", re.I),
+        "triggers on matrels (PipelineDB internals)",
+    ),
     (re.compile(r"\bpg_get_viewdef\b|\bpipeline_get_\w+", re.I), "PipelineDB's stored definitions"),
 ]
 
@@ -407,17 +410,25 @@ def _step(statement: Statement, names: Names) -> Step:
         r"\bCREATE\s+SCHEMA\s+(?:IF\s+NOT\s+EXISTS\s+)?(\w+)|\bALTER\s+SCHEMA\s+\w+\s+RENAME\s+TO\s+(\w+)", text, re.I
     ):
         names.schemas.update(n.lower() for n in schema if n)
+    if renamed := re.match(r"\s*ALTER\s+SCHEMA\s+(\w+)\s+RENAME\s+TO\s+(\w+)", text, re.I):  # its streams too
+        old, new = renamed.group(1).lower(), renamed.group(2).lower()
+        for stream, name in list(names.streams.items()):
+            if stream.startswith(f"{old}."):
+                names.streams[f"{new}.{stream.split('.', 1)[1]}"] = name
     if m := (_CREATE_TABLE.match(text) or _CREATE_OTHER.match(text)):
         names.tables.add(m.group(1).lower())
         if re.match(r"\s*CREATE\s+TYPE\b", text, re.I):
             names.types.add(m.group(1).lower())
+    # PostgreSQL 14 removed the postfix factorial (`6!`): the same number is factorial(6).
+    text = re.sub(r"(?<![\w.'])(\d+)\s*!(?!=)", r"factorial(\1)", text)
     return Step("sql", statement, sql=names.rewrite(text, qualify_relations=False))
 
 
 def _stream(statement: Statement, names: Names, name: str, columns: str, rest: str) -> Step:
     if rest.strip():
         return Step("unsupported", statement, reason=f"stream options of PipelineDB ({rest.strip()[:40]})")
-    renamed = f"{name.split('.')[-1]}_{names.suffix}"
+    # Streams have one name here: `schema.s` is `schema_s`, apart from `s` and from `other.s`.
+    renamed = f"{name.replace('.', '_')}_{names.suffix}"
     if name in names.streams:
         names.declared[name] = names.declared.get(name, 0) + 1
     names.streams[name] = renamed

@@ -141,7 +141,9 @@ def _drop(conn: psycopg.Connection, change: Drop, scope: Scope) -> tuple[Outcome
             lines.append(drop_view(conn, qualified, stream, scope).line)
         else:
             if read_by := transforms_of(conn, qualified):  # a transform is not a view: say so apart
-                raise DefinitionError(f"stream {qualified} is read by transforms {', '.join(read_by)}; drop them first")
+                raise DefinitionError(
+                    f"stream {qualified} is read or written by transforms {', '.join(read_by)}; drop them first"
+                )
             lines.append(drop_stream(conn, qualified, scope.streams).line)
             scope = scope.without_stream(qualified)
     return Outcome("; ".join(lines), changed=dropped), scope
