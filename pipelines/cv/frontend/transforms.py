@@ -30,7 +30,14 @@ from pglast.stream import RawStream
 from pipelines.cv.frontend import views
 from pipelines.cv.frontend.view_shapes import ARRIVAL, from_stream
 from pipelines.cv.model import MAX_VIEW_NAME, DefinitionError, Join, Output, Scope, StreamDef, TransformDef
-from pipelines.cv.sqltext.parsing import options_of, parse_rewritten, plain_identifier, reject_unsupported, walk
+from pipelines.cv.sqltext.parsing import (
+    option_word,
+    options_of,
+    parse_rewritten,
+    plain_identifier,
+    reject_unsupported,
+    walk,
+)
 
 _CREATE = re.compile(r"\s*CREATE\s+(OR\s+REPLACE\s+)?CONTINUOUS\s+TRANSFORM\b", re.IGNORECASE)
 _PIPELINEDB = re.compile(r"\s*CREATE\s+VIEW\b", re.IGNORECASE)
@@ -58,7 +65,7 @@ def is_transform(statement: str) -> bool:
     except DefinitionError:
         return False
     return isinstance(node, ast.ViewStmt) and any(
-        o.defname == "action" and _word(o.arg) == "transform" for o in node.options or ()
+        o.defname == "action" and option_word(o.arg) == "transform" for o in node.options or ()
     )
 
 
@@ -162,15 +169,6 @@ def _from_stream(select: ast.SelectStmt, scope: Scope, what: str) -> tuple[Strea
             "them; a transform reads a stream or another transform's output"
         )
     return stream, join
-
-
-def _word(arg: object) -> str | None:
-    """An option's value written as a word (`action = transform`) or a string (`action = 'transform'`)."""
-    if isinstance(arg, ast.String):
-        return arg.sval
-    if isinstance(arg, ast.TypeName) and len(arg.names) == 1 and not arg.typmods:
-        return arg.names[0].sval
-    return None
 
 
 def _options(defs: tuple | None, *, pipelinedb: bool, what: str) -> tuple[dict[str, str], str | None]:
