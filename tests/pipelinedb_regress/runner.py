@@ -27,11 +27,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-import pglast
 import psycopg
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
-from pglast import ast
 from psycopg.types.string import TextLoader
 
 from pipelines.cv import catalog
@@ -44,6 +42,7 @@ from pipelines.settings import PostgresSettings
 from stack.configure import client_settings
 from stack.settings import StackSettings
 from tests.integration.conftest import drop_in_dependency_order
+from tests.pipelinedb_regress.compare import TEXT_TYPES, Outcome, compare, sort_keys
 from tests.pipelinedb_regress.translator import Names, Step, load, translate
 
 # How long one statement may wait for its rows to be applied (a stuck case fails, it does not hang).
@@ -56,16 +55,6 @@ SESSION = (
     "SET IntervalStyle = 'postgres_verbose'",
     "SET extra_float_digits = 0",
 )
-
-
-@dataclass
-class Outcome:
-    """One statement's outcome."""
-
-    statement: str
-    status: str
-    detail: str = ""
-    rows: bool = False  # PipelineDB printed rows for it: a SELECT compared
 
 
 @dataclass
@@ -178,8 +167,8 @@ class _Case:
         if expected.rows is None:
             return Outcome(text, "passed")
         columns = [c.name for c in self.cursor.description or ()]
-        texts = {i for i, c in enumerate(self.cursor.description or ()) if c.type_code in _TEXT_TYPES}
-        outcome = _compare(text, expected.rows, rows or [], _sort_keys(step.sql, columns), texts)
+        texts = {i for i, c in enumerate(self.cursor.description or ()) if c.type_code in TEXT_TYPES}
+        outcome = compare(text, expected.rows, rows or [], sort_keys(step.sql, columns), texts)
         outcome.rows = True
         return outcome
 
@@ -207,7 +196,7 @@ class _Case:
         return Outcome(text, "passed")
 
     def wait_subscribed(self, stream: str) -> None:
-        """Before a stream's first INSERT: until the case's runner reads its topic, as a PipelineDB stream reads at once.
+        """Before a stream's first INSERT: until the case's runner reads its topic, as PipelineDB read at once.
 
         Otherwise the first INSERT waits for the runner to see the catalog, subscribe and rebalance
         (seconds), and a case that sleeps past a short window (sw_expiration: rows 1 s old in a 3 s
@@ -326,91 +315,6 @@ class _Case:
         except KafkaException:
             return True  # no answer: ask again rather than read too early
         return found is not None and found.error is None
-
-
-def _sort_keys(query: str, columns: list[str]) -> list[int] | None:
-    """The output columns a query's ORDER BY sorts by (names or positions); None when it sorts by anything else."""
-    try:
-        statement = pglast.parse_sql(query)[0].stmt
-    except pglast.parser.ParseError:
-        return None
-    keys = []
-    for item in getattr(statement, "sortClause", None) or ():
-        node = item.node
-        if isinstance(node, ast.A_Const) and isinstance(node.val, ast.Integer):
-            keys.append(node.val.ival - 1)
-        elif isinstance(node, ast.ColumnRef) and isinstance(node.fields[-1], ast.String):
-            name = node.fields[-1].sval
-            if columns.count(name) != 1:
-                return None
-            keys.append(columns.index(name))
-        else:
-            return None
-    return keys
-
-
-def _runs(rows: list[tuple], keys: list[int]) -> list[tuple[tuple, list[tuple]]]:
-    """Rows in their order, as runs of equal sort keys; within a run, in no order (as PostgreSQL leaves ties)."""
-    runs: list[tuple[tuple, list[tuple]]] = []
-    for row in rows:
-        key = tuple(row[i] for i in keys)
-        if runs and runs[-1][0] == key:
-            runs[-1][1].append(row)
-        else:
-            runs.append((key, [row]))
-    return [(key, sorted(members, key=repr)) for key, members in runs]
-
-
-def _compare(
-    text: str, expected: list[tuple], rows: list[tuple], keys: list[int] | None = None, texts: set[int] | None = None
-) -> Outcome:
-    """PipelineDB's rows and ours: in order under ORDER BY (rows its keys tie on in any order), else as sets.
-
-    PipelineDB's cases ran in an en_US database, this one sorts text in C.UTF-8 ('LO' before 'leri'):
-    ordered by text columns (`texts`, ascending), our rows are put in en_US's order before comparing.
-    """
-    got = [tuple(_normal(v) for v in row) for row in rows]
-    want = [tuple(_normal(v) for v in row) for row in expected]
-    ordered = re.search(r"\bORDER\s+BY\b", text, re.I) is not None
-    if not ordered:
-        same = sorted(got, key=repr) == sorted(want, key=repr)
-    elif keys is not None and all(len(r) > max(keys, default=-1) for r in got + want):
-        if set(keys) & (texts or set()) and not re.search(r"\bDESC\b", text, re.I):
-            got = sorted(got, key=lambda row: tuple(_en_us(row[i], i in (texts or set())) for i in keys))
-        same = _runs(got, keys) == _runs(want, keys)
-    else:
-        same = got == want
-    if same:
-        return Outcome(text, "passed")
-    return Outcome(
-        text,
-        "failed",
-        f"rows differ: expected {want[:4]}{'...' if len(want) > 4 else ''}, got "
-        f"{got[:4]}{'...' if len(got) > 4 else ''}",
-    )
-
-
-_TEXT_TYPES = frozenset({19, 25, 1042, 1043})  # name, text, char(n), varchar
-
-
-def _en_us(value: str | None, text: bool) -> tuple:
-    """A sort key of a cell as en_US orders it (NULLs last, as ASC does): text by its case-folded letters."""
-    if value is None:
-        return (2, "")
-    if text:
-        return (1, value.casefold(), value)
-    try:
-        return (0, float(value), value)
-    except ValueError:
-        return (1, value, value)
-
-
-def _normal(value: object) -> str | None:
-    """Psql's text of a value: NULL and the empty string print alike; cells are trimmed."""
-    if value is None:
-        return None
-    text = str(value).strip()
-    return text or None
 
 
 def _line(message: str) -> str:

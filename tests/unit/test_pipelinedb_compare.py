@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.pipelinedb_regress.runner import _compare, _sort_keys
+from tests.pipelinedb_regress.compare import compare, sort_keys
 
 PRINTED = [("0", "0", "0"), ("0", "0", "1"), ("0", "0", "0"), ("0", "0", "1"), ("1", "1", "2")]
 
 
 def test_rows_an_order_by_ties_on_may_come_in_any_order():
     query = "SELECT * FROM v ORDER BY id"
-    keys = _sort_keys(query, ["id", "tid", "data"])
+    keys = sort_keys(query, ["id", "tid", "data"])
     assert keys == [0]
     ours = [("0", "0", "0"), ("0", "0", "0"), ("0", "0", "1"), ("0", "0", "1"), ("1", "1", "2")]
-    assert _compare(query, PRINTED, ours, keys).status == "passed"
+    assert compare(query, PRINTED, ours, keys).status == "passed"
 
 
 @pytest.mark.parametrize(
@@ -26,11 +26,11 @@ def test_rows_an_order_by_ties_on_may_come_in_any_order():
 )
 def test_rows_out_of_the_order_by_or_different_differ(ours):
     query = "SELECT * FROM v ORDER BY 1"
-    assert _compare(query, PRINTED, ours, _sort_keys(query, ["id", "tid", "data"])).status == "failed"
+    assert compare(query, PRINTED, ours, sort_keys(query, ["id", "tid", "data"])).status == "failed"
 
 
 def test_an_order_by_of_expressions_compares_in_order_and_no_order_by_as_sets():
-    assert _sort_keys("SELECT * FROM v ORDER BY id + 1", ["id"]) is None
+    assert sort_keys("SELECT * FROM v ORDER BY id + 1", ["id"]) is None
     swapped = [PRINTED[1], PRINTED[0], *PRINTED[2:]]
-    assert _compare("SELECT * FROM v ORDER BY id + 1", PRINTED, swapped, None).status == "failed"
-    assert _compare("SELECT * FROM v", PRINTED, list(reversed(PRINTED))).status == "passed"
+    assert compare("SELECT * FROM v ORDER BY id + 1", PRINTED, swapped, None).status == "failed"
+    assert compare("SELECT * FROM v", PRINTED, list(reversed(PRINTED))).status == "passed"
