@@ -128,3 +128,5 @@ def test_insert_into_stream_refuses_other_columns_and_keeps_its_stream_from_bein
             )
         with pytest.raises(DefinitionError, match=rf"{schema}.to_slow"):
             catalog.drop(conn, [slow], "stream")
+        with pytest.raises(DefinitionError, match=rf"{schema}.to_slow write into it by position"):
+            catalog.define(conn, f"ALTER STREAM {slow} ADD COLUMN note text")

@@ -24,7 +24,7 @@ from pipelines.cv.catalog import stream_inserts
 from pipelines.cv.catalog.locks import Outcome, lock_stream_for_change, lock_tables
 from pipelines.cv.catalog.store import load_views
 from pipelines.cv.catalog.stream_types import check_input_types
-from pipelines.cv.catalog.transforms import load_transforms
+from pipelines.cv.catalog.transforms import load_transforms, writers_of
 from pipelines.cv.frontend.changes import AlterStream, stream_with_column
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import DefinitionError, StreamDef
@@ -45,6 +45,10 @@ def change_column(
         other = stored.into or ", ".join(feeders)
         raise DefinitionError(
             f"{what}: its columns match {other}'s by position (into); change both by dropping and defining them"
+        )
+    if writers := writers_of(conn, stored.name):  # insert_into_stream matched its columns when defined
+        raise DefinitionError(
+            f"{what}: {', '.join(writers)} write into it by position (insert_into_stream); drop them first"
         )
     if change.drop_column in (stored.key or ()):
         raise DefinitionError(f"{what}: DROP COLUMN {change.drop_column}: it is part of the stream's key")

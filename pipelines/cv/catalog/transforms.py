@@ -139,8 +139,16 @@ def _check_into(
 
 def transforms_of(conn: psycopg.Connection, stream: str) -> list[str]:
     """The names of the transforms reading `stream` or writing into it (insert_into_stream), in name order."""
-    rows = conn.execute("SELECT name, stream, definition FROM cv.transforms ORDER BY name").fetchall()
-    return [name for name, reads, definition in rows if stream in (reads, writes_into(definition))]
+    rows = conn.execute("SELECT name, stream FROM cv.transforms ORDER BY name").fetchall()
+    return sorted({name for name, reads in rows if reads == stream} | set(writers_of(conn, stream)))
+
+
+def writers_of(conn: psycopg.Connection, stream: str) -> list[str]:
+    """The names of the transforms writing into `stream` (insert_into_stream), in name order."""
+    rows = conn.execute(
+        "SELECT name, definition FROM cv.transforms WHERE definition ~* 'insert_into_stream' ORDER BY name"
+    ).fetchall()
+    return [name for name, definition in rows if writes_into(definition) == stream]
 
 
 def load_transforms(conn: psycopg.Connection, streams: Mapping[str, StreamDef], stream: str) -> list[TransformDef]:
