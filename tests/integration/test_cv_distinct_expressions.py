@@ -22,7 +22,8 @@ TWO = "SELECT g, count(DISTINCT uid) AS users, count(DISTINCT url) AS urls, coun
 THREE = """
     SELECT g, count(DISTINCT uid) AS users, count(DISTINCT url) AS urls, sum(DISTINCT ms) AS sum_ms,
            avg(DISTINCT ms) AS avg_ms, array_agg(DISTINCT url) AS each_url, count(DISTINCT k) AS keys,
-           count(*) AS n
+           json_agg(DISTINCT url) AS urls_json, string_agg(DISTINCT url, ',') AS urls_text,
+           jsonb_agg(DISTINCT ms) AS ms_jsonb, count(*) AS n
     FROM {stream} GROUP BY g"""
 KEYED_COLUMNS = "g bigint, k bigint, uid bigint, url text, ms int"
 APPEND_COLUMNS = "g bigint, k bigint, uid bigint, url text, ms int"

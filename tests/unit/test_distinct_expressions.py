@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
-from pipelines.cv.model import Scope, StreamDef, ViewDef
+from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
 from pipelines.cv.views import compiler, refs
 from pipelines.cv.views.view_types import ViewTypes
 
@@ -131,3 +131,28 @@ def test_retention_reaches_every_expressions_reference_counts(streams):
     assert deletes[1:] == [
         f"""DELETE FROM "cv"."t__hourly__refs{s}" WHERE "hour" < now() - '1 day'::interval""" for s in ("", "2")
     ]
+
+
+def test_every_distinct_aggregate_over_an_expression_reads_its_one_kept_set(streams):
+    view = define(
+        streams,
+        "SELECT url, sum(DISTINCT ms) AS s, avg(DISTINCT ms) AS a, string_agg(DISTINCT url, ',') AS t,"
+        " json_agg(DISTINCT ms) AS j FROM clicks GROUP BY url",
+    )
+    assert view.distinct_args == ("ms", "url")
+    sets = [a for a in view.aggregates if a.kind == "set"]
+    assert [a.arg_sql for a in sets] == ["ms", "url"]  # one set per expression, shared by its calls
+    assert any(a.kind == "count" and a.filter_sql == "(ms) IS NULL" for a in view.aggregates)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        ("string_agg(DISTINCT url, uid::text)", "constant delimiter"),
+        ("count(DISTINCT uid) FILTER (WHERE ms > 1)", "FILTER on a DISTINCT aggregate"),
+        ("bit_or(DISTINCT uid)", "DISTINCT works with count, sum, avg, array_agg, json_agg"),
+    ],
+)
+def test_a_distinct_aggregate_that_cannot_be_kept_is_refused_in_one_line(streams, call, match):
+    with pytest.raises(DefinitionError, match=match):
+        define(streams, f"SELECT url, {call} AS x FROM clicks GROUP BY url")

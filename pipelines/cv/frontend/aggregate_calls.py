@@ -7,7 +7,7 @@ the stored values, given the call's result type as PostgreSQL resolves it.
 
 | call                                     | stored                                      | exact |
 | count                                    | itself                                      | yes   |
-| array_agg(DISTINCT x)                    | its values, count(*) FILTER (x IS NULL)     | yes   |
+| count/sum/avg/array_agg(DISTINCT x) ... | see pipelines.cv.frontend.distinct_calls    | yes   |
 | min, max                                 | itself (+ value counts over keyed streams)  | yes   |
 | sum(x)                                   | count(x), sum(x): NULL over no values (*)   | yes   |
 | avg(x)                                   | count(x), sum(x) (*)                        | yes   |
@@ -39,6 +39,7 @@ from collections.abc import Iterable
 from pglast import ast
 from pglast.stream import RawStream
 
+from pipelines.cv.frontend.distinct_calls import distinct_call
 from pipelines.cv.frontend.pipelinedb_calls import COLLECTING, PIPELINEDB, translate_pipelinedb
 from pipelines.cv.frontend.stored_calls import Reader, Stored, Translation, read_as_stored
 from pipelines.cv.model import DefinitionError
@@ -79,18 +80,6 @@ def sum_term(x: str) -> str:
 def _sum(refs: list[str], type_: str) -> str:
     n, s = refs
     return f"CASE WHEN {n} = 0 THEN NULL ELSE {_cast(s, type_)} END"
-
-
-def null_test(x: str) -> str:
-    """The filter of the count of rows whose array_agg(DISTINCT x) argument is NULL."""
-    return f"({x}) IS NULL"
-
-
-def _distinct_array(refs: list[str], _type: str) -> str:
-    if len(refs) == 1:  # over a key column (never NULL), or a view defined before NULL was counted
-        return refs[0]
-    values, nulls = refs
-    return f"CASE WHEN {nulls} > 0 THEN array_append({values}, NULL) ELSE {values} END"
 
 
 def _moments(function: str) -> Reader:
@@ -257,7 +246,7 @@ def translate(
     if name == "set_agg":  # PipelineDB's name for array_agg(DISTINCT x)
         if call.agg_distinct or call.agg_within_group or len(call.args or ()) != 1:
             raise DefinitionError(f"{what}: {label}: set_agg(x) takes one argument")
-        kept = _distinct("array_agg", (RawStream()(call.args[0]),), where, label, what, windowed, never_null)
+        kept = distinct_call("array_agg", (RawStream()(call.args[0]),), where, label, what, windowed, never_null)
         return Translation("set_agg", kept.stored, kept.reader, kept.retractable)
     if name in PIPELINEDB or (name in COLLECTING and not call.agg_distinct and not call.agg_order):
         return translate_pipelinedb(name, call, where, label, what, windowed=windowed)
@@ -265,7 +254,7 @@ def translate(
         raise DefinitionError(f"{what}: {label}: ORDER BY inside an aggregate is not supported")
     args = tuple(RawStream()(a) for a in call.args or ())
     if call.agg_distinct:
-        return _distinct(name, args, where, label, what, windowed, never_null if count_nulls else None)
+        return distinct_call(name, args, where, label, what, windowed, never_null if count_nulls else None)
     if call.agg_within_group:
         return _within_group(name, call, where, label, what)
     if call.agg_star:
@@ -279,7 +268,7 @@ def translate(
             raise DefinitionError(f"{what}: {label} takes one argument")
         if windowed:
             raise DefinitionError(f"{what}: {label}: a sliding window only estimates distinct counts")
-        return _distinct("count", args, where, label, what, windowed)
+        return distinct_call("count", args, where, label, what, windowed)
     if name == "approx_count_distinct":  # a HyperLogLog estimate, as PipelineDB kept count(DISTINCT)
         if len(args) != 1:
             raise DefinitionError(f"{what}: {label} takes one argument")
@@ -326,42 +315,6 @@ def _combined(upstream: ast.FuncCall, what: str) -> Translation:
         return _cast(f"({value})", type_) if type_ else value
 
     return Translation(inner.function, inner.stored, read, inner.retractable)
-
-
-def _distinct(
-    name: str,
-    args: tuple[str, ...],
-    where: str | None,
-    label: str,
-    what: str,
-    windowed: bool,
-    never_null: frozenset[str] | None = frozenset(),
-) -> Translation:
-    """`never_null` None: count no NULL (a view stored before NULL was counted)."""
-    if where is not None:
-        raise DefinitionError(f"{what}: {label}: FILTER on a DISTINCT aggregate is not supported")
-    if len(args) != 1:
-        raise DefinitionError(f"{what}: {label} takes exactly one argument")
-    if name == "count":
-        if windowed:  # steps' distinct counts cannot be added up, sketches merge; over no step 0, as PostgreSQL
-            stored, read = Stored("hll", f"hll_hash_any({args[0]})"), "coalesce(round(hll_cardinality({}))::bigint, 0)"
-            return Translation("count_distinct", (stored,), lambda refs, _t: read.format(refs[0]), False)
-        return Translation("count_distinct", (Stored("count_distinct", args[0]),), read_as_stored)
-    if name == "array_agg":
-        if windowed:
-            raise DefinitionError(f"{what}: {label} is not supported in a sliding-window view")
-        if never_null is None or args[0] in never_null:  # a key column: the set is all there is
-            return Translation("array_agg", (Stored("set", args[0]),), read_as_stored)
-        # The set keeps the values; NULL, which PostgreSQL's array_agg(DISTINCT) lists last, is counted.
-        nulls = Stored("count", None, null_test(args[0]))
-        return Translation("array_agg", (Stored("set", args[0]), nulls), _distinct_array)
-    if name in {"sum", "avg"}:  # over the group's set of values, which reference counts keep exact
-        if windowed:
-            raise DefinitionError(f"{what}: {label} is not supported in a sliding-window view")
-        over_set = f"(SELECT {name}(e) FROM unnest({{}}) AS e)"  # noqa: S608 - the view's own stored column
-        return Translation(name, (Stored("set", args[0]),), lambda refs, _t: over_set.format(refs[0]))
-    hint = " (only array_agg(DISTINCT x) keeps a set)" if name == "array_agg" else ""
-    raise DefinitionError(f"{what}: {label} is not supported{hint}; DISTINCT works with count, sum, avg and array_agg")
 
 
 def _within_group(name: str, call: ast.FuncCall, where: str | None, label: str, what: str) -> Translation:
