@@ -31,11 +31,12 @@ APPEND_COLUMNS = "g bigint, k bigint, uid bigint, url text, ms int"
 
 @pytest.fixture(scope="module")
 def streams(stack, pg):
+    """Rows go through the engine directly; a consumer group no runner runs keeps the supervised one away."""
     name = unique("dx")
     keyed, append = f"{name}_keyed", f"{name}_events"
     definitions = f"""
-        CREATE STREAM {keyed} ({KEYED_COLUMNS}) WITH (topic = '{keyed}', key = 'g, k');
-        CREATE STREAM {append} ({APPEND_COLUMNS}) WITH (topic = '{append}');
+        CREATE STREAM {keyed} ({KEYED_COLUMNS}) WITH (topic = '{keyed}', key = 'g, k', consumer_group = '{name}');
+        CREATE STREAM {append} ({APPEND_COLUMNS}) WITH (topic = '{append}', consumer_group = '{name}');
         CREATE CONTINUOUS VIEW {name}.keyed_two AS {TWO.format(stream=keyed)};
         CREATE CONTINUOUS VIEW {name}.keyed_three AS {THREE.format(stream=keyed)};
         CREATE CONTINUOUS VIEW {name}.append_two AS {TWO.format(stream=append)};
