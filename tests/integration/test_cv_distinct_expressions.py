@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipelines.cv import catalog
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.model import DefinitionError
-from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
+from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique, wait_for
 
 TWO = "SELECT g, count(DISTINCT uid) AS users, count(DISTINCT url) AS urls, count(*) AS n FROM {stream} GROUP BY g"
 THREE = """
@@ -194,3 +195,37 @@ def test_a_view_defined_over_a_keyed_streams_state_is_backfilled_into_every_expr
         assert late == rows_of(conn, f"SELECT * FROM {schema}.keyed_three", [-6, -5])
         assert [(r["users"], r["urls"], r["sum_ms"]) for r in late] == [(1, 0, None), (2, 2, 3)]
         catalog.define(conn, f"DROP CONTINUOUS VIEW {schema}.late")
+
+
+def test_retention_deletes_expired_buckets_values_from_every_expressions_counts(pg, writer, streams):
+    schema = streams["schema"]
+    timed = f"{schema}_timed"
+    with pg("sv_owner", autocommit=True) as conn:
+        catalog.define(
+            conn,
+            f"CREATE STREAM {timed} (ts timestamptz, uid bigint, url text) WITH (topic = '{timed}',"
+            f" consumer_group = '{schema}');"
+            f"CREATE CONTINUOUS VIEW {schema}.per_second WITH (ttl = '1 second') AS"
+            f" SELECT date_trunc('second', ts) AS second, count(DISTINCT uid) AS users, count(DISTINCT url) AS urls"
+            f" FROM {timed} GROUP BY second",
+        )
+        try:
+            now = conn.execute("SELECT now()").fetchone()[0]
+            apply_rows(writer, timed, [1, 1], [(now, 1, "/a"), (now, 2, "/b")])
+            counted = [
+                conn.execute(f"SELECT count(*) FROM cv.{t}").fetchone()[0]
+                for t in refs_tables(conn, schema, "per_second")
+            ]
+            assert counted == [2, 2]
+            maintainer = StreamMaintainer(timed)
+
+            def expired() -> bool:
+                with writer.transaction():
+                    maintainer.expire(writer)
+                tables = refs_tables(conn, schema, "per_second")
+                return all(conn.execute(f"SELECT count(*) FROM cv.{t}").fetchone()[0] == 0 for t in tables)
+
+            wait_for(expired, timeout=30, what="the expired second's values gone from __refs and __refs2")
+        finally:
+            catalog.define(conn, f"DROP CONTINUOUS VIEW {schema}.per_second")
+            catalog.drop(conn, [timed], "stream")
