@@ -156,3 +156,14 @@ def test_every_distinct_aggregate_over_an_expression_reads_its_one_kept_set(stre
 def test_a_distinct_aggregate_that_cannot_be_kept_is_refused_in_one_line(streams, call, match):
     with pytest.raises(DefinitionError, match=match):
         define(streams, f"SELECT url, {call} AS x FROM clicks GROUP BY url")
+
+
+def test_a_sliding_window_counts_each_expression_in_a_sketch_and_keeps_no_reference_counts(streams):
+    view = define(
+        streams,
+        "SELECT url, count(DISTINCT uid) AS u, count(DISTINCT ms) AS m FROM clicks"
+        " WHERE ts > now() - interval '1 minute' GROUP BY url",
+    )
+    assert [(a.kind, a.arg_sql) for a in view.aggregates] == [("hll", "hll_hash_any(uid)"), ("hll", "hll_hash_any(ms)")]
+    assert view.distinct_args == ()
+    assert not compiler.uses_refs(view, streams["clicks"])
