@@ -118,6 +118,7 @@ class _Case:
             }
         )
         self.refused: set[str] = set()
+        self.last_insert: float | None = None  # when the statement before, an INSERT, ran
         self.unread: set[str] = set()  # streams defined whose topic the case's runner may not read yet
         self.inserted = False
         self.timeouts = 0
@@ -142,21 +143,24 @@ class _Case:
             if step.source:
                 self.refused.add(step.source)
             return Outcome(text, "skipped", f"reads {blocked[0]}, refused above")
+        anchor, self.last_insert = self.last_insert, None  # a sleep right after INSERTs is timed from them
         if step.kind == "view" and self.inserted:
             self.wait_applied()  # PipelineDB's view sees the rows inserted after it: not those still in flight
         if step.kind in ("stream", "view", "drop_stream", "drop_view", "set_ttl"):
             return self.define(step)
         if step.kind == "ttl_expire":
             return self.expire(step)
-        if re.match(r"\s*(INSERT|COPY)\b", step.sql, re.I):
+        inserting = re.match(r"\s*(INSERT|COPY)\b", step.sql, re.I) is not None
+        if inserting:
             self.inserted = True
             for stream in [s for s in self.unread if re.search(rf"\b{s}\b", step.sql)]:
                 self.wait_subscribed(stream)
         if expected.rows is not None and self.inserted:
             self.wait_applied()
         try:
-            self.cursor.execute(step.sql)
+            self.cursor.execute(_sleep_after(step.sql, anchor))
             rows = self.cursor.fetchall() if self.cursor.description else None
+            self.last_insert = time.monotonic() if inserting else None
         except psycopg.Error as e:
             message = _line(str(e))
             if expected.error is not None:
@@ -315,6 +319,22 @@ class _Case:
         except KafkaException:
             return True  # no answer: ask again rather than read too early
         return found is not None and found.error is None
+
+
+_SLEEP = re.compile(r"^\s*SELECT\s+pg_sleep\(\s*([0-9.]+)\s*\)\s*;?\s*$", re.I)
+
+
+def _sleep_after(statement: str, inserted_at: float | None) -> str:
+    """`SELECT pg_sleep(n)` right after INSERTs sleeps until n seconds after them, as it did in PipelineDB.
+
+    PipelineDB applied an INSERT's rows as it returned; here they go through the inbox and Kafka
+    first, and the wait for them to be applied must not lengthen the sleep a case times a short
+    window or ttl by (rows are as old as their arrival_timestamp, the INSERT's time).
+    """
+    sleep = _SLEEP.match(statement)
+    if sleep is None or inserted_at is None:
+        return statement
+    return f"SELECT pg_sleep({max(float(sleep.group(1)) - (time.monotonic() - inserted_at), 0):.3f})"
 
 
 def _line(message: str) -> str:
