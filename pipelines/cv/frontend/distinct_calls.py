@@ -68,6 +68,14 @@ def distinct_call(
 
 
 def _distinct_array(refs: list[str], _type: str) -> str:
+    """The kept set, and NULL last when counted.
+
+    A reader is translated again from the call's text (pipelines.cv.views.read_views.reader_of),
+    without the stream's key: the call's stored columns say whether NULL is counted (a key column is
+    never NULL, so no count is kept for it).
+    """
+    if len(refs) == 1:
+        return refs[0]
     values, nulls = refs
     return f"CASE WHEN {nulls} > 0 THEN array_append({values}, NULL) ELSE {values} END"
 
