@@ -16,6 +16,7 @@ import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import psycopg
 from psycopg import sql
@@ -127,6 +128,7 @@ class StreamMaintainer:
 
     stream_name: str
     _plan: _Plan | None = None
+    _plan_created: datetime | None = None  # the stream's created_at when the plan was compiled
     _sessions_ready: set[int] = field(default_factory=set)
 
     def apply(
@@ -252,11 +254,15 @@ class StreamMaintainer:
 
     def _current_plan(self, conn: psycopg.Connection) -> _Plan:
         # The stream's own version (migration 0018): another stream's definition leaves this plan be.
-        row = conn.execute("SELECT plan_version FROM cv.streams WHERE name = %s", (self.stream_name,)).fetchone()
+        # With its creation time: a stream dropped and declared again starts its versions at 0 anew.
+        row = conn.execute(
+            "SELECT plan_version, created_at FROM cv.streams WHERE name = %s", (self.stream_name,)
+        ).fetchone()
         if row is None:
             raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
-        if self._plan is None or self._plan.version != row[0]:
+        if self._plan is None or (self._plan.version, self._plan_created) != (row[0], row[1]):
             self._plan = self._compile(conn, row[0])
+            self._plan_created = row[1]
             self._sessions_ready.clear()
         return self._plan
 

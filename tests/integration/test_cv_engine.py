@@ -356,3 +356,27 @@ def test_another_streams_definition_that_no_longer_parses_does_not_stop_this_one
         row = conn.execute(f"SELECT n, total FROM {streams['schema']}.clicks WHERE oid = 900100").fetchone()
         conn.rollback()
     assert row == (1, 42)
+
+
+def test_a_stream_dropped_and_declared_again_with_other_columns_is_compiled_again(pg, writer):
+    name = unique("again")
+    stream = f"{name}_s"
+    maintainer = StreamMaintainer(stream)  # one maintainer across both declarations, as a runner keeps it
+
+    def declare(columns: str, select: str) -> None:
+        with pg("sv_owner", autocommit=True) as owner:
+            options = f"topic = '{stream}', consumer_group = '{name}'"
+            catalog.define(owner, f"CREATE STREAM {stream} ({columns}) WITH ({options})")
+            catalog.define(owner, f"CREATE CONTINUOUS VIEW {name}.v AS {select.format(stream)}")
+
+    with throwaway_views(pg, name, [stream], ""):
+        declare("a integer", "SELECT a, count(*) AS n FROM {} GROUP BY a")
+        with writer.transaction():
+            maintainer.apply(writer, [1], [[7]])
+        with pg("sv_owner", autocommit=True) as owner:
+            catalog.drop(owner, [f"{name}.v"], "view")
+            catalog.drop(owner, [stream], "stream")
+        declare("b text, c text", "SELECT c, count(*) AS n FROM {} GROUP BY c")  # its plan version starts at 0 again
+        with writer.transaction():
+            maintainer.apply(writer, [1, 1], [["x", "y"], ["p", "p"]])
+        assert writer.execute(f"SELECT c, n FROM {name}.v").fetchall() == [("p", 2)]
