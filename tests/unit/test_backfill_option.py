@@ -136,3 +136,24 @@ def test_the_backfill_waits_while_the_live_runner_is_behind_and_moving(monkeypat
 def test_a_live_runner_that_does_not_move_does_not_stop_the_backfill(monkeypatch):
     consumer = FakeConsumer([10_000])
     backfiller(monkeypatch, [100], max_s=0.1)._yield_to_live(consumer, {("t", "live")}, threading.Event())  # returns
+
+
+class RecordedWaits(threading.Event):
+    """A stop event that says how long the backfill waited on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.waits = []
+
+    def wait(self, timeout=None):
+        self.waits.append(timeout)
+        return False
+
+
+def test_a_live_runner_with_nothing_to_read_costs_the_backfill_no_pause(monkeypatch):
+    stop = RecordedWaits()
+    backfiller(monkeypatch, [150], max_s=1)._yield_to_live(FakeConsumer([150]), {("t", "live")}, stop)
+    assert stop.waits == []
+    busy = RecordedWaits()
+    backfiller(monkeypatch, [145], max_s=1)._yield_to_live(FakeConsumer([150]), {("t", "live")}, busy)
+    assert busy.waits == [PipelineSettings().backfill_pause_s]  # 5 behind: a pause, then within the lag
