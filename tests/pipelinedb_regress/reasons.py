@@ -53,6 +53,10 @@ REASONS: dict[str, str] = {
         "WITH (pk = 'count'): a view's rows are keyed by its GROUP BY columns; pk may name that column "
         "only, and the refusal says so"
     ),
+    "cont_set_agg": (
+        "array_agg(DISTINCT x) lists its set in the values' order, as PostgreSQL's own array_agg(DISTINCT) does "
+        "({1,a,NULL}); PipelineDB's listed the values in the order they first came ({a,1,NULL})"
+    ),
     "cont_subselect": (
         "json_array_elements() in a view: set-returning functions (one event in, many rows out) are refused; "
         "send one event per element"
@@ -83,7 +87,8 @@ REASONS: dict[str, str] = {
     "output_streams": (
         "(old)/(new) are per committed batch, as issue 25 defines a view's change stream: two INSERTs "
         "applied in one batch give one change where PipelineDB, one transaction per INSERT, gave two; "
-        "a view over output_of() has no arrival_timestamp of its own and joins no table"
+        "a view over output_of() has no arrival_timestamp of its own and joins no table; DROP of a view that "
+        "other views read is refused naming them (drop them first)"
     ),
     "cont_transform": (
         "an outputfunc that is a trigger function (ct_tg, insert_into_b: PL/pgSQL run per output row inside "
