@@ -3,7 +3,7 @@
 After a bug fix, or when a view's result is in doubt, the view is computed again from a point of the
 history its topic still holds, while readers keep reading its current result; once the new one has
 caught up it is swapped in atomically, and the view keeps its name, grants, sinks and change stream
-(pipelines.cv.catalog.replays: a hidden shadow view, caught up by the runner's backfill thread,
+(pipelines.cv.catalog.replays: a hidden shadow view, caught up by the runner's backfill process,
 swapped in by it). The command starts the replay, then prints its progress until the swap (with
 `--no-wait`, it returns at once; `streamviews status` shows it as "<view> (replay)"). Ctrl-C leaves
 the replay running; `--cancel` drops it.

@@ -4,7 +4,7 @@
 history without readers ever seeing a partial result. One mechanism, the backfill's: the replay is a
 *shadow* view, `cv_replay.replay_<id>`, with V's definition and `backfill = T` (without V's change
 stream), created as a definition is (pipelines.cv.catalog.views). The live runner maintains it from
-its switch point and the runner's backfill thread catches it up on the history before it, exactly as
+its switch point and the runner's backfill process catches it up on the history before it, exactly as
 for a new view (pipelines.cv.catalog.backfills, pipelines/cv/backfill.py).
 
 The batch that finishes the shadow's catch-up swaps it in (`swap_in`, migration 0032's
@@ -197,7 +197,7 @@ def swap_in(conn: psycopg.Connection, shadow: str) -> str | None:
 def swap_ready(conn: psycopg.Connection, runs: Callable[[str], bool]) -> list[str]:
     """Swap in every replay of a stream `runs` accepts whose shadow has caught up; the views swapped.
 
-    The backfill thread looks between backfills. The batch that finishes a catch-up swaps it in
+    The backfill process looks between backfills. The batch that finishes a catch-up swaps it in
     (`swap_in`), so none should be left; this is the safety net. A lock not had within
     LOCK_TIMEOUT_MS (a definition, a reader of the shadow) leaves it to the next look.
     """
