@@ -22,7 +22,7 @@ from pglast.enums import SortByDir, SortByNulls
 from pglast.stream import RawStream
 
 from pipelines.cv.model import DefinitionError
-from pipelines.cv.sqltext.parsing import figure_name
+from pipelines.cv.sqltext.parsing import figure_name, replace_nodes
 
 KINDS = frozenset({"rank", "percent_rank", "cume_dist", "dense_rank"})
 
@@ -32,7 +32,9 @@ def rewrite_hypothetical(select: ast.SelectStmt, what: str) -> None:
     for target in select.targetList or ():
         if target.name is None and _is_hypothetical(target.val):
             target.name = figure_name(target.val)
-        target.val = _rewritten(target.val, what)
+        target.val = replace_nodes(
+            target.val, lambda node: _counts(node, what) if _is_hypothetical(node) else None, into_subqueries=False
+        )
 
 
 def _is_hypothetical(node: object) -> bool:
@@ -44,19 +46,8 @@ def _is_hypothetical(node: object) -> bool:
     )
 
 
-def _rewritten(node: object, what: str) -> object:
-    if _is_hypothetical(node):
-        assert isinstance(node, ast.FuncCall)
-        return _counts(node, what)
-    if isinstance(node, tuple):
-        return tuple(_rewritten(item, what) for item in node)
-    if isinstance(node, ast.Node) and not isinstance(node, ast.SubLink):
-        for attribute in node:
-            setattr(node, attribute, _rewritten(getattr(node, attribute), what))
-    return node
-
-
-def _counts(call: ast.FuncCall, what: str) -> ast.Node:
+def _counts(call: ast.Node, what: str) -> ast.Node:
+    assert isinstance(call, ast.FuncCall)
     kind = call.funcname[-1].sval.lower()
     text = RawStream()(call)
     if kind == "dense_rank":

@@ -20,7 +20,7 @@ from pglast.enums import BoolExprType
 from pglast.stream import RawStream
 
 from pipelines.cv.model import DefinitionError
-from pipelines.cv.sqltext.parsing import figure_name, walk
+from pipelines.cv.sqltext.parsing import figure_name, replace_nodes, walk
 
 _ONLY_PROJECTS = (
     "a subquery in FROM may only project and filter its stream (no {what}); define it as a continuous view or "
@@ -53,7 +53,10 @@ def merge_subselects(select: ast.SelectStmt, what: str) -> None:
         if target.name is None and isinstance(target.val, ast.ColumnRef) and _local(target.val, alias) in outputs:
             target.name = _local(target.val, alias)
     for clause in ("targetList", "whereClause", "groupClause", "havingClause", "sortClause"):
-        setattr(select, clause, _substituted(getattr(select, clause), outputs, alias, what))
+        merged = replace_nodes(  # a subquery in an expression is refused where expressions are checked
+            getattr(select, clause), lambda node: _output_of(node, outputs, alias, what), into_subqueries=False
+        )
+        setattr(select, clause, merged)
     select.fromClause = inner.fromClause
     conjuncts = [c for w in (inner.whereClause, select.whereClause) if w is not None for c in _conjuncts(w)]
     if len(conjuncts) == 1:
@@ -101,18 +104,11 @@ def _local(ref: ast.ColumnRef, alias: str | None) -> str | None:
     return None
 
 
-def _substituted(node: object, outputs: dict[str, ast.Node], alias: str | None, what: str) -> object:
-    """`node` with each reference to a subquery output replaced by (a copy of) its expression."""
-    if isinstance(node, ast.ColumnRef):
-        name = _local(node, alias)
-        if name is None or name not in outputs:
-            raise DefinitionError(f"{what}: {RawStream()(node)} is not a column of the subquery in FROM")
-        return copy.deepcopy(outputs[name])
-    if isinstance(node, tuple):
-        return tuple(_substituted(item, outputs, alias, what) for item in node)
-    if isinstance(node, ast.Node):
-        if isinstance(node, ast.SubLink):  # a subquery in an expression is refused where expressions are checked
-            return node
-        for attribute in node:
-            setattr(node, attribute, _substituted(getattr(node, attribute), outputs, alias, what))
-    return node
+def _output_of(node: ast.Node, outputs: dict[str, ast.Node], alias: str | None, what: str) -> ast.Node | None:
+    """A reference to a subquery output: (a copy of) its expression; None for any other node."""
+    if not isinstance(node, ast.ColumnRef):
+        return None
+    name = _local(node, alias)
+    if name is None or name not in outputs:
+        raise DefinitionError(f"{what}: {RawStream()(node)} is not a column of the subquery in FROM")
+    return copy.deepcopy(outputs[name])

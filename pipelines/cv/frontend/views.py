@@ -47,7 +47,7 @@ from pipelines.cv.model import (
     ViewDef,
     call_placeholder,
 )
-from pipelines.cv.sqltext.parsing import figure_name, plain_identifier, reject_unsupported, walk
+from pipelines.cv.sqltext.parsing import figure_name, plain_identifier, reject_unsupported, replace_nodes, walk
 
 
 def parse_view(node: ast.ViewStmt, text: str, scope: Scope) -> ViewDef:
@@ -198,7 +198,10 @@ class _KeptCalls:
     def replace(self, expression: ast.Node, out: str) -> ast.Node:
         """The output expression with each call replaced by its placeholder."""
         whole = isinstance(expression, ast.FuncCall)
-        return _replace_calls(expression, self.user_aggregates, lambda call: self.keep(call, out, whole))
+        users = self.user_aggregates
+        return replace_nodes(
+            expression, lambda node: self.keep(node, out, whole) if is_aggregate_call(node, users) else None
+        )
 
     def keep(self, call: ast.FuncCall, out: str, whole: bool) -> ast.ColumnRef:
         """Translate one call, record what it stores and reads; its placeholder takes its place."""
@@ -238,19 +241,6 @@ def _aggregate_calls(node: ast.Node, user_aggregates: frozenset[str]) -> list[as
     if isinstance(node, tuple):
         return [c for item in node for c in _aggregate_calls(item, user_aggregates)]
     return []
-
-
-def _replace_calls(node: object, user_aggregates: frozenset[str], replace) -> object:
-    """The expression with each aggregate call replaced by `replace(call)` (the tree is changed in place)."""
-    if is_aggregate_call(node, user_aggregates):
-        return replace(node)
-    if isinstance(node, ast.Node):
-        for name in node:
-            setattr(node, name, _replace_calls(getattr(node, name), user_aggregates, replace))
-        return node
-    if isinstance(node, tuple):
-        return tuple(_replace_calls(item, user_aggregates, replace) for item in node)
-    return node
 
 
 def _check_over_groups(node: ast.Node, group_names: set[str], out: str, what: str) -> None:

@@ -7,7 +7,7 @@ Nothing here knows a stream or a view: these are the pieces of grammar the front
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pglast
 from pglast import ast
@@ -87,6 +87,27 @@ def walk(node: object) -> Iterator[ast.Node]:
     elif isinstance(node, tuple):
         for item in node:
             yield from walk(item)
+
+
+def replace_nodes(
+    node: object, replace: Callable[[ast.Node], ast.Node | None], *, into_subqueries: bool = True
+) -> object:
+    """`node` with each node `replace` gives a replacement for replaced by it (not looked into), in place.
+
+    `into_subqueries` False leaves a subquery in an expression (a SubLink) as it is: its names are
+    its own relations', not the outer query's.
+    """
+    if isinstance(node, tuple):
+        return tuple(replace_nodes(item, replace, into_subqueries=into_subqueries) for item in node)
+    if not isinstance(node, ast.Node):
+        return node
+    replacement = replace(node)
+    if replacement is not None:
+        return replacement
+    if into_subqueries or not isinstance(node, ast.SubLink):
+        for name in node:
+            setattr(node, name, replace_nodes(getattr(node, name), replace, into_subqueries=into_subqueries))
+    return node
 
 
 def figure_name(node: ast.Node) -> str | None:
