@@ -49,6 +49,7 @@ class _CatalogStreams:
         self.conninfo, self.choice, self.poll_s = conninfo, choice, poll_s
         self._running: frozenset[str] = frozenset()
         self._read_at = float("-inf")
+        self._conn: psycopg.Connection | None = None  # kept between reads; made again after a failure
 
     def __call__(self, stream: str) -> bool:
         if time.monotonic() - self._read_at >= self.poll_s:
@@ -56,9 +57,14 @@ class _CatalogStreams:
         return stream in self._running
 
     def _read(self) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True) as conn:
-            streams = declared_streams(conn)
-            paused = frozenset(name for (name,) in conn.execute("SELECT stream FROM cv.paused_streams"))
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.conninfo, autocommit=True)
+        try:
+            streams = declared_streams(self._conn)
+            paused = frozenset(name for (name,) in self._conn.execute("SELECT stream FROM cv.paused_streams"))
+        except psycopg.Error:
+            self._conn.close()  # the Backfiller logs the failure and tries again after its wait
+            raise
         self._running = frozenset(s.name for s in streams.values() if self.choice.runs(s, paused))
         self._read_at = time.monotonic()
 

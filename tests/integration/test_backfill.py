@@ -106,12 +106,17 @@ def backfill_child(runner) -> int | None:
     return None
 
 
+def stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields after the command name (fields 3 on: state, ..., nice is the 17th)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def zombie(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    return stat(pid)[0] == "Z"
 
 
 def nice_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])  # field 19: nice
+    return int(stat(pid)[16])  # field 19: nice
 
 
 def test_a_view_defined_mid_stream_equals_the_oracle_over_every_event_across_kill_9_during_its_backfill(
