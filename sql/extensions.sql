@@ -18,6 +18,9 @@ CREATE EXTENSION IF NOT EXISTS tdigest;
 CREATE EXTENSION IF NOT EXISTS streamviews;
 ALTER EXTENSION streamviews UPDATE;
 GRANT USAGE ON SCHEMA streamviews TO sv_owner, sv_writer, sv_reader;
+-- lower_backend_priority (1.8): for the roles a stream runner and its backfill connect as only. A
+-- backend's nice value lasts as long as it does, which behind a pooler outlives the client.
+GRANT EXECUTE ON FUNCTION streamviews.lower_backend_priority(integer) TO sv_owner, sv_writer;
 
 -- TimescaleDB when the server offers it (production image) and preloads it; plain PostgreSQL otherwise.
 -- Schema code asks `ops.has_timescaledb()` instead of repeating this test.
