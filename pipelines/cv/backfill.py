@@ -39,6 +39,7 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from pipelines.cv import catalog
+from pipelines.cv.backfill_priority import BackendPriority, NicedOffsets
 from pipelines.cv.catalog import replays
 from pipelines.cv.catalog.backfills import live_group
 from pipelines.cv.catalog.stream_types import PostgresInputCheck
@@ -49,7 +50,6 @@ from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 from pipelines.runtime.checkpoint import ApplyOutcome, Batch, Checkpoint
 from pipelines.runtime.clients import consumer_config
-from pipelines.runtime.offsets import PostgresOffsets
 from pipelines.settings import KafkaSettings, PipelineSettings
 
 log = get_logger("cv.backfill")
@@ -148,9 +148,11 @@ class Backfiller:
         kafka: KafkaSettings,
         settings: PipelineSettings,
         runs: Callable[[str], bool] = lambda stream: True,
+        priority: BackendPriority | None = None,
     ) -> None:
         self.conninfo, self.kafka, self.settings, self.runs = postgres_conninfo, kafka, settings, runs
         self.sink = BackfillSink()
+        self.priority = priority or BackendPriority(settings.backfill_nice)  # its backends too, not only its Python
         self._conn: psycopg.Connection | None = None
 
     def run(self, stop: threading.Event) -> None:
@@ -216,7 +218,7 @@ class Backfiller:
         decoders = {s.topic: StreamDecoder(s, input_check=check) for s in sources}
         live = {(s.topic, live_group(s)) for s in sources}
         checkpoint: Checkpoint[psycopg.Connection, HistoryBatch] = Checkpoint(
-            PostgresOffsets(self.conninfo, backfill.group_id), self.sink
+            NicedOffsets(self.conninfo, backfill.group_id, self.priority), self.sink
         )
         consumer = Consumer(consumer_config(self.kafka, "backfill", backfill.group_id))
         committer = ThreadPoolExecutor(1, thread_name_prefix="backfill-commit")
@@ -412,7 +414,7 @@ class Backfiller:
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.conninfo, autocommit=True)
+            self._conn = self.priority.connect(self.conninfo, autocommit=True)
         return self._conn
 
     def _close(self) -> None:

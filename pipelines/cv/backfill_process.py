@@ -31,6 +31,7 @@ import time
 import psycopg
 
 from pipelines.cv.backfill import Backfiller
+from pipelines.cv.backfill_priority import BackendPriority
 from pipelines.cv.engine import declared_streams
 from pipelines.cv.stream_choice import StreamChoice
 from pipelines.logs import configure_logging, get_logger
@@ -45,8 +46,8 @@ STOP_TIMEOUT_S = 10.0
 class _CatalogStreams:
     """`Backfiller`'s `runs(name)`: the stream's current definition against the choice, re-read as the catalog moves."""
 
-    def __init__(self, conninfo: str, choice: StreamChoice, poll_s: float) -> None:
-        self.conninfo, self.choice, self.poll_s = conninfo, choice, poll_s
+    def __init__(self, conninfo: str, choice: StreamChoice, poll_s: float, priority: BackendPriority) -> None:
+        self.conninfo, self.choice, self.poll_s, self.priority = conninfo, choice, poll_s, priority
         self._running: frozenset[str] = frozenset()
         self._read_at = float("-inf")
         self._conn: psycopg.Connection | None = None  # kept between reads; made again after a failure
@@ -58,7 +59,7 @@ class _CatalogStreams:
 
     def _read(self) -> None:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self.conninfo, autocommit=True)
+            self._conn = self.priority.connect(self.conninfo, autocommit=True)
         try:
             streams = declared_streams(self._conn)
             paused = frozenset(name for (name,) in self._conn.execute("SELECT stream FROM cv.paused_streams"))
@@ -136,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=_watch_parent, args=(parent, stop), name="parent-watch", daemon=True).start()
     only = frozenset(name for name in args.streams.split(",") if name) or None
     choice = StreamChoice(args.group, not args.declared_group_only, only)
-    conninfo = PostgresSettings().conninfo()
+    postgres = PostgresSettings()  # its sessions named apart from the runner's (pg_stat_activity, locks)
+    conninfo = postgres.conninfo(application_name=f"{postgres.application_name}-backfill")
     log.info("backfill process running", nice=os.nice(0), group_id=args.group)
-    runs = _CatalogStreams(conninfo, choice, settings.catalog_poll_s)
-    Backfiller(conninfo, KafkaSettings(), settings, runs).run(stop)
+    priority = BackendPriority(settings.backfill_nice)  # every session of this process, as the process itself
+    runs = _CatalogStreams(conninfo, choice, settings.catalog_poll_s, priority)
+    Backfiller(conninfo, KafkaSettings(), settings, runs, priority).run(stop)
     return 0
 
 

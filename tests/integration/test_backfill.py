@@ -119,13 +119,22 @@ def nice_of(pid: int) -> int:
     return int(stat(pid)[16])  # field 19: nice
 
 
+def backends_of(pg, application_name: str) -> list[int]:
+    """The PostgreSQL backends (local, so /proc shows them) of the sessions with this application name."""
+    with pg("sv_owner") as conn:
+        rows = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s", (application_name,))
+        return [pid for (pid,) in rows]
+
+
 def test_a_view_defined_mid_stream_equals_the_oracle_over_every_event_across_kill_9_during_its_backfill(
     stack, pg, kafka, admin
 ):
     group, schema = unique("it-backfill"), unique("bf")
     stream, topic, views = setup(admin, pg, schema, group)
     # Small batches, many commits to kill in between; no yielding to a live runner kept busy on purpose.
+    # Sessions named after the group: the backfill child's are "<group>-backfill".
     env = {
+        "PGAPPNAME": group,
         "PIPELINE_BACKFILL_BATCH_MAX": "150",
         "PIPELINE_BACKFILL_PAUSE_S": "0.05",
         "PIPELINE_BACKFILL_YIELD_LAG": "0",
@@ -152,6 +161,10 @@ def test_a_view_defined_mid_stream_equals_the_oracle_over_every_event_across_kil
                     if done[0]:
                         break
                     child = backfill_child(runner)
+                    if child is not None and kill == 0:  # its PostgreSQL backends too, as long as it has run
+                        backends = backends_of(pg, f"{group}-backfill")
+                        assert backends
+                        assert all(nice_of(pid) >= 10 for pid in backends), backends
                     if kill % 2 and child is not None:  # kill -9 of the backfill process: the runner starts another
                         assert nice_of(child) == 10  # below the live loop (PIPELINE_BACKFILL_NICE)
                         os.kill(child, signal.SIGKILL)
