@@ -220,6 +220,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
                 for name, value in (
                     ("PIPELINE_BACKFILL_BATCH_MAX", args.backfill_batch_max),
                     ("PIPELINE_BACKFILL_PAUSE_S", args.backfill_pause_s),
+                    ("PIPELINE_BACKFILL_NICE", args.backfill_nice),
                 )
                 if value is not None
             }  # unset: the runner's defaults
@@ -327,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--backfill-pause-s", type=float, help="the runner's PIPELINE_BACKFILL_PAUSE_S (default: its own)"
+    )
+    parser.add_argument(
+        "--backfill-nice", type=int, help="the runner's PIPELINE_BACKFILL_NICE (default: its own; 0: not niced)"
     )
     parser.add_argument("--baseline-s", type=float, default=5.0, help="seconds of the load before the backfill")
     parser.add_argument(
