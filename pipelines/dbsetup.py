@@ -8,7 +8,9 @@ docker-compose.yml; every step is idempotent, so it runs on each start.
    and closed to PUBLIC: the views' (`PGDATABASE`), which the CDC role may not connect to, and the
    captured application tables' (`APP_DATABASE`), the only one it may.
 2. As the superuser, in the database: `sql/extensions.sql` (hll, rum, tdigest, TimescaleDB when
-   offered; advisory locks for the working roles only).
+   offered; advisory locks for the working roles only), then `sql/guards.sql` (event triggers
+   refusing plain DDL that would drop or rename part of a continuous view; the migrations below
+   mark their transactions as the catalog's own DDL).
 3. As `sv_owner`: each `sql/app_migrations/NNNN_*.sql` in APP_DATABASE, then each
    `sql/migrations/NNNN_*.sql` in the views' database, each not yet applied in its own transaction
    with its row in that database's `ops.schema_migrations`; an applied migration whose text changed
@@ -36,6 +38,7 @@ from pipelines.cdc.captured_tables import move_captured_tables
 from pipelines.cdc.connectors import CONNECTORS_DIR
 from pipelines.cv import catalog
 from pipelines.cv.catalog import stream_inserts
+from pipelines.cv.catalog.locks import CATALOG_DDL
 from pipelines.errors import DatabaseSetupError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import (
@@ -90,6 +93,7 @@ def setup_database(admin: PostgresSettings) -> None:
     ensure_roles_and_database(admin)
     with psycopg.connect(admin.conninfo(), autocommit=True) as conn:
         conn.execute((SQL_DIR / "extensions.sql").read_text())
+        conn.execute((SQL_DIR / "guards.sql").read_text())
     with psycopg.connect(admin.conninfo(user=ROLE_OWNER, dbname=admin.app_database)) as conn:
         apply_migrations(conn, load_migrations(SQL_DIR / "app_migrations"))
     move_captured_tables(admin, CONNECTORS_DIR)
@@ -215,7 +219,8 @@ def apply_migrations(conn: psycopg.Connection, migrations: list[Migration]) -> l
                         "add a new migration instead"
                     )
                 continue
-            try:
+            try:  # the catalog's own DDL: sql/guards.sql lets it drop and rename read views and storage
+                conn.execute("SELECT set_config(%s, 'on', true)", (CATALOG_DDL,))
                 conn.execute(migration.text)
             except psycopg.Error as e:
                 raise DatabaseSetupError(f"migrations: {migration.version}_{migration.name} failed: {e}") from e

@@ -54,6 +54,8 @@ ATTEMPTS = 5
 FIRST_PAUSE_S = 0.25
 # The streams this transaction holds exclusively, for step 3 (a transaction-local setting).
 _LOCKED_STREAMS = "cv.streams_locked"
+# Set 'on' for its transaction by the catalog's own DDL: sql/guards.sql refuses plain DDL on read views and storage.
+CATALOG_DDL = "streamviews.catalog_ddl"
 
 T = TypeVar("T")
 
@@ -98,8 +100,13 @@ def changing(conn: psycopg.Connection, what: str, change: Callable[[], T]) -> T:
 
 
 def begin_change(conn: psycopg.Connection, what: str) -> None:
-    """Step 1 of every definition change: bound its lock waits, and wait for any other definition to end."""
+    """Step 1 of every definition change: bound its lock waits, and wait for any other definition to end.
+
+    It also marks the transaction as the catalog's own DDL (`CATALOG_DDL`), which sql/guards.sql's
+    event triggers let drop and rename read views and storage; plain DDL may not.
+    """
     conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{LOCK_TIMEOUT_MS}ms",))
+    conn.execute("SELECT set_config(%s, 'on', true)", (CATALOG_DDL,))
     _take(conn, what, "another definition is being applied", _advisory(DEFINITIONS_LOCK, sql.Literal(0)))
 
 

@@ -1,0 +1,231 @@
+-- The DDL guard: plain SQL DDL cannot leave a continuous view or transform half-dropped or renamed.
+-- Run by the superuser (event triggers need one) after sql/extensions.sql, on every `dbsetup`; each
+-- statement is idempotent, and the functions read the catalog (cv.*) only when they run, so this
+-- file runs before the migrations that create it.
+--
+-- Why: a continuous view is a catalog row (cv.views) + storage tables in schema cv + a read view
+-- `<schema>.<view>`. `DROP VIEW public.pv` (PipelineDB 1.0's way to drop one), `DROP SCHEMA ...
+-- CASCADE`, `DROP OWNED`, `ALTER SCHEMA ... RENAME` or `ALTER VIEW ... RENAME / SET SCHEMA` reach the
+-- read view alone: the runner kept maintaining the storage, `streamviews list` still showed the view
+-- and defining it again failed. These triggers refuse such statements, in one line naming the
+-- command that does it whole ("streamviews drop ..."); raising in sql_drop / ddl_command_end rolls
+-- the whole statement back.
+--
+-- The catalog's own DDL passes: pipelines.cv.catalog.locks.begin_change (every definition, replay
+-- swap and transform) and pipelines.dbsetup's migrations mark their transaction with
+-- `set_config('streamviews.catalog_ddl', 'on', true)`. Any session may set it: this guards against
+-- mistakes, it is not a permission (the owner of a view may drop it anyway).
+
+CREATE SCHEMA IF NOT EXISTS ddl_guard;
+COMMENT ON SCHEMA ddl_guard IS 'Event trigger functions refusing DDL that would leave a continuous view half-dropped (sql/guards.sql).';
+
+-- Whether the current transaction is the catalog's own DDL, or there is no catalog (yet, or any
+-- more: DROP SCHEMA cv CASCADE takes everything at once), or this role cannot read the catalog (it
+-- owns no continuous view, so drops nothing of one but through a schema it owns: left to PostgreSQL).
+CREATE OR REPLACE FUNCTION ddl_guard.exempt() RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    catalog text;
+BEGIN
+    IF coalesce(current_setting('streamviews.catalog_ddl', true), '') = 'on' THEN
+        RETURN true;
+    END IF;
+    FOREACH catalog IN ARRAY ARRAY['cv.views', 'cv.transforms', 'cv.streams'] LOOP
+        IF to_regclass(catalog) IS NULL OR NOT has_table_privilege(catalog, 'SELECT') THEN
+            RETURN true;
+        END IF;
+    END LOOP;
+    RETURN false;
+END
+$$;
+
+-- What a relation is to the catalog, from its schema, name and type (no lookup of the relation
+-- itself, so that it answers for relations already dropped): the read view of a continuous view or
+-- transform, a table of a view's storage (cv.<schema>__<view>, __refs<i>, __m<i>), or a stream's
+-- state (cv.state_<stream>); no row when it is none of those. `owner` is what `streamviews drop` takes.
+CREATE OR REPLACE FUNCTION ddl_guard.owner_of(schema_name text, object_name text, object_type text)
+RETURNS TABLE (kind text, owner text)
+LANGUAGE plpgsql STABLE AS $$
+DECLARE
+    qualified text := schema_name || '.' || object_name;
+    -- the storage table a view's extra tables are named after
+    storage text := regexp_replace(object_name, '__(refs[0-9]*|m[0-9]+)$', '');
+BEGIN
+    IF object_type = 'view' THEN
+        RETURN QUERY SELECT 'continuous view', v.name FROM cv.views v WHERE v.name = qualified
+            UNION ALL SELECT 'continuous transform', t.name FROM cv.transforms t WHERE t.name = qualified;
+    ELSIF object_type = 'table' AND schema_name = 'cv' THEN
+        RETURN QUERY SELECT 'storage', v.name FROM cv.views v
+            WHERE split_part(v.name, '.', 1) || '__' || substr(v.name, strpos(v.name, '.') + 1)
+                  IN (object_name, storage)
+            UNION ALL SELECT 'state', s.name FROM cv.streams s WHERE 'state_' || s.name = object_name;
+    END IF;
+END
+$$;
+
+-- One line saying what a relation is, for the messages: "public.pv is a continuous view".
+CREATE OR REPLACE FUNCTION ddl_guard.describe(relation text, kind text, owner text) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE kind
+        WHEN 'storage' THEN relation || ' is a storage table of continuous view ' || owner
+        WHEN 'state' THEN relation || ' is the state of stream ' || owner
+        ELSE relation || ' is a ' || kind
+    END
+$$;
+
+-- What a statement being dropped (sql_drop) takes of the catalog: one row per relation.
+CREATE OR REPLACE FUNCTION ddl_guard.dropped() RETURNS TABLE (relation text, original boolean, kind text, owner text)
+LANGUAGE sql STABLE AS $$
+    SELECT d.schema_name || '.' || d.object_name, d.original, o.kind, o.owner
+    FROM pg_event_trigger_dropped_objects() d, ddl_guard.owner_of(d.schema_name, d.object_name, d.object_type) o
+    WHERE NOT d.is_temporary AND d.object_type IN ('view', 'table')
+$$;
+
+-- sql_drop: refuse a drop that reached a continuous view's or transform's read view, a view's
+-- storage or a stream's state without the catalog. Cheap for everything else: the engine's temporary
+-- tables and any drop outside schema cv that is no view return before the catalog is read.
+CREATE OR REPLACE FUNCTION ddl_guard.refuse_drops() RETURNS event_trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    hit record;
+    owners text[];
+    schemas text[];
+    noun text;
+BEGIN
+    IF NOT EXISTS (
+        SELECT 1 FROM pg_event_trigger_dropped_objects() d
+        WHERE NOT d.is_temporary AND (d.object_type = 'view' OR (d.object_type = 'table' AND d.schema_name = 'cv'))
+    ) OR ddl_guard.exempt() THEN
+        RETURN;
+    END IF;
+    -- the statement's own object first (DROP VIEW pv, DROP TABLE cv.x), else what it cascaded to
+    SELECT * INTO hit FROM ddl_guard.dropped() h ORDER BY h.original DESC, h.kind = 'storage', h.relation LIMIT 1;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(DISTINCT h.owner ORDER BY h.owner),
+           CASE WHEN bool_and(h.kind = 'continuous transform') THEN 'continuous transforms'
+                WHEN bool_or(h.kind = 'continuous transform') THEN 'continuous views and transforms'
+                WHEN bool_and(h.kind = 'state') THEN 'streams'
+                ELSE 'continuous views' END
+      INTO owners, noun FROM ddl_guard.dropped() h;
+    IF TG_TAG = 'DROP SCHEMA' THEN
+        SELECT array_agg(d.object_name ORDER BY d.object_name) INTO schemas
+        FROM pg_event_trigger_dropped_objects() d WHERE d.object_type = 'schema' AND d.original;
+        RAISE EXCEPTION USING ERRCODE = 'dependent_objects_still_exist', MESSAGE = format(
+            '%s %s %s %s (%s): drop them first with "streamviews drop %s"',
+            CASE WHEN cardinality(schemas) > 1 THEN 'schemas' ELSE 'schema' END, array_to_string(schemas, ', '),
+            CASE WHEN cardinality(schemas) > 1 THEN 'hold' ELSE 'holds' END, noun, array_to_string(owners, ', '), array_to_string(owners, ' '));
+    ELSIF TG_TAG = 'DROP OWNED' THEN
+        RAISE EXCEPTION USING ERRCODE = 'dependent_objects_still_exist', MESSAGE = format(
+            'DROP OWNED would drop %s (%s): drop them first with "streamviews drop %s"',
+            noun, array_to_string(owners, ', '), array_to_string(owners, ' '));
+    ELSIF hit.original AND hit.kind IN ('continuous view', 'continuous transform') THEN
+        RAISE EXCEPTION USING ERRCODE = 'dependent_objects_still_exist', MESSAGE = format(
+            '%s: drop it with "streamviews drop %s" (%s would drop only its read view)',
+            ddl_guard.describe(hit.relation, hit.kind, hit.owner), hit.owner, TG_TAG);
+    ELSIF hit.original THEN
+        RAISE EXCEPTION USING ERRCODE = 'dependent_objects_still_exist', MESSAGE = format(
+            '%s: drop the %s with "streamviews drop %s" (%s would leave the %s without its %s)',
+            ddl_guard.describe(hit.relation, hit.kind, hit.owner),
+            CASE hit.kind WHEN 'state' THEN 'stream' ELSE 'view' END, hit.owner, TG_TAG,
+            CASE hit.kind WHEN 'state' THEN 'stream' ELSE 'view' END,
+            CASE hit.kind WHEN 'state' THEN 'state' ELSE 'storage' END);
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'dependent_objects_still_exist', MESSAGE = format(
+        '%s would drop the read views or tables of %s (%s): drop them first with "streamviews drop %s"',
+        TG_TAG, noun, array_to_string(owners, ', '), array_to_string(owners, ' '));
+END
+$$;
+
+-- The catalog's relations that exist now, as "kind|owner|relation|oid" lines: each continuous
+-- view's and transform's read view found by its name, each table of schema cv that is a storage or
+-- a state. ALTER ... RENAME / SET SCHEMA keeps a relation's oid and changes its name, so comparing
+-- this before and after a statement tells which of them it renamed or moved.
+CREATE OR REPLACE FUNCTION ddl_guard.catalog_relations() RETURNS text[]
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN ARRAY(
+        SELECT concat_ws('|', e.kind, e.name, e.name, rel::oid)
+        FROM (
+            SELECT 'continuous view' AS kind, v.name FROM cv.views v
+            UNION ALL SELECT 'continuous transform', t.name FROM cv.transforms t
+        ) e, to_regclass(format('%I.%I', split_part(e.name, '.', 1), substr(e.name, strpos(e.name, '.') + 1))) AS rel
+        WHERE rel IS NOT NULL
+        UNION
+        SELECT concat_ws('|', 'storage', v.name, 'cv.' || c.relname, c.oid)
+        FROM cv.views v, pg_class c
+        WHERE c.relnamespace = 'cv'::regnamespace AND c.relkind IN ('r', 'p')
+          AND split_part(v.name, '.', 1) || '__' || substr(v.name, strpos(v.name, '.') + 1)
+              IN (c.relname, regexp_replace(c.relname, '__(refs[0-9]*|m[0-9]+)$', ''))
+        UNION ALL
+        SELECT concat_ws('|', 'state', s.name, 'cv.' || c.relname, c.oid)
+        FROM cv.streams s JOIN pg_class c ON c.relnamespace = 'cv'::regnamespace AND c.relname = 'state_' || s.name
+    );
+END
+$$;
+
+-- ddl_command_start of ALTER VIEW / TABLE / SCHEMA: note the catalog's relations for the end's check.
+CREATE OR REPLACE FUNCTION ddl_guard.note_relations() RETURNS event_trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('streamviews.ddl_guard_before',
+        CASE WHEN ddl_guard.exempt() THEN '' ELSE array_to_string(ddl_guard.catalog_relations(), E'\n') END, true);
+END
+$$;
+
+-- ddl_command_end of ALTER VIEW / TABLE / SCHEMA: refuse when a relation of the catalog noted at the
+-- start is no longer found under its name (renamed, or moved to another schema).
+CREATE OR REPLACE FUNCTION ddl_guard.refuse_renames() RETURNS event_trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    before text := coalesce(current_setting('streamviews.ddl_guard_before', true), '');
+    gone text[];
+    parts text[];
+    owners text;
+    schema_name text;
+BEGIN
+    IF before = '' OR ddl_guard.exempt() THEN
+        RETURN;
+    END IF;
+    gone := ARRAY(SELECT unnest(string_to_array(before, E'\n')) EXCEPT SELECT unnest(ddl_guard.catalog_relations()));
+    IF cardinality(gone) = 0 THEN
+        RETURN;
+    END IF;
+    parts := string_to_array(gone[1], '|');
+    IF TG_TAG = 'ALTER SCHEMA' THEN
+        schema_name := split_part(parts[2], '.', 1);
+        SELECT string_agg(DISTINCT split_part(g, '|', 2), ', ') INTO owners FROM unnest(gone) g;
+        RAISE EXCEPTION USING ERRCODE = 'feature_not_supported', MESSAGE = format(
+            'renaming schema %s is not supported while it holds continuous views (%s): drop them with '
+            '"streamviews drop %s" first, and define them again in the renamed schema',
+            schema_name, owners, replace(owners, ', ', ' '));
+    END IF;
+    IF parts[1] IN ('storage', 'state') THEN
+        RAISE EXCEPTION USING ERRCODE = 'feature_not_supported', MESSAGE = format(
+            '%s: %s cannot rename it or move it to another schema (the stream runner finds it by its name)',
+            ddl_guard.describe(parts[3], parts[1], parts[2]), TG_TAG);
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'feature_not_supported', MESSAGE = format(
+        '%s: %s cannot rename it or move it to another schema (the catalog knows it by its name); '
+        'drop it with "streamviews drop %s" and define it again under the new name',
+        ddl_guard.describe(parts[3], parts[1], parts[2]), TG_TAG, parts[2]);
+END
+$$;
+
+-- The triggers, made once (CREATE OR REPLACE of the functions above keeps them bound).
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'streamviews_refuse_drops') THEN
+        CREATE EVENT TRIGGER streamviews_refuse_drops ON sql_drop EXECUTE FUNCTION ddl_guard.refuse_drops();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'streamviews_note_relations') THEN
+        CREATE EVENT TRIGGER streamviews_note_relations ON ddl_command_start
+            WHEN TAG IN ('ALTER VIEW', 'ALTER TABLE', 'ALTER SCHEMA') EXECUTE FUNCTION ddl_guard.note_relations();
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_event_trigger WHERE evtname = 'streamviews_refuse_renames') THEN
+        CREATE EVENT TRIGGER streamviews_refuse_renames ON ddl_command_end
+            WHEN TAG IN ('ALTER VIEW', 'ALTER TABLE', 'ALTER SCHEMA') EXECUTE FUNCTION ddl_guard.refuse_renames();
+    END IF;
+END
+$$;
