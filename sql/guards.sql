@@ -229,3 +229,7 @@ BEGIN
     END IF;
 END
 $$;
+-- and enabled, whatever state they were left in
+ALTER EVENT TRIGGER streamviews_refuse_drops ENABLE;
+ALTER EVENT TRIGGER streamviews_note_relations ENABLE;
+ALTER EVENT TRIGGER streamviews_refuse_renames ENABLE;
