@@ -6,7 +6,9 @@ and a new view's backfill raised the live views' freshness from about 1.6 s to 5
 backfill benchmark (`python -m loadgen.backfill`). In a process of its own, niced by
 `PIPELINE_BACKFILL_NICE` (default 10: about a tenth of the CPU's share when both want it), the
 live loop has its own interpreter and the kernel gives it the CPU first; an idle machine still
-gives the backfill all it wants.
+gives the backfill all it wants. The SQL of its batches is its PostgreSQL backends' work: each of
+its sessions (named `<PGAPPNAME>-backfill`) nices its own backend to the same value
+(pipelines/cv/backfill_priority.py), or the backend would compete with the live runner's as an equal.
 
 The child is the runner's: started while a backfill of the runner's streams waits (`python -m
 pipelines.cv.backfill_process`, with the runner's environment and stream choice: no Kafka client
