@@ -18,6 +18,9 @@
 
 CREATE SCHEMA IF NOT EXISTS ddl_guard;
 COMMENT ON SCHEMA ddl_guard IS 'Event trigger functions refusing DDL that would leave a continuous view half-dropped (sql/guards.sql).';
+-- The triggers run as whoever runs the DDL, and their functions call one another: every role may
+-- use the schema (its functions read, never write; only the superuser can change them).
+GRANT USAGE ON SCHEMA ddl_guard TO PUBLIC;
 
 -- Whether the current transaction is the catalog's own DDL, or there is no catalog (yet, or any
 -- more: DROP SCHEMA cv CASCADE takes everything at once), or this role cannot read the catalog (it
