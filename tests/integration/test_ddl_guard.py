@@ -1,0 +1,173 @@
+"""Plain SQL DDL cannot leave a continuous view half-dropped (sql/guards.sql's event triggers).
+
+A continuous view is a catalog row, storage tables in schema cv and a read view; DROP VIEW, DROP
+SCHEMA ... CASCADE, ALTER SCHEMA / VIEW ... RENAME, SET SCHEMA or DROP TABLE cv.<storage> typed in
+psql would reach only part of it. Each is refused in one line naming `streamviews drop`, and leaves
+the view whole; the catalog's own DDL and every unrelated statement pass.
+"""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from pipelines.cv import catalog
+from tests.integration.conftest import throwaway_views, unique
+
+
+@pytest.fixture
+def cv(pg):
+    """A continuous view, a transform and a keyed stream's state in a schema of their own.
+
+    The streams' consumer group is one no supervised runner runs: nothing here needs events.
+    """
+    name = unique("ddlg")
+    stream, keyed = f"{name}_e", f"{name}_k"
+    group = f"it-{name}"
+    definitions = f"""
+        CREATE STREAM {stream} (k bigint, n bigint) WITH (topic = '{stream}', consumer_group = '{group}');
+        CREATE STREAM {keyed} (k bigint, n bigint) WITH (topic = '{keyed}', key = 'k', consumer_group = '{group}');
+        CREATE CONTINUOUS VIEW {name}.per_k AS SELECT k, count(*) AS n FROM {stream} GROUP BY k;
+        CREATE CONTINUOUS TRANSFORM {name}.t AS SELECT k FROM {stream};
+    """
+    with throwaway_views(pg, name, [stream, keyed], definitions):
+        yield {"schema": name, "view": f"{name}.per_k", "transform": f"{name}.t", "keyed": keyed}
+
+
+def refused(pg, statement: str) -> psycopg.Error:
+    """The error PostgreSQL answered `statement` with, run as the owner in a session of its own."""
+    with pg("sv_owner", autocommit=True) as conn, pytest.raises(psycopg.Error) as caught:
+        conn.execute(statement)
+    return caught.value
+
+
+def assert_whole(pg, cv) -> None:
+    """The view and the transform are in the catalog and readable, their storage and state still there."""
+    with pg("sv_owner", autocommit=True) as conn:
+        for name, table in ((cv["view"], "views"), (cv["transform"], "transforms")):
+            assert conn.execute(f"SELECT 1 FROM cv.{table} WHERE name = %s", (name,)).fetchone(), name
+            conn.execute(f"SELECT * FROM {name}").fetchall()
+        storage = f"cv.{cv['schema']}__per_k"
+        assert (
+            None
+            not in conn.execute(
+                "SELECT to_regclass(%s), to_regclass(%s)", (storage, f"cv.state_{cv['keyed']}")
+            ).fetchone()
+        )
+
+
+REFUSED = {
+    "DROP VIEW": (
+        "DROP VIEW {view}",
+        "2BP01",
+        '{view} is a continuous view: drop it with "streamviews drop {view}" (DROP VIEW would drop only its read view)',
+    ),
+    "DROP VIEW of a transform": (
+        "DROP VIEW {transform}",
+        "2BP01",
+        '{transform} is a continuous transform: drop it with "streamviews drop {transform}"'
+        " (DROP VIEW would drop only its read view)",
+    ),
+    "DROP SCHEMA CASCADE": (
+        "DROP SCHEMA {schema} CASCADE",
+        "2BP01",
+        "schema {schema} holds continuous views and transforms ({view}, {transform}):"
+        ' drop them first with "streamviews drop {view} {transform}"',
+    ),
+    "ALTER SCHEMA RENAME": (
+        "ALTER SCHEMA {schema} RENAME TO {schema}_2",
+        "0A000",
+        "renaming schema {schema} is not supported while it holds continuous views ({view}, {transform}):"
+        ' drop them with "streamviews drop {view} {transform}" first, and define them again in the renamed schema',
+    ),
+    "ALTER VIEW RENAME": (
+        "ALTER VIEW {view} RENAME TO other",
+        "0A000",
+        "{view} is a continuous view: ALTER VIEW cannot rename it or move it to another schema (the catalog"
+        ' knows it by its name); drop it with "streamviews drop {view}" and define it again under the new name',
+    ),
+    "ALTER VIEW SET SCHEMA": (
+        "ALTER VIEW {view} SET SCHEMA public",
+        "0A000",
+        "{view} is a continuous view: ALTER VIEW cannot rename it or move it to another schema",
+    ),
+    "ALTER TABLE RENAME of a transform's read view": (
+        "ALTER TABLE {transform} RENAME TO other",
+        "0A000",
+        "{transform} is a continuous transform: ALTER TABLE cannot rename it",
+    ),
+    "DROP TABLE of the storage, CASCADE": (
+        "DROP TABLE cv.{schema}__per_k CASCADE",
+        "2BP01",
+        'cv.{schema}__per_k is a storage table of continuous view {view}: drop the view with "streamviews drop'
+        ' {view}" (DROP TABLE would leave the view without its storage)',
+    ),
+    "DROP TABLE of a stream's state": (
+        "DROP TABLE cv.state_{keyed}",
+        "2BP01",
+        'cv.state_{keyed} is the state of stream {keyed}: drop the stream with "streamviews drop {keyed}"',
+    ),
+    "ALTER TABLE RENAME of the storage": (
+        "ALTER TABLE cv.{schema}__per_k RENAME TO other",
+        "0A000",
+        "cv.{schema}__per_k is a storage table of continuous view {view}: ALTER TABLE cannot rename it",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSED))
+def test_plain_ddl_reaching_part_of_a_continuous_view_is_refused_in_one_line_and_changes_nothing(pg, cv, case):
+    statement, sqlstate, message = (text.format(**cv) for text in REFUSED[case])
+    error = refused(pg, statement)
+    assert error.sqlstate == sqlstate
+    assert error.diag.message_primary.startswith(message)
+    assert "\n" not in error.diag.message_primary
+    assert_whole(pg, cv)
+
+
+def test_streamviews_drop_still_drops_a_view_and_a_transform_whole(pg, cv):
+    with pg("sv_owner", autocommit=True) as conn:
+        catalog.drop(conn, [cv["view"], cv["transform"]])
+        names = [cv["view"], cv["transform"], f"cv.{cv['schema']}__per_k"]
+        assert conn.execute("SELECT to_regclass(%s), to_regclass(%s), to_regclass(%s)", names).fetchone() == (
+            None,
+            None,
+            None,
+        )
+        assert conn.execute("SELECT count(*) FROM cv.views WHERE name = %s", (cv["view"],)).fetchone() == (0,)
+
+
+def test_unrelated_ddl_in_the_same_schema_passes(pg, cv):
+    schema = cv["schema"]
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {schema}.plain_t (a int)")
+        conn.execute(f"CREATE VIEW {schema}.plain AS SELECT a FROM {schema}.plain_t")
+        conn.execute(f"ALTER VIEW {schema}.plain RENAME TO plain_2")
+        conn.execute(f"ALTER TABLE {schema}.plain_t RENAME TO plain_t2")
+        conn.execute(f"DROP VIEW {schema}.plain_2")
+        conn.execute(f"DROP TABLE {schema}.plain_t2")
+        conn.execute("CREATE TEMP TABLE guard_probe (a int)")  # the engine's per-session tables
+        conn.execute("DROP TABLE guard_probe")
+        conn.execute(f"TRUNCATE cv.{schema}__per_k")
+        conn.execute(f"ALTER SCHEMA {schema} OWNER TO sv_owner")  # an ALTER SCHEMA that renames nothing
+    assert_whole(pg, cv)
+
+
+def test_a_schema_without_continuous_views_is_dropped_and_renamed_as_ever(pg):
+    schema = unique("ddlg_plain")
+    with pg("sv_owner", autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"CREATE TABLE {schema}.t (a int)")
+        conn.execute(f"CREATE VIEW {schema}.v AS SELECT a FROM {schema}.t")
+        conn.execute(f"ALTER SCHEMA {schema} RENAME TO {schema}_2")
+        conn.execute(f"DROP SCHEMA {schema}_2 CASCADE")
+        assert conn.execute("SELECT to_regnamespace(%s)", (f"{schema}_2",)).fetchone() == (None,)
+
+
+def test_the_catalogs_own_transaction_is_let_through(pg, cv):
+    """What begin_change marks (definitions, replays' swaps) drops read views; so may a session that says so."""
+    with pg("sv_owner") as conn:
+        conn.execute("SELECT set_config('streamviews.catalog_ddl', 'on', true)")
+        conn.execute(f"DROP VIEW {cv['view']}")
+        conn.rollback()
+    assert_whole(pg, cv)
