@@ -146,8 +146,10 @@ class _Case:
         anchor, self.last_insert = self.last_insert, None  # a sleep right after INSERTs is timed from them
         if step.kind == "view" and self.inserted:
             self.wait_applied()  # PipelineDB's view sees the rows inserted after it: not those still in flight
-        if step.kind in ("stream", "view", "drop_stream", "drop_view", "set_ttl"):
+        if step.kind in ("stream", "view", "drop_stream", "drop_view", "set_ttl", "rename_view"):
             return self.define(step)
+        if step.kind == "drop_schema":  # PipelineDB's views went with their schema; here the catalog drops them
+            self.drop_schema_views(step.name)
         if step.kind == "ttl_expire":
             return self.expire(step)
         inserting = re.match(r"\s*(INSERT|COPY)\b", step.sql, re.I) is not None
@@ -183,6 +185,8 @@ class _Case:
                 catalog.define(self.conn, step.sql)
             elif step.kind == "drop_view":
                 self.drop_views(step.name.split(","))
+            elif step.kind == "rename_view":
+                self.rename_view(step.name, step.sql)
             else:
                 self.drop_streams(step.name.split(","))
         except (DefinitionError, StreamviewsError) as e:
@@ -243,6 +247,27 @@ class _Case:
                 catalog.define(self.conn, f"DROP CONTINUOUS TRANSFORM {view}")
             else:
                 catalog.drop(self.conn, [view], "view")
+
+    def rename_view(self, name: str, new_name: str) -> None:
+        """ALTER VIEW ... RENAME TO / SET SCHEMA as PipelineDB did it: here the catalog's drop, then its define.
+
+        The view defined again under its new name starts empty: PipelineDB kept the rows.
+        """
+        (definition,) = self.conn.execute("SELECT definition FROM cv.views WHERE name = %s", (name,)).fetchone()
+        head = re.match(rf"\s*CREATE\s+(?:CONTINUOUS\s+)?VIEW\s+{re.escape(name)}\b", definition, re.I)
+        if head is None:
+            raise DefinitionError(f"{name}: its stored definition does not start with its name")
+        with self.conn.transaction():
+            catalog.drop(self.conn, [name], "view")
+            catalog.define(self.conn, head.group(0).replace(name, new_name) + definition[head.end() :])
+
+    def drop_schema_views(self, schema: str) -> None:
+        """The continuous views and transforms in `schema`, dropped through the catalog (DROP SCHEMA may not)."""
+        in_schema = "SELECT name FROM {} WHERE split_part(name, '.', 1) = %s"
+        _drop_views(self.conn, [v for (v,) in self.conn.execute(in_schema.format("cv.views"), (schema,))])
+        for (transform,) in self.conn.execute(in_schema.format("cv.transforms"), (schema,)).fetchall():
+            with contextlib.suppress(DefinitionError, StreamviewsError):  # left to DROP SCHEMA's error
+                catalog.define(self.conn, f"DROP CONTINUOUS TRANSFORM {transform}")
 
     def drop_streams(self, streams: list[str]) -> None:
         """DROP FOREIGN TABLE ... CASCADE: the views and transforms over the streams first."""
