@@ -279,8 +279,8 @@ class StreamRunner:
             except Exception:  # a decoder bug: only the records it fails on are lost to the dead letters
                 log.exception("batch decoding failed; decoding record by record", stream=source.stream.name)
                 decoded = source.decoder.decode_each(group, undecodable=UNDECODABLE)
-            if any(error.reason == "unknown_field" for _, error in decoded.rejected) and self._redeclared(source):
-                source = self.sources[topic]  # ALTER STREAM ADD COLUMN since its decoder was built
+            if decoded.rejected and self._redeclared(source):
+                source = self.sources[topic]  # ALTER STREAM ADD COLUMN, or declared again, since its decoder was built
                 decoded = source.decoder.decode_batch(group)
             rejected.extend((group[index], error) for index, error in decoded.rejected)
             # Records, not changes: a Debezium update is one record and two changes (delete, insert).
@@ -295,10 +295,12 @@ class StreamRunner:
         return Decoded(payload, size, rejected, counts)
 
     def _redeclared(self, source: Source) -> bool:
-        """After an event was refused for a field the stream lacks: its stored declaration, if it changed since.
+        """After an event was refused: the stream's stored declaration, if it changed since the decoder was built.
 
-        A field added by ALTER STREAM ADD COLUMN reaches the topic as soon as the ALTER commits; the
-        catalog is read again between polls only. Asking now keeps such events from the dead letters.
+        A field added by ALTER STREAM ADD COLUMN, or a stream dropped and declared again (a column
+        now optional, of another type), reaches the topic as soon as the definition commits; the
+        catalog is read again between polls only. Asking now, at the cost of one catalog read per
+        poll that refused something, keeps such events from the dead letters.
         """
         try:
             conn = self._catalog_connection()

@@ -2,7 +2,7 @@
 
 Each test runs its own stream runner (a real subprocess). Events carrying the new field are
 produced right after the ALTER commits, before the runner has read the catalog again: none may be
-dead-lettered, and none counted twice.
+dead-lettered, and none counted twice. The same holds for a stream dropped and declared again.
 """
 
 from __future__ import annotations
@@ -94,6 +94,23 @@ def test_events_with_the_new_field_are_decoded_anew_even_before_the_runner_reads
         define(pg, f"ALTER STREAM {stream} ADD COLUMN country text DEFAULT 'unknown';")
         produce(kafka, stream, [{"url": "/a", "country": "fr"}] * 7 + [{"url": "/b"}] * 3)
         wait_for(lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 12, "/b": 3}, what="after")
+        assert dead_letters(pg, group) == {}
+
+
+def test_a_stream_declared_again_decodes_its_events_anew_even_before_the_runner_reads_the_catalog(stack, pg, kafka):
+    # Declared again with `url` now optional: the old decoder would dead-letter events without it.
+    with clicks(stack, pg, PIPELINE_CATALOG_POLL_S="3600") as (group, schema, stream):
+        produce(kafka, stream, [{"url": "/a"}] * 5)
+        wait_for(lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 5}, what="before the change")
+        define(
+            pg,
+            f"""DROP CONTINUOUS VIEW {schema}.by_url; DROP STREAM {stream};
+            CREATE STREAM {stream} (url text) WITH (consumer_group = '{group}');
+            CREATE CONTINUOUS VIEW {schema}.by_url WITH (backfill = 'none') AS
+                SELECT coalesce(url, '?') AS url, count(*) AS n FROM {stream} GROUP BY 1;""",
+        )
+        produce(kafka, stream, [{"url": "/a"}] * 2 + [{}] * 3)
+        wait_for(lambda: rows(pg, f"SELECT url, n FROM {schema}.by_url") == {"/a": 2, "?": 3}, what="after")
         assert dead_letters(pg, group) == {}
 
 
