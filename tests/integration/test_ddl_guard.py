@@ -12,6 +12,7 @@ import psycopg
 import pytest
 
 from pipelines.cv import catalog
+from pipelines.dbsetup import SQL_DIR
 from tests.integration.conftest import throwaway_views, unique
 
 
@@ -171,3 +172,43 @@ def test_the_catalogs_own_transaction_is_let_through(pg, cv):
         conn.execute(f"DROP VIEW {cv['view']}")
         conn.rollback()
     assert_whole(pg, cv)
+
+
+def test_drop_owned_reaching_a_continuous_view_is_refused(pg, cv):
+    role = unique("ddlg_role")
+    with pg("postgres", autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role}")
+        admin.execute(f"ALTER VIEW {cv['view']} OWNER TO {role}")
+        try:
+            with pytest.raises(psycopg.errors.DependentObjectsStillExist) as caught:
+                admin.execute(f"DROP OWNED BY {role}")
+        finally:
+            admin.execute(f"ALTER VIEW {cv['view']} OWNER TO sv_owner")
+            admin.execute(f"DROP ROLE {role}")
+    assert caught.value.diag.message_primary == (
+        f'DROP OWNED would drop continuous views ({cv["view"]}): drop them first with "streamviews drop {cv["view"]}"'
+    )
+    assert_whole(pg, cv)
+
+
+def test_the_runners_temporary_tables_pass(pg):
+    """The engine's role makes and drops temporary tables in every session; it cannot read the catalog's reasons."""
+    with pg("sv_writer", autocommit=True) as conn:
+        conn.execute("CREATE TEMP TABLE IF NOT EXISTS guard_probe (a int) ON COMMIT DELETE ROWS")
+        conn.execute("DROP TABLE IF EXISTS guard_probe")
+
+
+def test_dbsetup_makes_the_guard_again_unchanged_and_enabled(pg):
+    """sql/guards.sql runs at every dbsetup: twice in a row it succeeds, and its triggers are on."""
+    text = (SQL_DIR / "guards.sql").read_text()
+    with pg("postgres", autocommit=True) as admin:
+        admin.execute(text)
+        admin.execute(text)
+        enabled = admin.execute(
+            "SELECT evtname, evtenabled FROM pg_event_trigger WHERE evtname LIKE 'streamviews\\_%' ORDER BY evtname"
+        ).fetchall()
+    assert enabled == [
+        ("streamviews_note_relations", "O"),
+        ("streamviews_refuse_drops", "O"),
+        ("streamviews_refuse_renames", "O"),
+    ]
