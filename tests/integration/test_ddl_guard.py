@@ -156,12 +156,16 @@ def test_unrelated_ddl_in_the_same_schema_passes(pg, cv):
 
 def test_a_schema_without_continuous_views_is_dropped_and_renamed_as_ever(pg):
     schema = unique("ddlg_plain")
+    statements = [
+        f"CREATE SCHEMA {schema}",
+        f"CREATE TABLE {schema}.t (a int)",
+        f"CREATE VIEW {schema}.v AS SELECT a FROM {schema}.t",
+        f"ALTER SCHEMA {schema} RENAME TO {schema}_2",
+        f"DROP SCHEMA {schema}_2 CASCADE",
+    ]
     with pg("sv_owner", autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {schema}")
-        conn.execute(f"CREATE TABLE {schema}.t (a int)")
-        conn.execute(f"CREATE VIEW {schema}.v AS SELECT a FROM {schema}.t")
-        conn.execute(f"ALTER SCHEMA {schema} RENAME TO {schema}_2")
-        conn.execute(f"DROP SCHEMA {schema}_2 CASCADE")
+        for statement in statements:
+            conn.execute(statement)
         assert conn.execute("SELECT to_regnamespace(%s)", (f"{schema}_2",)).fetchone() == (None,)
 
 
