@@ -38,7 +38,7 @@ from pipelines.cdc.captured_tables import move_captured_tables
 from pipelines.cdc.connectors import CONNECTORS_DIR
 from pipelines.cv import catalog
 from pipelines.cv.catalog import stream_inserts
-from pipelines.cv.catalog.locks import CATALOG_DDL
+from pipelines.cv.catalog.locks import mark_catalog_ddl
 from pipelines.errors import DatabaseSetupError, StreamviewsError
 from pipelines.logs import configure_logging, get_logger
 from pipelines.settings import (
@@ -220,7 +220,7 @@ def apply_migrations(conn: psycopg.Connection, migrations: list[Migration]) -> l
                     )
                 continue
             try:  # the catalog's own DDL: sql/guards.sql lets it drop and rename read views and storage
-                conn.execute("SELECT set_config(%s, 'on', true)", (CATALOG_DDL,))
+                mark_catalog_ddl(conn)
                 conn.execute(migration.text)
             except psycopg.Error as e:
                 raise DatabaseSetupError(f"migrations: {migration.version}_{migration.name} failed: {e}") from e

@@ -106,8 +106,13 @@ def begin_change(conn: psycopg.Connection, what: str) -> None:
     event triggers let drop and rename read views and storage; plain DDL may not.
     """
     conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{LOCK_TIMEOUT_MS}ms",))
-    conn.execute("SELECT set_config(%s, 'on', true)", (CATALOG_DDL,))
+    mark_catalog_ddl(conn)
     _take(conn, what, "another definition is being applied", _advisory(DEFINITIONS_LOCK, sql.Literal(0)))
+
+
+def mark_catalog_ddl(conn: psycopg.Connection) -> None:
+    """Say, for the rest of the transaction, that its DDL is the catalog's (sql/guards.sql lets it through)."""
+    conn.execute("SELECT set_config(%s, 'on', true)", (CATALOG_DDL,))
 
 
 def lock_stream_for_change(conn: psycopg.Connection, stream: str, what: str) -> None:

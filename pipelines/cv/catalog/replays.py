@@ -29,7 +29,14 @@ import psycopg
 from psycopg import errors, sql
 
 from pipelines.cv.catalog import store
-from pipelines.cv.catalog.locks import LOCK_TIMEOUT_MS, begin_change, bump, changing, lock_stream_for_change
+from pipelines.cv.catalog.locks import (
+    LOCK_TIMEOUT_MS,
+    begin_change,
+    bump,
+    changing,
+    lock_stream_for_change,
+    mark_catalog_ddl,
+)
 from pipelines.cv.catalog.views import define_view
 from pipelines.cv.frontend.backfill import EARLIEST, order_dependent
 from pipelines.cv.frontend.changes import with_options
@@ -184,7 +191,9 @@ def swap_in(conn: psycopg.Connection, shadow: str) -> str | None:
     """In the transaction that marks the shadow's catch-up done, under the stream's exclusive lock: the swap.
 
     As sv_writer (cv.swap_replay is SECURITY DEFINER); its outcome ('swapped', 'failed') or None.
+    The swap drops the shadow's read view and tables: the catalog's own DDL (`mark_catalog_ddl`).
     """
+    mark_catalog_ddl(conn)
     row = conn.execute(
         "SELECT r.view, cv.swap_replay(r.view) FROM cv.replays AS r WHERE r.shadow = %s AND r.ended_at IS NULL",
         (shadow,),
@@ -212,6 +221,7 @@ def swap_ready(conn: psycopg.Connection, runs: Callable[[str], bool]) -> list[st
         try:
             with conn.transaction():
                 conn.execute("SELECT set_config('lock_timeout', %s, true)", (f"{LOCK_TIMEOUT_MS}ms",))
+                mark_catalog_ddl(conn)  # the swap drops the shadow's read view and tables
                 outcome = conn.execute("SELECT cv.swap_replay(%s)", (view,)).fetchone()[0]
         except (errors.LockNotAvailable, errors.DeadlockDetected) as e:
             log.info("replay swap blocked; trying again later", view=view, reason=str(e).strip()[:200])
