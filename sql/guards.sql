@@ -13,7 +13,7 @@
 --
 -- The catalog's own DDL passes: pipelines.cv.catalog.locks.begin_change (every definition, replay
 -- swap and transform) and pipelines.dbsetup's migrations mark their transaction with
--- `set_config('streamviews.catalog_ddl', 'on', true)`. Any session may set it: this guards against
+-- `set_config('cv.catalog_ddl', 'on', true)`. Any session may set it: this guards against
 -- mistakes, it is not a permission (the owner of a view may drop it anyway).
 
 CREATE SCHEMA IF NOT EXISTS ddl_guard;
@@ -30,7 +30,7 @@ LANGUAGE plpgsql STABLE AS $$
 DECLARE
     catalog text;
 BEGIN
-    IF coalesce(current_setting('streamviews.catalog_ddl', true), '') = 'on' THEN
+    IF coalesce(current_setting('cv.catalog_ddl', true), '') = 'on' THEN
         RETURN true;
     END IF;
     FOREACH catalog IN ARRAY ARRAY['cv.views', 'cv.transforms', 'cv.streams'] LOOP
@@ -172,7 +172,7 @@ $$;
 CREATE OR REPLACE FUNCTION ddl_guard.note_relations() RETURNS event_trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM set_config('streamviews.ddl_guard_before',
+    PERFORM set_config('cv.ddl_guard_before',
         CASE WHEN ddl_guard.exempt() THEN '' ELSE array_to_string(ddl_guard.catalog_relations(), E'\n') END, true);
 END
 $$;
@@ -182,7 +182,7 @@ $$;
 CREATE OR REPLACE FUNCTION ddl_guard.refuse_renames() RETURNS event_trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    before text := coalesce(current_setting('streamviews.ddl_guard_before', true), '');
+    before text := coalesce(current_setting('cv.ddl_guard_before', true), '');
     gone text[];
     parts text[];
     owners text;

@@ -172,7 +172,7 @@ def test_a_schema_without_continuous_views_is_dropped_and_renamed_as_ever(pg):
 def test_the_catalogs_own_transaction_is_let_through(pg, cv):
     """What begin_change marks (definitions, replays' swaps) drops read views; so may a session that says so."""
     with pg("sv_owner") as conn:
-        conn.execute("SELECT set_config('streamviews.catalog_ddl', 'on', true)")
+        conn.execute("SELECT set_config('cv.catalog_ddl', 'on', true)")
         conn.execute(f"DROP VIEW {cv['view']}")
         conn.rollback()
     assert_whole(pg, cv)
@@ -216,3 +216,16 @@ def test_dbsetup_makes_the_guard_again_unchanged_and_enabled(pg):
         ("streamviews_refuse_drops", "O"),
         ("streamviews_refuse_renames", "O"),
     ]
+
+
+def test_a_session_that_loaded_the_streamviews_library_passes_too(pg, cv):
+    """The extension reserves settings named streamviews.*: the guard's own settings are named cv.*."""
+    with pg("postgres") as admin:
+        admin.execute("LOAD 'streamviews'")
+        admin.execute("SELECT set_config('cv.catalog_ddl', 'on', true)")  # as begin_change and the replays say
+        admin.execute(f"ALTER VIEW {cv['view']} RENAME TO renamed_by_the_catalog")
+        admin.rollback()
+        admin.execute(f"CREATE TABLE {cv['schema']}.plain_t (a int)")  # unmarked, unrelated
+        admin.execute(f"ALTER TABLE {cv['schema']}.plain_t RENAME TO plain_t2")
+        admin.rollback()
+    assert_whole(pg, cv)

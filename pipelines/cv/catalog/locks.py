@@ -55,7 +55,7 @@ FIRST_PAUSE_S = 0.25
 # The streams this transaction holds exclusively, for step 3 (a transaction-local setting).
 _LOCKED_STREAMS = "cv.streams_locked"
 # Set 'on' for its transaction by the catalog's own DDL: sql/guards.sql refuses plain DDL on read views and storage.
-CATALOG_DDL = "streamviews.catalog_ddl"
+CATALOG_DDL = "cv.catalog_ddl"
 
 T = TypeVar("T")
 
