@@ -11,10 +11,11 @@
 -- command that does it whole ("streamviews drop ..."); raising in sql_drop / ddl_command_end rolls
 -- the whole statement back.
 --
--- The catalog's own DDL passes: pipelines.cv.catalog.locks.begin_change (every definition, replay
--- swap and transform) and pipelines.dbsetup's migrations mark their transaction with
--- `set_config('cv.catalog_ddl', 'on', true)`. Any session may set it: this guards against
--- mistakes, it is not a permission (the owner of a view may drop it anyway).
+-- The catalog's own DDL passes: pipelines.cv.catalog.locks.mark_catalog_ddl, called by begin_change
+-- (every definition, drop and replay start), by the replays' swaps and by dbsetup's migrations,
+-- marks the transaction with `set_config('cv.catalog_ddl', 'on', true)` (not streamviews.*: the
+-- extension reserves that prefix). Any session may set it: this guards against mistakes, it is not
+-- a permission (the owner of a view may drop it anyway).
 
 CREATE SCHEMA IF NOT EXISTS ddl_guard;
 COMMENT ON SCHEMA ddl_guard IS 'Event trigger functions refusing DDL that would leave a continuous view half-dropped (sql/guards.sql).';
