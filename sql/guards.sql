@@ -156,12 +156,14 @@ BEGIN
             UNION ALL SELECT 'continuous transform', t.name FROM cv.transforms t
         ) e, to_regclass(format('%I.%I', split_part(e.name, '.', 1), substr(e.name, strpos(e.name, '.') + 1))) AS rel
         WHERE rel IS NOT NULL
-        UNION
+        UNION  -- a storage table is named <storage>, <storage>__refs<i> or <storage>__m<i>: two hash joins
         SELECT concat_ws('|', 'storage', v.name, 'cv.' || c.relname, c.oid)
-        FROM cv.views v, pg_class c
-        WHERE c.relnamespace = 'cv'::regnamespace AND c.relkind IN ('r', 'p')
-          AND split_part(v.name, '.', 1) || '__' || substr(v.name, strpos(v.name, '.') + 1)
-              IN (c.relname, regexp_replace(c.relname, '__(refs[0-9]*|m[0-9]+)$', ''))
+        FROM (SELECT name, split_part(name, '.', 1) || '__' || substr(name, strpos(name, '.') + 1) AS storage
+              FROM cv.views) v,
+             (SELECT oid, relname, regexp_replace(relname, '__(refs[0-9]*|m[0-9]+)$', '') AS base FROM pg_class
+              WHERE relnamespace = 'cv'::regnamespace AND relkind IN ('r', 'p')) c,
+             LATERAL (VALUES (c.relname), (c.base)) AS named (storage)
+        WHERE named.storage = v.storage
         UNION ALL
         SELECT concat_ws('|', 'state', s.name, 'cv.' || c.relname, c.oid)
         FROM cv.streams s JOIN pg_class c ON c.relnamespace = 'cv'::regnamespace AND c.relname = 'state_' || s.name
