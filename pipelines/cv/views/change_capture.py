@@ -1,4 +1,4 @@
-"""A view's change stream, captured at its storage table (migration 0020 holds the functions).
+"""A view's change stream, captured at its storage table (migrations 0020 and 0043 hold the functions).
 
 A view that records changes (`WITH (changes = true)`) has three statement-level AFTER triggers on
 its storage, one per INSERT, UPDATE and DELETE, each with its transition tables. Whatever writes the
