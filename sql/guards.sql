@@ -181,7 +181,7 @@ END
 $$;
 
 -- ddl_command_end of ALTER VIEW / TABLE / SCHEMA: refuse when a relation of the catalog noted at the
--- start is no longer found under its name (renamed, or moved to another schema).
+-- start is no longer found under its name (renamed, or moved to another schema) by this statement.
 CREATE OR REPLACE FUNCTION ddl_guard.refuse_renames() RETURNS event_trigger
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -194,7 +194,16 @@ BEGIN
     IF before = '' OR ddl_guard.exempt() THEN
         RETURN;
     END IF;
-    gone := ARRAY(SELECT unnest(string_to_array(before, E'\n')) EXCEPT SELECT unnest(ddl_guard.catalog_relations()));
+    -- Noted at the start, not found under that name now, and the relation this statement altered
+    -- (or one in the schema it altered): a view another session dropped meanwhile is none of these.
+    gone := ARRAY(
+        SELECT g FROM (
+            SELECT unnest(string_to_array(before, E'\n')) EXCEPT SELECT unnest(ddl_guard.catalog_relations())
+        ) AS missing (g)
+        JOIN pg_class c ON c.oid = split_part(g, '|', 4)::oid
+        WHERE EXISTS (SELECT 1 FROM pg_event_trigger_ddl_commands() d WHERE d.objid IN (c.oid, c.relnamespace))
+        ORDER BY g
+    );
     IF cardinality(gone) = 0 THEN
         RETURN;
     END IF;

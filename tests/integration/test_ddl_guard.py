@@ -8,12 +8,14 @@ the view whole; the catalog's own DDL and every unrelated statement pass.
 
 from __future__ import annotations
 
+import threading
+
 import psycopg
 import pytest
 
 from pipelines.cv import catalog
 from pipelines.dbsetup import SQL_DIR
-from tests.integration.conftest import throwaway_views, unique
+from tests.integration.conftest import throwaway_views, unique, wait_for
 
 
 @pytest.fixture
@@ -229,3 +231,34 @@ def test_a_session_that_loaded_the_streamviews_library_passes_too(pg, cv):
         admin.execute(f"ALTER TABLE {cv['schema']}.plain_t RENAME TO plain_t2")
         admin.rollback()
     assert_whole(pg, cv)
+
+
+def test_a_view_dropped_by_another_session_meanwhile_does_not_refuse_an_unrelated_rename(pg, cv):
+    """The rename check compares the catalog before and after a statement; what others commit between is theirs."""
+    schema = cv["schema"]
+    with pg("sv_owner", autocommit=True) as setup:
+        setup.execute(f"CREATE TABLE {schema}.plain_t (a int)")
+    with pg("sv_owner") as holder, pg("sv_owner", autocommit=True) as renamer, pg("sv_owner", autocommit=True) as other:
+        holder.execute(f"LOCK TABLE {schema}.plain_t")  # the rename waits for it after its start noted the catalog
+        outcome = []
+        statement = f"ALTER TABLE {schema}.plain_t RENAME TO plain_t2"
+        renaming = threading.Thread(target=lambda: outcome.append(run(renamer, statement)))
+        renaming.start()
+        waiting = "SELECT 1 FROM pg_locks WHERE pid = %s AND relation = %s::regclass AND NOT granted"
+        wait_for(
+            lambda: other.execute(waiting, (renamer.info.backend_pid, f"{schema}.plain_t")).fetchone(),
+            what="the rename to wait for the table's lock",
+        )
+        catalog.drop(other, [cv["view"]])
+        holder.commit()
+        renaming.join(60)
+    assert outcome == [None]
+
+
+def run(conn: psycopg.Connection, statement: str) -> str | None:
+    """Run a statement; PostgreSQL's error message, or None when it succeeded."""
+    try:
+        conn.execute(statement)
+    except psycopg.Error as e:
+        return e.diag.message_primary
+    return None
