@@ -1,7 +1,7 @@
 """The relay's Kafka side without Kafka: every record acknowledged or dead-lettered, or the page fails.
 
 A fake producer stands for librdkafka: it records what was produced and calls each delivery callback
-with the error the test chose for that record when flushed.
+with the error the test chose for that record when flushed (the real producer reports failures only).
 """
 
 from __future__ import annotations
@@ -85,3 +85,4 @@ def test_the_page_rows_give_the_records_that_passed_and_the_last_position_read()
 def test_the_producer_is_idempotent_waits_for_every_replica_and_partitions_as_java_does():
     config = producer_config("k:9092", "streamviews-sinks")
     assert (config["enable.idempotence"], config["acks"], config["partitioner"]) == (True, "all", "murmur2_random")
+    assert config["delivery.report.only.error"] is True  # a page waits for every record with flush()

@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from pipelines.cv.relay.records import Record
 from pipelines.errors import StreamviewsError
@@ -40,6 +40,8 @@ DEAD_LETTER_VALUE_MAX = 512 * 1024
 # A full local queue waits for deliveries this long between attempts, this many times.
 _QUEUE_FULL_WAIT_S = 1.0
 _QUEUE_FULL_ATTEMPTS = 60
+# Records produced between two polls of the producer's events while a page is produced.
+_POLL_EVERY = 1_000
 
 
 class DeliveryError(StreamviewsError):
@@ -59,6 +61,9 @@ def producer_config(bootstrap_servers: str, client_id: str) -> dict[str, object]
         "linger.ms": 5,
         "compression.type": "lz4",
         "delivery.timeout.ms": 60_000,
+        # Reports for failed deliveries only: a page waits for all of them with flush() anyway, and a
+        # Python callback per acknowledged record cost about a third of publishing a page.
+        "delivery.report.only.error": True,
         "logger": logging.getLogger("librdkafka"),  # its own lines as structured logs, like the pipelines'
     }
 
@@ -69,6 +74,27 @@ class _Page:
 
     refused: list[tuple[Record, str]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+
+    def record_report(self, record: Record) -> Callable[[KafkaError | None, Message], None]:
+        """The report of `record`'s delivery: refused for what it is (dead-lettered), or Kafka's failure.
+
+        One closure per record, since a report does not carry its record's headers (its position).
+        """
+
+        def report(err: KafkaError | None, _msg: Message) -> None:
+            if err is None:
+                return
+            if err.code() in RECORD_ERRORS:
+                self.refused.append((record, err.str()))
+            else:
+                self.failed.append(err.str())
+
+        return report
+
+    def dead_letter_report(self, err: KafkaError | None, _msg: Message) -> None:
+        """A dead letter's failed delivery: always Kafka's failure (it has no dead-letter topic of its own)."""
+        if err is not None:
+            self.failed.append(err.str())
 
 
 class Publisher:
@@ -86,15 +112,17 @@ class Publisher:
             DeliveryError: Some record was neither acknowledged nor dead-lettered (Kafka's failure).
         """
         page = _Page()
-        for record in records:
+        for index, record in enumerate(records):
             headers = _headers(sink, view, record.position)
             try:
-                self._produce(topic, record.key, record.value, headers, page, record)
+                self._produce(topic, record.key, record.value, headers, page.record_report(record))
             except KafkaException as e:
                 error = e.args[0]
                 if error.code() not in RECORD_ERRORS:
                     raise DeliveryError(f"sink {sink}: cannot produce to {topic}: {error.str()}") from e
                 page.refused.append((record, error.str()))
+            if index % _POLL_EVERY == 0:
+                self._producer.poll(0)  # serve the producer's events (failed reports) now and then
         self._wait(sink, page, timeout)
         dead = len(page.refused)
         if dead:
@@ -107,21 +135,11 @@ class Publisher:
         key: bytes,
         value: bytes | None,
         headers: list[tuple[str, bytes]],
-        page: _Page,
-        record: Record | None,
+        report: Callable[[KafkaError | None, Message], None],
     ) -> None:
-        def delivered(err: KafkaError | None, _msg: object) -> None:
-            if err is None:
-                return
-            if record is not None and err.code() in RECORD_ERRORS:
-                page.refused.append((record, err.str()))
-            else:
-                page.failed.append(err.str())
-
         for _ in range(_QUEUE_FULL_ATTEMPTS):
             try:
-                self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=delivered)
-                self._producer.poll(0)
+                self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=report)
                 return
             except BufferError:
                 self._producer.poll(_QUEUE_FULL_WAIT_S)
@@ -149,7 +167,7 @@ class Publisher:
             # A value too large for its topic would be for the dead-letter topic too: then only its
             # key and position go (the change itself stays in cv.view_changes while retention keeps it).
             value = record.value if record.value is None or len(record.value) <= DEAD_LETTER_VALUE_MAX else None
-            self._produce(dead_letter_topic(topic), record.key, value, headers, page, None)
+            self._produce(dead_letter_topic(topic), record.key, value, headers, page.dead_letter_report)
         self._wait(sink, page, timeout)
 
 
