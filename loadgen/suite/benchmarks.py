@@ -72,6 +72,13 @@ SUITE = (
         minutes=3,
     ),
     Benchmark(
+        "change_capture",
+        "What recording a view's changes costs per changed group, beside its floor",
+        "loadgen.change_capture",
+        quick="--batches 2 --rounds 1",
+        minutes=1,
+    ),
+    Benchmark(
         "backfill",
         "A new view backfilled from 2M retained page views, beside the live runner; freshness meanwhile",
         "loadgen.backfill",
