@@ -85,10 +85,13 @@ REASONS: dict[str, str] = {
         "and the reads of PipelineDB's matrel and catalog have no meaning here"
     ),
     "output_streams": (
-        "(old)/(new) are per committed batch, as issue 25 defines a view's change stream: two INSERTs "
-        "applied in one batch give one change where PipelineDB, one transaction per INSERT, gave two; "
-        "a view over output_of() has no arrival_timestamp of its own and joins no table; DROP of a view that "
-        "other views read is refused naming them (drop them first)"
+        "(old)/(new) are per committed batch, as issue 25 defines a view's change stream (the harness "
+        "applies each INSERT of a case that reads output_of() alone, as PipelineDB's one transaction per "
+        "INSERT did); a view over output_of() has no arrival_timestamp of its own and joins no table, so "
+        "the view joining os_t0 is refused, the DROP TABLE os_t0 PipelineDB refused drops it here and the "
+        "later one finds none; combine() in a plain query merges HyperLogLog and top-K states, and a "
+        "view's avg is its value there, not a state; DROP of a view that other views read is refused "
+        "naming them (drop them first)"
     ),
     "cont_transform": (
         "an outputfunc that is a trigger function (ct_tg, insert_into_b: PL/pgSQL run per output row inside "
