@@ -7,6 +7,7 @@ processes where a test kills them, in-process where it only needs their effect.
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import sys
 import threading
 import time
 from datetime import UTC, date, datetime, timedelta
+from pathlib import Path
 
 import orjson
 import psycopg
@@ -66,11 +68,13 @@ def start_writer(stack, log: AuditSettings, topic: str, group: str) -> subproces
     )
 
 
-def start_puller(stack, log: AuditSettings) -> subprocess.Popen:
+def start_puller(stack, log: AuditSettings, logs: Path | None = None) -> subprocess.Popen:
+    """A puller process; its JSON log lines appended to `logs` when given."""
     env = audit_env(stack, log, "sv_indexer", AUDIT_PULL_BLOCKS="8")  # small chunks: many checkpoints
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.audit.puller"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    with open(logs or os.devnull, "a") as stderr:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pipelines.audit.puller"], env=env, stdout=subprocess.DEVNULL, stderr=stderr
+        )
 
 
 def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
@@ -262,13 +266,14 @@ def test_space_freed_by_an_aborted_batch_and_reused_later_is_pulled_again_withou
     assert set(ids) == rows_in_postgres(pg, audit_log)
 
 
-def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_factory, audit_log):
+def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_factory, audit_log, tmp_path):
     """Producers, a killed writer, an aborted batch with vacuum, a killed puller, Elasticsearch restarted."""
     topic = topic_factory("audit", partitions=3)
     group = unique("audit")
     supervisor = Supervisor(stack.paths)
+    puller_logs = tmp_path / "puller.log"  # every puller's JSON lines, one after another
     writer = start_writer(stack, audit_log, topic, group)
-    puller = start_puller(stack, audit_log)
+    puller = start_puller(stack, audit_log, puller_logs)
     stop_producing = threading.Event()
     produced = []
 
@@ -283,7 +288,7 @@ def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_f
                 producer.produce(topic, key=str(uid), value=event(uid, ts, rng, action=rng.choice(WORDS)))
                 n += 1
             producer.poll(0)
-            time.sleep(0.1)
+            stop_producing.wait(0.1)  # a steady trickle until told to stop
         producer.flush(30)
         produced.append(n)
 
@@ -295,8 +300,17 @@ def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_f
     def restart(name: str) -> None:
         stop(running[name], signal.SIGKILL)  # no chance to finish anything
         running[name] = (
-            start_writer(stack, audit_log, topic, group) if name == "writer" else start_puller(stack, audit_log)
+            start_writer(stack, audit_log, topic, group)
+            if name == "writer"
+            else start_puller(stack, audit_log, puller_logs)
         )
+
+    def rows_and_documents() -> tuple[int, int]:
+        return len(rows_in_postgres(pg, audit_log)), len(ids_in_elasticsearch(es, audit_log))
+
+    def elasticsearch_back() -> None:
+        supervisor.start("elasticsearch")  # nothing when it is up
+        wait_for(lambda: _es_healthy(es), timeout=180, what="Elasticsearch back")
 
     try:
         try:
@@ -314,18 +328,32 @@ def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_f
                     f" SELECT shard, ts, uid, content FROM (SELECT * FROM {table} LIMIT 1) r, generate_series(1, 500)"
                 )
                 raise psycopg.Rollback
+            with pg("sv_owner") as conn:  # the aborted rows lie below the table's end
+                blocks = conn.execute(
+                    "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int", (table,)
+                ).fetchone()[0]
             restart("puller")
-            time.sleep(1)
+            wait_for(  # the space vacuum frees is then behind the checkpoint when later batches reuse it
+                lambda: pulled_past(pg, table, blocks), what="the new puller to index past the aborted batch"
+            )
             with pg("sv_owner", autocommit=True) as conn:
                 conn.execute(f"VACUUM {table}")
 
+            retried, rows = retries_logged(puller_logs), len(rows_in_postgres(pg, audit_log))
             supervisor.stop("elasticsearch")
-            time.sleep(3)  # writes go on; the puller backs off and retries
+            wait_for(
+                lambda: retries_logged(puller_logs) > retried and len(rows_in_postgres(pg, audit_log)) > rows + 100,
+                what="writes to go on while the puller backs off and retries",
+            )
             restart("puller")
+            elasticsearch_back()
+            rows, documents = rows_and_documents()
+            wait_for(  # with producers still running: the puller resumed, it did not only drain a backlog
+                lambda: all(now > then for now, then in zip(rows_and_documents(), (rows, documents), strict=True)),
+                what="events written and indexed after Elasticsearch came back",
+            )
         finally:
-            supervisor.start("elasticsearch")
-            wait_for(lambda: _es_healthy(es), timeout=180, what="Elasticsearch back")
-            time.sleep(2)
+            elasticsearch_back()
             stop_producing.set()
             for thread in producers:
                 thread.join(60)
@@ -344,6 +372,18 @@ def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_f
     ids = ids_in_elasticsearch(es, audit_log)
     assert len(ids) == len(set(ids)), "a row was indexed twice"
     assert set(ids) == expected
+
+
+def pulled_past(pg, table: str, block: int) -> bool:
+    """Whether the puller's checkpoint of `table` is at or past `block`."""
+    with pg("sv_owner") as conn:
+        row = conn.execute("SELECT next_block FROM audit.pull_checkpoints WHERE table_name = %s", (table,)).fetchone()
+    return row is not None and row[0] >= block
+
+
+def retries_logged(logs: Path) -> int:
+    """How often the pullers logged a retry (a failed pass, an unacknowledged bulk, templates not yet applied)."""
+    return logs.read_text().count('; retrying"') if logs.exists() else 0
 
 
 def _es_healthy(es) -> bool:
@@ -442,16 +482,21 @@ def test_text_and_regex_filters_with_an_estimated_and_an_exact_count(pg, audit_l
 
 
 def test_the_puller_reports_rows_and_seconds_behind_until_it_has_caught_up(pg, es, pg_settings, audit_log):
+    """Seconds behind: since the oldest batch not yet indexed committed, by the database's clock."""
     today = datetime.now(UTC).date()
     puller = in_process_puller(pg_settings, es, audit_log)
     assert puller.lag()["rows_behind"] == 0
 
     write(pg, audit_log, events_at(today, 40))
-    time.sleep(0.3)
     write(pg, audit_log, events_at(today, 10, shard=1))
-    lag = puller.lag()
+    oldest = "SELECT extract(epoch FROM clock_timestamp() - min(committed_at))::float FROM audit.tables"
+    oldest += " WHERE log_schema = %s"
+    with pg("sv_owner", autocommit=True) as conn:
+        waited_before = conn.execute(oldest, (audit_log.schema_name,)).fetchone()[0]
+        lag = puller.lag()
+        waited_after = conn.execute(oldest, (audit_log.schema_name,)).fetchone()[0]
     assert lag["rows_behind"] == 50
-    assert lag["seconds_behind"] >= 0.3
+    assert waited_before - 0.001 <= lag["seconds_behind"] <= waited_after + 0.001  # rounded to the millisecond
 
     pull_until_caught_up(puller)
     assert puller.lag() == {"tables": 2, "rows_behind": 0, "seconds_behind": 0.0}
