@@ -20,13 +20,16 @@ wakes the loop, and at least every `PIPELINE_FEED_POLL_S`. Failures stop only wh
 whose maintenance fails is quarantined (cv.view_failures, retried and rebuilt from the feed's state
 as a Kafka stream's views are: pipelines/cv/isolation.py) and the feed goes on without it; any other
 failure of a feed is logged and the feed retried later, doubling its wait, while the other feeds and
-the Kafka streams go on. `streamviews status` shows each feed's lag.
+the Kafka streams go on. An upstream change a reader of an append-only feed fails on (a division
+by zero) is dead-lettered and the feed goes on past it (pipelines/cv/feed_isolation.py).
+`streamviews status` shows each feed's lag and dead letters.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +37,14 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from pipelines.cv import catalog, isolation
+from pipelines.cv import catalog, feed_isolation, isolation
 from pipelines.cv.catalog import change_streams
 from pipelines.cv.engine import StreamDropped, StreamMaintainer, ViewApplyError, describe_error
+from pipelines.cv.feed_isolation import FeedIsolation
+from pipelines.cv.frontend.view_sources import FEED_TOPIC_PREFIX
+from pipelines.cv.isolation import ViewBroken
 from pipelines.logs import get_logger
+from pipelines.runtime.checkpoint import is_transient
 
 log = get_logger("cv.feeds")
 
@@ -49,7 +56,7 @@ MAX_QUARANTINES = 20  # views quarantined while one page is applied: beyond, the
 # (a feed too, when the upstream is itself a view over a view: it goes first). The upstream is a
 # continuous view or a continuous transform.
 PENDING_SQL = """
-SELECT s.name, r.view, r.position, p.last, u.stream
+SELECT s.name, r.view, r.position, p.last, u.stream, s.definition::jsonb ->> 'key' IS NOT NULL
   FROM cv.streams AS s
   JOIN cv.change_readers AS r ON r.reader = 'stream ' || s.name
   JOIN cv.view_change_positions AS p ON p.view = r.view
@@ -69,11 +76,17 @@ class Feed:
     upstream: str
     position: int
     last: int
+    keyed: bool = False  # the upstream's current rows (FROM v), not an append-only stream of its changes
 
     @property
     def reader(self) -> str:
         """Its name among the upstream's change readers."""
         return f"stream {self.stream}"
+
+    @property
+    def topic(self) -> str:
+        """The feed stream's topic (`view:<feed>`, no Kafka topic's): its dead letters are counted under it."""
+        return FEED_TOPIC_PREFIX + self.stream
 
 
 @dataclass
@@ -95,6 +108,8 @@ class ViewFeeds:
     poll_s: float = 1.0
     view_retry_s: float = 30.0
     group_id: str = ""
+    poison_limit: int = 100  # PIPELINE_POISON_LIMIT's default: a view rejecting more changes of a page is quarantined
+    pipeline: str = "streams"  # the stream runner's: the label of the dead letters' metric
     roots: Callable[[str], bool] = lambda stream: True  # which chains it feeds, by their declared stream
     maintainers: dict[str, StreamMaintainer] = field(default_factory=dict)
     backoff: dict[str, _Backoff] = field(default_factory=dict)
@@ -129,7 +144,10 @@ class ViewFeeds:
         is fed by the runners of its Kafka stream, not by every runner of every group.
         """
         rows = conn.execute(PENDING_SQL).fetchall()
-        feeds = {name: (Feed(name, upstream, position, last), reads) for name, upstream, position, last, reads in rows}
+        feeds = {
+            name: (Feed(name, upstream, position, last, keyed), reads)
+            for name, upstream, position, last, reads, keyed in rows
+        }
 
         def chain(name: str) -> list[str]:  # the feed, then the feeds above it, then the declared stream
             names = [name]
@@ -161,9 +179,14 @@ class ViewFeeds:
         return applied
 
     def apply_page(self, conn: psycopg.Connection, feed: Feed) -> int:
-        """One page of a feed's changes in one transaction; the changes taken (0: another runner took them)."""
+        """One page of a feed's changes in one transaction; the changes taken (0: another runner took them).
+
+        The page is applied whole first; when that fails for a reason in its rows, again in isolation
+        (pipelines.cv.feed_isolation): the changes a reader fails on dead-lettered, the others applied.
+        """
         upto = min(feed.last, feed.position + self.page)
         maintainer = self._maintainer(feed.stream)
+        isolate = False
         for _ in range(MAX_QUARANTINES):
             try:
                 with conn.transaction():
@@ -171,21 +194,50 @@ class ViewFeeds:
                     moved = conn.execute(FENCE_SQL, (upto, feed.upstream, feed.reader, feed.position)).rowcount
                     if not moved:
                         raise PageTaken
-                    maintainer.apply_feed(conn, feed.position, upto)
+                    counts = self._apply(conn, feed, maintainer, upto, isolate)
+                feed_isolation.count_committed(self.pipeline, counts)
                 return upto - feed.position
-            except PageTaken:
+            except (PageTaken, StreamDropped):
                 maintainer.forget_sessions()
                 return 0
-            except StreamDropped:
+            except ViewBroken as e:  # found by isolation: a view that cannot run, or rejects too many changes
                 maintainer.forget_sessions()
-                return 0
+                self._quarantine(conn, feed, e.view, e.sqlstate, e.reason)  # then the page again, without it
             except ViewApplyError as e:
                 maintainer.forget_sessions()
-                self._quarantine(conn, feed, e)  # then the page again, without that view
-            except BaseException:
+                if is_transient(e):
+                    raise
+                if not isolate and self._isolable(feed, e):
+                    isolate = True  # a view failed on the page's rows: the page again, in isolation
+                else:  # a view that cannot run, or fails on a keyed feed's current row: then the page without it
+                    self._quarantine(conn, feed, e.view, getattr(e.error, "sqlstate", None), str(e))
+            except BaseException as e:
                 maintainer.forget_sessions()
-                raise
+                if isolate or not self._isolable(feed, e):
+                    raise
+                isolate = True
         raise RuntimeError(f"feed {feed.stream}: {MAX_QUARANTINES} views quarantined in a row; the feed itself fails")
+
+    def _apply(
+        self, conn: psycopg.Connection, feed: Feed, maintainer: StreamMaintainer, upto: int, isolate: bool
+    ) -> Counter[tuple[str, str]]:
+        """The page's changes applied (in isolation: the bad ones dead-lettered); the dead letters' counts."""
+        if not isolate:
+            maintainer.apply_feed(conn, feed.position, upto)
+            return Counter()
+        rejected = FeedIsolation(conn, maintainer, feed.upstream, self.poison_limit).apply(feed.position, upto)
+        return feed_isolation.record_dead_letters(conn, feed.stream, feed.topic, feed.upstream, self.group_id, rejected)
+
+    @staticmethod
+    def _isolable(feed: Feed, error: BaseException) -> bool:
+        """True when the page's failure may be its rows': isolation can tell them apart (an append-only feed)."""
+        if not isinstance(error, Exception):
+            return False
+        try:
+            feed_isolation.classify(error, feed.keyed)
+        except Exception:
+            return False
+        return True
 
     def housekeeping(self, conn: psycopg.Connection) -> None:
         """Now and then: time buckets past the views' ttl deleted, quarantined views retried."""
@@ -204,13 +256,13 @@ class ViewFeeds:
             if deleted:
                 log.info("expired time buckets", stream=name, rows=deleted)
 
-    def _quarantine(self, conn: psycopg.Connection, feed: Feed, error: ViewApplyError) -> None:
+    def _quarantine(self, conn: psycopg.Connection, feed: Feed, view: str, sqlstate: str | None, reason: str) -> None:
         with conn.transaction():
             conn.execute(
                 "SELECT cv.quarantine_view(%s, %s, %s, %s, make_interval(secs => %s))",
-                (error.view, getattr(error.error, "sqlstate", None), str(error), Jsonb({}), self.view_retry_s),
+                (view, sqlstate, reason, Jsonb({}), self.view_retry_s),
             )
-        log.error("view quarantined", view=error.view, feed=feed.stream, reason=str(error))
+        log.error("view quarantined", view=view, feed=feed.stream, reason=reason)
 
     def _failed(self, feed: Feed, error: Exception) -> None:
         backoff = self.backoff.setdefault(feed.stream, _Backoff())
@@ -244,6 +296,7 @@ class FeedState:
     taken_at: Any  # datetime: when its position last moved (or the feed was made)
     views: str
     quarantined: int
+    dead_letters: int = 0  # upstream changes its readers failed on, skipped (cv.feed_dead_letters)
 
     @property
     def lag(self) -> int:
@@ -261,13 +314,15 @@ class FeedState:
             "taken_at": self.taken_at.isoformat(),
             "views": self.views.split(", ") if self.views else [],
             "quarantined_views": self.quarantined,
+            "dead_letters": self.dead_letters,
         }
 
 
 FEED_STATES_SQL = """
 SELECT s.name, r.view, r.position, p.last, r.taken_at,
        coalesce((SELECT string_agg(v.name, ', ' ORDER BY v.name) FROM cv.views AS v WHERE v.stream = s.name), ''),
-       (SELECT count(*) FROM cv.view_failures AS f WHERE f.stream = s.name)
+       (SELECT count(*) FROM cv.view_failures AS f WHERE f.stream = s.name),
+       (SELECT count(*) FROM cv.feed_dead_letters_readable AS d WHERE d.feed = s.name)
   FROM cv.streams AS s
   JOIN cv.change_readers AS r ON r.reader = 'stream ' || s.name
   JOIN cv.view_change_positions AS p ON p.view = r.view

@@ -1,0 +1,267 @@
+"""A change a feed's reader fails on is dead-lettered and the feed goes on; a broken reader holds its feed.
+
+Views over views and chains of transforms read their upstream's recorded changes through the
+runner's feeds (pipelines.cv.feeds). When some upstream rows make the downstream statement raise
+(a division by zero), isolation (pipelines.cv.feed_isolation) finds them: the oracle is the
+downstream's own SELECT run by PostgreSQL over the good rows only, each bad row is one dead letter
+in cv.feed_dead_letters with its reason (counted in ops.dead_letters and the metric), and the
+upstream and the readers of its other feeds are unaffected, whatever the batching and page size.
+A reader that cannot run at all (the table its transform joins dropped) holds its feed instead:
+nothing skipped, and everything applied once it is fixed.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+import pytest
+from prometheus_client import REGISTRY
+
+from pipelines.cv import catalog
+from pipelines.cv.feeds import ViewFeeds, feed_states
+from tests.integration.conftest import apply_rows, as_stream_table, drop_in_dependency_order, throwaway_views, unique
+
+THRESHOLD = 2  # ratio's (new).total / ((new).n - 2) divides by zero when a url's count reaches 2
+
+
+@pytest.fixture
+def chain(stack, pg):
+    """A stream, a transform over it, a transform over that which divides by `d`, and views over each."""
+    name = unique("fdl")
+    events = f"{name}_events"
+    group = f"it-{name}"  # no runner runs it: this test feeds, and its dead letters' counts are its own
+    definitions = f"""
+        CREATE STREAM {events} (x int, d int) WITH (topic = '{events}', consumer_group = '{group}');
+        CREATE CONTINUOUS TRANSFORM {name}.t0 AS SELECT x, d FROM {events};
+        CREATE CONTINUOUS TRANSFORM {name}.t1 AS SELECT x, 100 / d AS q FROM {name}.t0;
+        CREATE CONTINUOUS VIEW {name}.total AS SELECT count(*) AS n, sum(q) AS q, sum(x) AS x FROM {name}.t1;
+        CREATE CONTINUOUS VIEW {name}.raw AS SELECT count(*) AS n, sum(x) AS x FROM {events};
+    """
+    with cleaned(pg, name, group, [events], definitions):
+        yield {"schema": name, "events": events, "group": group}
+
+
+@pytest.fixture
+def views(stack, pg):
+    """A view over a stream, a view over its changes that divides by zero on some, and one over its rows."""
+    name = unique("fdv")
+    clicks = f"{name}_clicks"
+    group = f"it-{name}"
+    definitions = f"""
+        CREATE STREAM {clicks} (url text, ms int) WITH (topic = '{clicks}', consumer_group = '{group}');
+        CREATE CONTINUOUS VIEW {name}.per_url AS
+            SELECT url, count(*) AS n, sum(ms) AS total FROM {clicks} GROUP BY url;
+        CREATE CONTINUOUS VIEW {name}.ratio AS
+            SELECT (new).url AS url, count(*) AS changes, sum((new).total / ((new).n - {THRESHOLD})) AS r
+            FROM output_of('{name}.per_url') GROUP BY 1;
+        CREATE CONTINUOUS VIEW {name}.by_length AS
+            SELECT length(url) AS len, sum(n) AS n, max(total) AS top FROM {name}.per_url GROUP BY 1;
+    """
+    with cleaned(pg, name, group, [clicks], definitions):
+        yield {"schema": name, "clicks": clicks, "group": group}
+
+
+@contextmanager
+def cleaned(pg, name: str, group: str, streams: list[str], definitions: str) -> Iterator[None]:
+    """throwaway_views; its views and transforms dropped downstream first, the group's dead letters' counts too."""
+    with throwaway_views(pg, name, streams, definitions):
+        try:
+            yield
+        finally:
+            with pg("sv_owner", autocommit=True) as conn:
+                views = [v for (v,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{name}.%",))]
+                drop_in_dependency_order(conn, views)
+                for transform in ("labelled", "t1", "t0"):  # a transform read by another is dropped after it
+                    catalog.define(conn, f"DROP CONTINUOUS TRANSFORM IF EXISTS {name}.{transform}")
+                conn.execute("DELETE FROM ops.dead_letters WHERE group_id = %s", (group,))
+
+
+@pytest.fixture
+def writer(pg):
+    with pg("sv_writer", autocommit=True) as conn:
+        yield conn
+
+
+def feed_all(conn: psycopg.Connection, group: str, page: int) -> ViewFeeds:
+    """The feeds' passes until nothing is left to take (or what is left is held)."""
+    feeds = ViewFeeds("", page=page, group_id=group)
+    while feeds.step(conn):
+        pass
+    return feeds
+
+
+def dead_letters(conn: psycopg.Connection, feed: str) -> list[tuple]:
+    return conn.execute(
+        "SELECT position, upstream, reader, reason, detail, change FROM cv.feed_dead_letters"
+        " WHERE feed = %s ORDER BY position",
+        (feed,),
+    ).fetchall()
+
+
+def counted(conn: psycopg.Connection, group: str) -> list[tuple]:
+    return conn.execute(
+        "SELECT topic, reason, count FROM ops.dead_letters WHERE group_id = %s ORDER BY topic, reason", (group,)
+    ).fetchall()
+
+
+def lag(conn: psycopg.Connection, feed: str) -> int:
+    return next(f.lag for f in feed_states(conn) if f.stream == feed)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_transform_chain_dead_letters_the_rows_it_divides_by_zero_and_equals_its_select_over_the_others(
+    pg, writer, chain, seed
+):
+    schema, events, group = chain["schema"], chain["events"], chain["group"]
+    rng = random.Random(seed)
+    page = rng.choice([1, 3, 37, 10_000])
+    rows: list[tuple[int, int]] = []
+    for _ in range(12):
+        batch = [(rng.randint(-50, 50), rng.choice([-3, -1, 0, 1, 2, 5, 7])) for _ in range(rng.choice([1, 4, 25]))]
+        apply_rows(writer, events, [1] * len(batch), batch)
+        rows += batch
+        if rng.random() < 0.4:  # the feeds run now and then, a page at a time
+            feed_all(writer, group, page)
+    feed_all(writer, group, page)
+
+    bad = sum(1 for _, d in rows if d == 0)
+    assert bad, "the seed makes some rows divide by zero"
+    with writer.transaction(force_rollback=True):
+        as_stream_table(writer, events, "x int, d int", rows)
+        want_t1 = sorted(writer.execute(f"SELECT x, 100 / d FROM {events} WHERE d <> 0").fetchall())
+        want_total = writer.execute(f"SELECT count(*), sum(100 / d), sum(x) FROM {events} WHERE d <> 0").fetchone()
+        want_raw = writer.execute(f"SELECT count(*), sum(x) FROM {events}").fetchone()
+    assert sorted(writer.execute(f"SELECT x, q FROM {schema}.t1").fetchall()) == want_t1
+    assert writer.execute(f"SELECT n, q, x FROM {schema}.total").fetchone() == want_total
+    # The upstream and the stream's other readers are unaffected: every row in t0, every event in raw.
+    assert sorted(writer.execute(f"SELECT x, d FROM {schema}.t0").fetchall()) == sorted(rows)
+    assert writer.execute(f"SELECT n, x FROM {schema}.raw").fetchone() == want_raw
+
+    letters = dead_letters(writer, f"{schema}.t0")
+    assert len(letters) == bad  # each bad row once, whatever the pages and how often the feeds ran
+    for _, upstream, reader, reason, detail, change in letters:
+        assert (upstream, reader, reason) == (f"{schema}.t0", f"{schema}.t1", "apply_error")
+        assert detail.startswith(f"transform {schema}.t1: SQLSTATE 22012: division by zero")
+        assert change["after"]["d"] == 0
+        assert change["before"] is None
+    assert counted(writer, group) == [(f"view:{schema}.t0", "apply_error", bad)]
+    metric = {"pipeline": "streams", "topic": f"view:{schema}.t0", "reason": "apply_error"}
+    assert REGISTRY.get_sample_value("streamviews_dead_letters_total", metric) == bad  # counted once committed
+    assert lag(writer, f"{schema}.t0") == 0  # no feed held
+    assert lag(writer, f"{schema}.t1") == 0
+    state = next(f for f in feed_states(writer) if f.stream == f"{schema}.t0")
+    assert state.as_json()["dead_letters"] == bad
+
+
+def test_a_row_divided_by_zero_is_one_dead_letter_and_the_rows_around_it_are_applied(pg, writer, chain):
+    schema, events, group = chain["schema"], chain["events"], chain["group"]
+    apply_rows(writer, events, [1] * 5, [(1, 0), (2, 1), (3, 0), (4, 2), (5, 0)])
+    feed_all(writer, group, 10_000)
+    assert writer.execute(f"SELECT n, q, x FROM {schema}.total").fetchone() == (2, 150, 6)
+    assert [change["after"]["x"] for *_, change in dead_letters(writer, f"{schema}.t0")] == [1, 3, 5]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_view_over_a_views_changes_dead_letters_the_changes_it_fails_on(pg, writer, views, seed):
+    schema, clicks, group = views["schema"], views["clicks"], views["group"]
+    rng = random.Random(seed)
+    page = rng.choice([2, 5, 10_000])
+    rows: list[tuple[str, int]] = []
+    for _ in range(10):
+        batch = [(rng.choice(["/a", "/bb", "/ccc", "/d"]), rng.randint(1, 99)) for _ in range(rng.choice([1, 3]))]
+        apply_rows(writer, clicks, [1] * len(batch), batch)
+        rows += batch
+        if rng.random() < 0.5:
+            feed_all(writer, group, page)
+    feed_all(writer, group, page)
+
+    upstream = f"{schema}.per_url"
+    changes = f"""(SELECT c.position, jsonb_populate_record(NULL::{upstream}, c.after) AS new
+                  FROM cv.view_changes AS c WHERE c.view = '{upstream}') AS changes"""
+    with writer.transaction(force_rollback=True):
+        as_stream_table(writer, clicks, "url text, ms int", rows)
+        want_per_url = sorted(writer.execute(f"SELECT url, count(*), sum(ms) FROM {clicks} GROUP BY 1").fetchall())
+        want_by_length = sorted(
+            writer.execute(
+                f"SELECT length(url), sum(n), max(total) FROM"
+                f" (SELECT url, count(*) AS n, sum(ms) AS total FROM {clicks} GROUP BY 1) AS p GROUP BY 1"
+            ).fetchall()
+        )
+    # ratio's own SELECT over the upstream's changes but those it divides by zero on, in PostgreSQL
+    want_ratio = sorted(
+        writer.execute(
+            f"SELECT (new).url, count(*), sum((new).total / ((new).n - {THRESHOLD})) FROM {changes}"
+            f" WHERE (new).n <> {THRESHOLD} GROUP BY 1"
+        ).fetchall()
+    )
+    bad = [p for (p,) in writer.execute(f"SELECT position FROM {changes} WHERE (new).n = {THRESHOLD} ORDER BY 1")]
+    assert bad, "some url reaches the threshold"
+    assert sorted(writer.execute(f"SELECT url, changes, r FROM {schema}.ratio").fetchall()) == want_ratio
+    assert sorted(writer.execute(f"SELECT url, n, total FROM {upstream}").fetchall()) == want_per_url
+    assert sorted(writer.execute(f"SELECT len, n, top FROM {schema}.by_length").fetchall()) == want_by_length
+
+    letters = dead_letters(writer, f"output_of({upstream})")
+    assert [position for position, *_ in letters] == bad
+    for _, up, reader, reason, detail, change in letters:
+        assert (up, reader, reason) == (upstream, f"{schema}.ratio", "view_error")
+        assert detail.startswith(f"{schema}.ratio: SQLSTATE 22012")
+        assert change["after"]["n"] == THRESHOLD
+    assert counted(writer, group) == [(f"view:output_of({upstream})", "view_error", len(bad))]
+    assert writer.execute("SELECT count(*) FROM cv.view_failures WHERE view LIKE %s", (f"{schema}.%",)).fetchone() == (
+        0,
+    )
+
+
+def test_a_view_that_fails_on_more_changes_of_a_page_than_its_poison_limit_is_quarantined(pg, writer, views):
+    schema, clicks, group = views["schema"], views["clicks"], views["group"]
+    urls = [f"/{i}" for i in range(4)]
+    apply_rows(writer, clicks, [1] * 4, [(u, 1) for u in urls])
+    apply_rows(writer, clicks, [1] * 4, [(u, 2) for u in urls])  # four changes reach n = 2
+    feeds = ViewFeeds("", page=10_000, group_id=group, poison_limit=3)
+    while feeds.step(writer):
+        pass
+    failed = writer.execute("SELECT view, reason FROM cv.view_failures WHERE view LIKE %s", (f"{schema}.%",)).fetchall()
+    assert [view for view, _ in failed] == [f"{schema}.ratio"]
+    assert "rejected over 3 changes of one page" in failed[0][1]
+    assert dead_letters(writer, f"output_of({schema}.per_url)") == []  # its changes were not the fault
+    assert lag(writer, f"output_of({schema}.per_url)") == 0
+
+
+def test_a_transform_whose_table_is_dropped_holds_its_feed_until_it_is_back(pg, writer, chain):
+    schema, events, group = chain["schema"], chain["events"], chain["group"]
+    dims = f"""
+        CREATE TABLE {schema}.dims (d int PRIMARY KEY, label text);
+        INSERT INTO {schema}.dims VALUES (1, 'one'), (2, 'two');
+        GRANT SELECT ON {schema}.dims TO sv_writer;
+    """
+    with pg("sv_owner", autocommit=True) as owner:  # labelled reads the table dims through label(d)
+        owner.execute(dims)
+        owner.execute(
+            f"CREATE FUNCTION {schema}.label(int) RETURNS text LANGUAGE sql STABLE"
+            f" AS $$ SELECT label FROM {schema}.dims WHERE d = $1 $$"
+        )
+        catalog.define(
+            owner,
+            f"CREATE CONTINUOUS TRANSFORM {schema}.labelled AS SELECT x, {schema}.label(d) AS label FROM {schema}.t0;"
+            f" CREATE CONTINUOUS VIEW {schema}.labels AS SELECT label, count(*) AS n FROM {schema}.labelled GROUP BY 1",
+        )
+    apply_rows(writer, events, [1] * 3, [(1, 1), (2, 2), (3, 2)])
+    feed_all(writer, group, 10_000)
+    with pg("sv_owner", autocommit=True) as owner:
+        owner.execute(f"DROP TABLE {schema}.dims")
+    apply_rows(writer, events, [1] * 2, [(4, 1), (5, 2)])
+    feeds = feed_all(writer, group, 10_000)
+
+    assert lag(writer, f"{schema}.t0") == 2  # held: nothing skipped, nothing dead-lettered
+    assert f"{schema}.t0" in feeds.backoff
+    assert dead_letters(writer, f"{schema}.t0") == []
+    assert writer.execute(f"SELECT n FROM {schema}.raw").fetchone() == (5,)  # the stream goes on
+    with pg("sv_owner", autocommit=True) as owner:
+        owner.execute(dims)
+    feed_all(writer, group, 10_000)
+    assert lag(writer, f"{schema}.t0") == 0
+    assert sorted(writer.execute(f"SELECT label, n FROM {schema}.labels").fetchall()) == [("one", 2), ("two", 3)]
+    assert writer.execute(f"SELECT n, x FROM {schema}.total").fetchone() == (5, 15)
