@@ -2,8 +2,11 @@
 
 A continuous view is a catalog row, storage tables in schema cv and a read view; DROP VIEW, DROP
 SCHEMA ... CASCADE, ALTER SCHEMA / VIEW ... RENAME, SET SCHEMA or DROP TABLE cv.<storage> typed in
-psql would reach only part of it. Each is refused in one line naming `streamviews drop`, and leaves
-the view whole; the catalog's own DDL and every unrelated statement pass.
+psql would reach only part of it. A stream's insert relation `streams.<stream>` is made from the
+stream's declaration: a DROP VIEW, DROP TRIGGER or any ALTER of it by hand would break INSERT INTO
+the stream behind the catalog's back. Each is refused in one line naming `streamviews drop` or ALTER
+STREAM, and leaves the view and the stream whole; the catalog's own DDL (CREATE / ALTER / DROP
+STREAM too) and every unrelated statement pass.
 """
 
 from __future__ import annotations
@@ -34,18 +37,39 @@ def cv(pg):
         CREATE CONTINUOUS TRANSFORM {name}.t AS SELECT k FROM {stream};
     """
     with throwaway_views(pg, name, [stream, keyed], definitions):
-        yield {"schema": name, "view": f"{name}.per_k", "transform": f"{name}.t", "keyed": keyed}
+        yield {"schema": name, "view": f"{name}.per_k", "transform": f"{name}.t", "keyed": keyed, "stream": stream}
 
 
 def refused(pg, statement: str) -> psycopg.Error:
-    """The error PostgreSQL answered `statement` with, run as the owner in a session of its own."""
-    with pg("sv_owner", autocommit=True) as conn, pytest.raises(psycopg.Error) as caught:
-        conn.execute(statement)
+    """The error PostgreSQL answered `statement` with, as the owner, in a transaction rolled back in any case."""
+    with pg("sv_owner") as conn:
+        try:
+            with pytest.raises(psycopg.Error) as caught:
+                conn.execute(statement)
+        finally:
+            conn.rollback()
     return caught.value
 
 
+def insert_relation(conn: psycopg.Connection, stream: str) -> list[tuple[str, str | None]]:
+    """The columns of `streams.<stream>` and their defaults; none when it is not there."""
+    return conn.execute(
+        "SELECT a.attname, pg_get_expr(d.adbin, d.adrelid) FROM pg_attribute a"
+        " LEFT JOIN pg_attrdef d ON (d.adrelid, d.adnum) = (a.attrelid, a.attnum)"
+        " WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+        (f"streams.{stream}",),
+    ).fetchall()
+
+
 def assert_whole(pg, cv) -> None:
-    """The view and the transform are in the catalog and readable, their storage and state still there."""
+    """The view and the transform are in the catalog and readable, their storage and state still there.
+
+    And the stream's insert relation takes an INSERT as declared (rolled back: no event is queued).
+    """
+    with pg("sv_owner") as conn:
+        assert insert_relation(conn, cv["stream"]) == [("k", None), ("n", None)]
+        assert conn.execute(f"INSERT INTO streams.{cv['stream']} (k, n) VALUES (1, 2)").rowcount == 1
+        conn.rollback()
     with pg("sv_owner", autocommit=True) as conn:
         for name, table in ((cv["view"], "views"), (cv["transform"], "transforms")):
             assert conn.execute(f"SELECT 1 FROM cv.{table} WHERE name = %s", (name,)).fetchone(), name
@@ -115,6 +139,45 @@ REFUSED = {
         "0A000",
         "cv.{schema}__per_k is a storage table of continuous view {view}: ALTER TABLE cannot rename it",
     ),
+    "DROP VIEW of a stream's insert relation": (
+        "DROP VIEW streams.{stream}",
+        "2BP01",
+        'streams.{stream} is the insert relation of stream {stream}: drop the stream with "streamviews drop {stream}"'
+        " (DROP VIEW would leave the stream without its insert relation)",
+    ),
+    "DROP TRIGGER of a stream's insert relation": (
+        "DROP TRIGGER stream_insert ON streams.{stream}",
+        "2BP01",
+        "trigger stream_insert on streams.{stream} writes the rows inserted into stream {stream}: drop the stream"
+        ' with "streamviews drop {stream}" (DROP TRIGGER would leave the stream without its insert trigger)',
+    ),
+    "ALTER VIEW RENAME of a stream's insert relation": (
+        "ALTER VIEW streams.{stream} RENAME TO other",
+        "0A000",
+        "streams.{stream} is the insert relation of stream {stream}: ALTER VIEW cannot change it (the catalog"
+        ' makes it from the stream\'s declaration); change the stream with "ALTER STREAM {stream} ...", or drop'
+        ' it with "streamviews drop {stream}" and declare it again',
+    ),
+    "ALTER VIEW SET SCHEMA of a stream's insert relation": (
+        "ALTER VIEW streams.{stream} SET SCHEMA {schema}",
+        "0A000",
+        "streams.{stream} is the insert relation of stream {stream}: ALTER VIEW cannot change it",
+    ),
+    "ALTER VIEW SET DEFAULT on a stream's insert relation": (
+        "ALTER VIEW streams.{stream} ALTER COLUMN n SET DEFAULT 7",
+        "0A000",
+        "streams.{stream} is the insert relation of stream {stream}: ALTER VIEW cannot change it",
+    ),
+    "ALTER TABLE RENAME COLUMN of a stream's insert relation": (
+        "ALTER TABLE streams.{stream} RENAME COLUMN n TO m",
+        "0A000",
+        "streams.{stream} is the insert relation of stream {stream}: ALTER TABLE cannot change it",
+    ),
+    "ALTER SCHEMA streams RENAME": (
+        "ALTER SCHEMA streams RENAME TO streams_2",
+        "0A000",
+        "renaming schema streams is not supported: it holds the insert relations of streams (",
+    ),
 }
 
 
@@ -126,6 +189,22 @@ def test_plain_ddl_reaching_part_of_a_continuous_view_is_refused_in_one_line_and
     assert error.diag.message_primary.startswith(message)
     assert "\n" not in error.diag.message_primary
     assert_whole(pg, cv)
+
+
+def test_the_catalogs_create_alter_and_drop_stream_make_and_drop_its_insert_relation(pg, cv):
+    """CREATE STREAM makes streams.<stream>, a redefinition and ALTER STREAM make it again, DROP STREAM drops it."""
+    stream, options = f"{cv['schema']}_w", f"consumer_group = 'it-{cv['schema']}'"  # no runner reads it
+    declared = f"CREATE STREAM {stream} (k bigint, note text DEFAULT 'none') WITH (topic = '{{}}', {options})"
+    with pg("sv_owner", autocommit=True) as conn:
+        try:
+            catalog.define(conn, declared.format(stream))
+            catalog.define(conn, declared.format(f"{stream}_2"))  # how its events are read: made again
+            catalog.define(conn, f"ALTER STREAM {stream} ADD COLUMN n bigint DEFAULT 7")
+            assert insert_relation(conn, stream) == [("k", None), ("note", "'none'::text"), ("n", "7")]
+            catalog.define(conn, f"DROP STREAM {stream}")
+            assert insert_relation(conn, stream) == []
+        finally:
+            catalog.define(conn, f"DROP STREAM IF EXISTS {stream}")
 
 
 def test_streamviews_drop_still_drops_a_view_and_a_transform_whole(pg, cv):
@@ -153,6 +232,8 @@ def test_unrelated_ddl_in_the_same_schema_passes(pg, cv):
         conn.execute("DROP TABLE guard_probe")
         conn.execute(f"TRUNCATE cv.{schema}__per_k")
         conn.execute(f"ALTER SCHEMA {schema} OWNER TO sv_owner")  # an ALTER SCHEMA that renames nothing
+        conn.execute(f"GRANT INSERT ON streams.{cv['stream']} TO sv_reader")  # as docs/streams.md says to
+        conn.execute(f"COMMENT ON VIEW streams.{cv['stream']} IS 'written by the app'")
     assert_whole(pg, cv)
 
 
