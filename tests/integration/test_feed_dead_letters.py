@@ -22,7 +22,7 @@ from prometheus_client import REGISTRY
 
 from pipelines.cv import catalog
 from pipelines.cv.feeds import ViewFeeds, feed_states
-from tests.integration.conftest import apply_rows, as_stream_table, drop_in_dependency_order, throwaway_views, unique
+from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
 
 THRESHOLD = 2  # ratio's (new).total / ((new).n - 2) divides by zero when a url's count reaches 2
 
@@ -66,16 +66,19 @@ def views(stack, pg):
 
 @contextmanager
 def cleaned(pg, name: str, group: str, streams: list[str], definitions: str) -> Iterator[None]:
-    """throwaway_views; its views and transforms dropped downstream first, the group's dead letters' counts too."""
+    """throwaway_views, the chain's readers dropped first (a transform read by another is dropped after it)."""
     with throwaway_views(pg, name, streams, definitions):
         try:
             yield
         finally:
             with pg("sv_owner", autocommit=True) as conn:
-                views = [v for (v,) in conn.execute("SELECT name FROM cv.views WHERE name LIKE %s", (f"{name}.%",))]
-                drop_in_dependency_order(conn, views)
-                for transform in ("labelled", "t1", "t0"):  # a transform read by another is dropped after it
-                    catalog.define(conn, f"DROP CONTINUOUS TRANSFORM IF EXISTS {name}.{transform}")
+                for kind, reader in (
+                    ("VIEW", "total"),
+                    ("VIEW", "labels"),
+                    ("TRANSFORM", "labelled"),
+                    ("TRANSFORM", "t1"),
+                ):
+                    catalog.define(conn, f"DROP CONTINUOUS {kind} IF EXISTS {name}.{reader}")
                 conn.execute("DELETE FROM ops.dead_letters WHERE group_id = %s", (group,))
 
 
