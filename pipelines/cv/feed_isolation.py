@@ -110,7 +110,8 @@ class FeedIsolation:
         """
         positions = [p for (p,) in self.conn.execute(POSITIONS_SQL, (self.upstream, after, upto))]
         self.rejected, self._per_view = [], Counter()
-        self._bisect(after, positions)
+        if positions:
+            self._bisect(after, positions)
         return self.rejected
 
     def _bisect(self, after: int, positions: list[int]) -> None:
