@@ -16,13 +16,14 @@ committed in order, so the feed reads them where they are. For each feed, one tr
 
 Feeds are taken upstream first (minute -> hour -> day), each reading the positions anew, so one pass
 carries a change down a whole chain. A pass runs when `NOTIFY streamviews_changes` (migration 0020)
-wakes the loop, and at least every `PIPELINE_FEED_POLL_S`. Failures stop only what failed: a view
-whose maintenance fails is quarantined (cv.view_failures, retried and rebuilt from the feed's state
-as a Kafka stream's views are: pipelines/cv/isolation.py) and the feed goes on without it; any other
-failure of a feed is logged and the feed retried later, doubling its wait, while the other feeds and
-the Kafka streams go on. An upstream change a reader of an append-only feed fails on (a division
-by zero) is dead-lettered and the feed goes on past it (pipelines/cv/feed_isolation.py).
-`streamviews status` shows each feed's lag and dead letters.
+wakes the loop, and at least every `PIPELINE_FEED_POLL_S`. Failures stop only what failed
+(pipelines/cv/feed_isolation.py): a page that fails is applied again in isolation, and an upstream
+change a reader of an append-only feed fails on (a division by zero) is dead-lettered, the feed going
+on past it; a view that cannot run, or fails on a keyed feed's row, is quarantined (cv.view_failures,
+retried and rebuilt from the feed's state as a Kafka stream's views are: pipelines/cv/isolation.py)
+and the feed goes on without it; any other failure of a feed (a transform that cannot run) holds it:
+logged and retried later, doubling its wait, while the other feeds and the Kafka streams go on.
+`streamviews status` shows each feed's lag (and, with --json, its dead letters).
 """
 
 from __future__ import annotations
