@@ -51,9 +51,11 @@ def start_position(conn: psycopg.Connection, view: str, start: str) -> int:
     """The position to print after: `start` as a number, or the view's last position for `now`.
 
     Raises:
-        CommandError: No such view, a view that does not record changes, or `start` is neither.
+        CommandError: No such view, a view that does not record changes (or only their keys), or `start` is neither.
     """
-    row = conn.execute("SELECT recording, last FROM cv.view_change_positions WHERE view = %s", (view,)).fetchone()
+    row = conn.execute(
+        "SELECT recording, last, images FROM cv.view_change_positions WHERE view = %s", (view,)
+    ).fetchone()
     if row is None or not row[0]:
         try:
             exists = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (view,)).fetchone()[0]
@@ -63,6 +65,12 @@ def start_position(conn: psycopg.Connection, view: str, start: str) -> int:
             raise CommandError(f"no view named {view}", USAGE)
         raise CommandError(
             f"view {view} does not record its changes: ALTER CONTINUOUS VIEW {view} SET (changes = true)", USAGE
+        )
+    if not row[2]:  # only upsert sinks read it (migration 0046)
+        raise CommandError(
+            f"view {view} records only which groups changed, for its upsert sinks: ALTER CONTINUOUS VIEW {view}"
+            " SET (changes = true) to record each change's rows",
+            USAGE,
         )
     if start == "now":
         return int(row[1])

@@ -8,6 +8,11 @@ so a view redefined with `changes = false` keeps feeding its sinks. Turning it o
 position row and its changes, so positions continue where they stopped if it is turned on again;
 dropping the view drops both, and its readers (migrations 0020, 0023).
 
+What a change carries follows the readers too (migration 0046): before and after images when the
+option asks for the change stream or any reader needs them (a view over the view, a `changes` sink,
+a filter on (old)); the group's key alone when every reader reads only current rows (upsert sinks),
+which costs the runner a fraction per changed group. Each reader row says whether it needs images.
+
 It runs in the caller's transaction, after the stream's lock (pipelines.cv.catalog.locks, step 3):
 no batch of the stream is being applied meanwhile.
 """
@@ -26,20 +31,24 @@ from pipelines.cv.views import change_capture, compiler
 from pipelines.cv.views.view_types import ViewTypes
 
 
-def record_changes(conn: psycopg.Connection, view: ViewDef, types: ViewTypes) -> None:
-    """Record the view's changes from now on (again, after its read view changed): triggers and position row."""
+def record_changes(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, *, images: bool = False) -> None:
+    """Record the view's changes from now on (again, after its read view or readers changed): triggers and position row.
+
+    `images`: a reader about to be added needs each change's rows, whatever the others need.
+    """
     if view.window is not None:  # the front end refuses the option there; a caller must not force it
         raise ValueError(f"{view.qualified_name}: a sliding window's changes cannot be recorded")
     # A combine() reader (pipelines.cv.frontend.combine) needs the stored states with each change (0033).
     states = any(is_states_reader(r) for r in readers(conn, view.qualified_name))
     sets = states and store.keeps_refs(conn, view)  # an exact distinct count's state: its set of values
-    for statement in change_capture.create_triggers(view, types, states=states, sets=sets):
+    images = images or view.records_changes or states or _readers_need_images(conn, view.qualified_name)
+    for statement in change_capture.create_triggers(view, types, states=states, sets=sets, keys_only=not images):
         conn.execute(statement)
     conn.execute(
-        "INSERT INTO cv.view_change_positions (view, delta_columns, states) VALUES (%s, %s, %s)"
+        "INSERT INTO cv.view_change_positions (view, delta_columns, states, images) VALUES (%s, %s, %s, %s)"
         " ON CONFLICT (view) DO UPDATE SET recording = true, delta_columns = excluded.delta_columns,"
-        " states = excluded.states",
-        (view.qualified_name, change_capture.delta_columns(view, types), states),
+        " states = excluded.states, images = excluded.images",
+        (view.qualified_name, change_capture.delta_columns(view, types) if images else [], states, images),
     )
 
 
@@ -58,10 +67,11 @@ def follow_option(conn: psycopg.Connection, view: ViewDef, types: ViewTypes) -> 
         stop_recording(conn, view)
 
 
-def add_reader(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, reader: str) -> int:
+def add_reader(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, reader: str, *, images: bool = True) -> int:
     """Make `reader` ('sink <name>', 'view <schema.name>') take the view's changes from now; its start position.
 
-    The view records changes from here on if it did not. The reader starts after the view's last
+    The view records changes from here on if it did not, with their rows unless neither this reader
+    (`images`) nor any other needs them. The reader starts after the view's last
     position: what it must know of the rows already there it reads from the view itself, in the
     same snapshot as that position (both commit together), or under the stream's lock.
 
@@ -70,12 +80,12 @@ def add_reader(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, reader
     """
     if view.window is not None:
         raise DefinitionError(f"{view.qualified_name}: a sliding window view has no change stream to read")
-    record_changes(conn, view, types)
+    record_changes(conn, view, types, images=images)
     row = conn.execute(
-        "INSERT INTO cv.change_readers (view, reader, position)"
-        " SELECT view, %s, last FROM cv.view_change_positions WHERE view = %s"
+        "INSERT INTO cv.change_readers (view, reader, position, images)"
+        " SELECT view, %s, last, %s FROM cv.view_change_positions WHERE view = %s"
         " ON CONFLICT (view, reader) DO NOTHING RETURNING position",
-        (reader, view.qualified_name),
+        (reader, images, view.qualified_name),
     ).fetchone()
     if row is None:
         raise DefinitionError(f"{reader} already reads the changes of {view.qualified_name}")
@@ -127,11 +137,11 @@ def source_of(conn: psycopg.Connection, name: str, scope: Scope) -> Source | Non
     return Source(name, row[0], None) if row is not None else None
 
 
-def add_source_reader(conn: psycopg.Connection, source: Source, reader: str) -> int:
+def add_source_reader(conn: psycopg.Connection, source: Source, reader: str, *, images: bool = True) -> int:
     """`add_reader` for a view, `add_stream_reader` for a transform (which records from its creation)."""
     if source.view is None:
         return add_stream_reader(conn, source.name, reader)
-    return add_reader(conn, source.view.view, source.view.types, reader)
+    return add_reader(conn, source.view.view, source.view.types, reader, images=images)
 
 
 def remove_source_reader(conn: psycopg.Connection, source: Source, reader: str) -> None:
@@ -145,12 +155,20 @@ def remove_source_reader(conn: psycopg.Connection, source: Source, reader: str) 
 def remove_reader(conn: psycopg.Connection, view: ViewDef, reader: str, types: ViewTypes | None = None) -> None:
     """`reader` takes no more of the view's changes; recording stops when nobody else wants them.
 
-    The last combine() reader gone (`types` given), the changes no longer carry the stored states.
+    With `types` given, what the changes carry follows the readers left: the last combine() reader
+    gone, no stored states; the last reader that needed images gone, keys only.
     """
-    conn.execute("DELETE FROM cv.change_readers WHERE view = %s AND reader = %s", (view.qualified_name, reader))
+    gone = conn.execute(
+        "DELETE FROM cv.change_readers WHERE view = %s AND reader = %s RETURNING images",
+        (view.qualified_name, reader),
+    ).fetchone()
     if not view.records_changes and not readers(conn, view.qualified_name) and is_recording(conn, view.qualified_name):
         stop_recording(conn, view)
-    elif types is not None and is_states_reader(reader) and is_recording(conn, view.qualified_name):
+    elif (
+        types is not None
+        and (is_states_reader(reader) or (gone and gone[0]))
+        and is_recording(conn, view.qualified_name)
+    ):
         record_changes(conn, view, types)
 
 
@@ -158,6 +176,12 @@ def readers(conn: psycopg.Connection, name: str) -> list[str]:
     """Who reads view `name`'s changes, by name."""
     rows = conn.execute("SELECT reader FROM cv.change_readers WHERE view = %s ORDER BY reader", (name,)).fetchall()
     return [reader for (reader,) in rows]
+
+
+def _readers_need_images(conn: psycopg.Connection, name: str) -> bool:
+    """True when some reader of view `name` needs each change's before and after, not only its key."""
+    row = conn.execute("SELECT bool_or(images) FROM cv.change_readers WHERE view = %s", (name,)).fetchone()
+    return bool(row and row[0])
 
 
 def is_recording(conn: psycopg.Connection, name: str) -> bool:

@@ -65,7 +65,7 @@ def create_sink(conn: psycopg.Connection, sink: SinkDef, scope: Scope) -> Outcom
     if source is None:
         raise DefinitionError(f"{what}: no continuous view or transform named {sink.view}")
     lock_stream_for_change(conn, source.stream, what)
-    start = change_streams.add_source_reader(conn, source, sink.reader)
+    start = change_streams.add_source_reader(conn, source, sink.reader, images=sink.needs_images)
     check_filter(conn, sink, what)
     conn.execute(
         "INSERT INTO cv.sinks (name, view, topic, format, envelope, where_sql, partitions, definition, snapshot_done)"

@@ -75,6 +75,15 @@ class SinkDef:
         """Its name as a reader of the view's changes (cv.change_readers, migration 0023)."""
         return reader_name(self.name)
 
+    @property
+    def needs_images(self) -> bool:
+        """False for an upsert sink whose filter names no (old): it publishes each changed group's current row.
+
+        Its view may then record only the keys of its changes (migration 0046); any other sink
+        needs each change's before and after as they were.
+        """
+        return self.format != "upsert" or (self.where is not None and _names_old(self.where))
+
 
 @dataclass(frozen=True)
 class DropSink:
@@ -157,6 +166,14 @@ def _parse_drop(rest: str) -> DropSink:
             raise DefinitionError("DROP SINK: a sink's name has no schema")
         names.append(plain_identifier(parts[0].sval, "DROP SINK"))
     return DropSink(tuple(names), bool(node.missing_ok))
+
+
+def _names_old(where: str) -> bool:
+    """True when the condition (as `_condition` wrote it) reads the change's old row."""
+    node = parse_rewritten(f"SELECT WHERE {where}", "where")
+    return any(
+        isinstance(item, ast.ColumnRef) and getattr(item.fields[0], "sval", None) == "old" for item in walk(node)
+    )
 
 
 def _condition(text: str, what: str) -> str:

@@ -16,6 +16,12 @@ the page's last position is known even when the filter keeps none of it: the sin
 changes it filtered out. A snapshot is the view's rows read as changes of one position (the view's
 last) with no before, through the same query, so it is filtered and shaped the same way.
 
+An `upsert` sink whose filter names no (old) lets its view record only the keys of its changes
+(migration 0046): such a change (no before, no after) is published with the group's row as the view
+holds it when the relay reads the page, found by its key in the view's storage, or as a tombstone
+when the group is gone. The record may carry a later state than its position's change; a compacted
+topic ends at the view's rows all the same, and the records of one key stay in position order.
+
 An `upsert` page publishes only the last passing change of each key: a compacted topic keeps only
 a key's last record anyway, so the records before it in the same page would be read by consumers
 only to be overwritten. The more the relay falls behind, the more a page holds per key and the fewer
@@ -32,7 +38,7 @@ from psycopg import sql
 from pipelines.cv.catalog.sinks import SinkState, change_filter
 from pipelines.cv.model import ViewDef
 from pipelines.cv.subscribe import CHANGE_JSON
-from pipelines.cv.views.change_capture import projection
+from pipelines.cv.views.change_capture import current_row, projection
 from pipelines.cv.views.compiler import storage_table
 from pipelines.cv.views.view_types import ViewTypes
 
@@ -88,8 +94,23 @@ def _shaped(state: SinkState, page: sql.Composable, *, last_per_key: bool = Fals
     ).format(page=page, passes=change_filter(state.view, state.where), kept=sql.SQL(kept), value=value_sql(state))
 
 
-def page_query(state: SinkState) -> sql.Composed:
-    """The next page of the sink's changes (parameters: view, after, page); an upsert page, one per key."""
+# An upsert page of a view: a change recorded keys only takes the group's row now as its after.
+_CURRENT_PAGE = (
+    "SELECT c.view, c.position, c.key, c.before, CASE WHEN c.before IS NULL AND c.after IS NULL THEN n.row"
+    " ELSE c.after END AS after, c.delta, c.committed_at, false AS snapshot"
+    " FROM (SELECT * FROM cv.view_changes WHERE view = %(view)s AND position > %(after)s"
+    " ORDER BY position LIMIT %(page)s) AS c LEFT JOIN LATERAL {current} AS n ON true ORDER BY c.position"
+)
+
+
+def page_query(state: SinkState, view: ViewDef | None = None, types: ViewTypes | None = None) -> sql.Composed:
+    """The next page of the sink's changes (parameters: view, after, page); an upsert page, one per key.
+
+    An upsert sink of a view (`view`, `types` given) reads changes recorded keys only as the rows now.
+    """
+    if state.format == "upsert" and view is not None and types is not None:
+        page = sql.SQL(_CURRENT_PAGE).format(current=current_row(view, types))
+        return _shaped(state, page, last_per_key=True)
     return _shaped(state, _PAGE, last_per_key=state.format == "upsert")
 
 

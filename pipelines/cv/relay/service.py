@@ -86,6 +86,8 @@ class Relay:
         self._topics: set[str] = set()  # topics made sure of since start
         self._published: dict[str, int] = {}  # records acknowledged per sink since the last report
         self._views: set[str] = set()  # the views of this relay's sinks (the notifications that wake it)
+        # Upsert sinks' views as compiled, with the catalog row they were compiled from.
+        self._compiled: dict[str, tuple[object, store.CompiledView]] = {}
         self._reported = time.monotonic()
 
     def stop(self) -> None:
@@ -171,9 +173,9 @@ class Relay:
         if not state.snapshot_done:
             self._snapshot(conn, state)
             return True
-        rows = conn.execute(
-            page_query(state), {"view": state.view, "after": state.position, "page": self.settings.page}
-        ).fetchall()
+        compiled = self._compiled_view(conn, state) if state.format == "upsert" else None
+        query = page_query(state, compiled.view, compiled.types) if compiled else page_query(state)
+        rows = conn.execute(query, {"view": state.view, "after": state.position, "page": self.settings.page}).fetchall()
         conn.rollback()
         if not rows:
             return False
@@ -183,6 +185,16 @@ class Relay:
         self._count(state.name, len(batch) - dead)
         self._advance(conn, state, end)
         return end - state.position >= self.settings.page
+
+    def _compiled_view(self, conn: psycopg.Connection, state: SinkState) -> store.CompiledView | None:
+        """The sink's view as compiled from the catalog now (None for a transform), compiled again when redefined."""
+        row = conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (state.view,)).fetchone()
+        if row is None:
+            return None
+        cached = self._compiled.get(state.view)
+        if cached is None or cached[0] != row:
+            cached = self._compiled[state.view] = (row, store.stored_view(row[0], row[1], store.scope(conn)))
+        return cached[1]
 
     def _snapshot(self, conn: psycopg.Connection, state: SinkState) -> None:
         """The view's rows and its last position, in one snapshot, published; then the position set there."""

@@ -8,6 +8,10 @@ one deferred trigger records them in cv.view_changes with their positions.
 
 The projection is the read view's own select list (pipelines.cv.views.read_views.output_columns)
 over the transition table, so a change's before and after are exactly rows of `<schema>.<view>`.
+A view whose every reader reads only current rows (upsert sinks whose filter names no (old),
+migration 0046) records keys only: `projection(..., keys_only=True)` gives each changed group's key
+and a NULL row, and the relay reads the row from the storage when it publishes (`current_row`).
+
 Views with a sliding window cannot record changes: their rows change as time passes, with no write
 to capture (pipelines.cv.frontend.views refuses the option there).
 
@@ -37,7 +41,9 @@ AS_TEXT = frozenset({"tdigest", "hll", "bloom", "freq", "min", "max", "combined"
 NUMBER_TYPES = frozenset({"smallint", "integer", "bigint", "numeric", "real", "double precision"})
 
 
-def projection(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False) -> str:
+def projection(
+    view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False, keys_only: bool = False
+) -> str:
     """A SELECT of (key, row) over the transition table `cv_rows AS s`: the group key, the row as users read it.
 
     The two records are named `_cv_key` and `_cv_row`, names no view column may take (a group column
@@ -46,7 +52,18 @@ def projection(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: b
     `states`: the row also holds the stored states combine() merges, as `{"_cv_states": {...}}`
     (one jsonb_build_object per row: measured with loadgen.rollup, docs/results.md). `sets`: the
     view keeps reference counts, and an exact distinct count's state is its group's set of values.
+    `keys_only`: the key alone, the row NULL (the view records only which groups changed).
     """
+    key = comma_list([sql.SQL("s.{}").format(ident(g.name)) for g in view.groups if g != GLOBAL_GROUP])
+    if keys_only:
+        return (
+            sql.SQL(
+                "SELECT to_jsonb(_cv_key) AS key, NULL::jsonb AS row"
+                " FROM cv_rows AS s CROSS JOIN LATERAL (SELECT {}) AS _cv_key"
+            )
+            .format(key)
+            .as_string(None)
+        )
     row = sql.SQL("to_jsonb(_cv_row)")
     kept = mergeable_states(view, sets)
     if states and kept:
@@ -61,7 +78,7 @@ def projection(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: b
         )
         .format(
             row,
-            comma_list([sql.SQL("s.{}").format(ident(g.name)) for g in view.groups if g != GLOBAL_GROUP]),
+            key,
             comma_list([sql.SQL(c) for c in output_columns(view, types)]),
         )
         .as_string(None)
@@ -104,14 +121,19 @@ def delta_columns(view: ViewDef, types: ViewTypes) -> list[str]:
     return columns
 
 
-def create_triggers(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False) -> list[sql.Composed]:
+def create_triggers(
+    view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False, keys_only: bool = False
+) -> list[sql.Composed]:
     """DDL: the capture triggers on the view's storage, replacing those of an earlier read view.
 
     `states`, `sets`: a combine() reader reads the view: the changes carry its stored states (`projection`).
+    `keys_only`: the changes carry only the group's key (migration 0046's third trigger argument).
     """
     storage = storage_table(view)
-    text = projection(view, types, states=states, sets=sets)
+    text = projection(view, types, states=states, sets=sets, keys_only=keys_only)
     args = sql.SQL("{}, {}").format(sql.Literal(view.qualified_name), sql.Literal(text))
+    if keys_only:
+        args = sql.SQL("{}, 'keys'").format(args)
     statements = drop_triggers(view)
     for event, name in TRIGGERS.items():
         tables = {
@@ -131,3 +153,34 @@ def create_triggers(view: ViewDef, types: ViewTypes, *, states: bool = False, se
 def drop_triggers(view: ViewDef) -> list[sql.Composed]:
     """DDL: the capture triggers gone (changes are no longer recorded)."""
     return [sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(ident(n), storage_table(view)) for n in TRIGGERS.values()]
+
+
+def current_row(view: ViewDef, types: ViewTypes) -> sql.Composed:
+    """A LATERAL subquery of one column, `row`: the view's row now for change `c`'s key, if recorded keys only.
+
+    `c` is a row of cv.view_changes. Only a change with neither before nor after (a view recording
+    keys only) is looked up; none comes back for a group that is gone (a tombstone). The group's
+    columns are read back from the key as the storage types them, then found by the storage's
+    unique index; a key with a NULL (kept under UNIQUE NULLS NOT DISTINCT, which `=` cannot find)
+    is compared with IS NOT DISTINCT FROM instead. The row is the capture's own projection.
+    """
+    storage = storage_table(view)
+    groups = [ident(g.name) for g in view.groups if g != GLOBAL_GROUP]
+    keyed = sql.SQL(
+        "SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, c.key) AS k"
+        " WHERE c.before IS NULL AND c.after IS NULL"
+    ).format(storage=storage)
+    found = keyed
+    if groups:
+        equal = sql.SQL(" AND ").join(sql.SQL("s.{0} = k.{0}").format(g) for g in groups)
+        has_null = sql.SQL(" OR ").join(sql.SQL("k.{} IS NULL").format(g) for g in groups)
+        same = sql.SQL("({}) IS NOT DISTINCT FROM ({})").format(
+            comma_list([sql.SQL("s.{}").format(g) for g in groups]),
+            comma_list([sql.SQL("k.{}").format(g) for g in groups]),
+        )
+        found = sql.SQL("{keyed} AND {equal} UNION ALL {keyed} AND ({has_null}) AND {same}").format(
+            keyed=keyed, equal=equal, has_null=has_null, same=same
+        )
+    return sql.SQL("(WITH cv_rows AS ({found}) SELECT n.row FROM ({projection}) AS n)").format(
+        found=found, projection=sql.SQL(projection(view, types))
+    )
