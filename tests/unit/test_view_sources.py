@@ -108,6 +108,7 @@ def test_status_lists_each_feed_with_its_lag_and_views():
         "taken_at": None,
         "views": ["web.hourly"],
         "quarantined_views": 1,
+        "dead_letters": 0,
     }
     lines = feeds_table([feed]).splitlines()
     assert lines[2] == "views over views"
