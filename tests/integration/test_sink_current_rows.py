@@ -56,17 +56,22 @@ def recording(conn, view: str) -> tuple[bool, bool] | None:
     return None if row is None else (row[0], row[1])
 
 
-def upsert_page(conn, sink: str) -> dict[str, dict | None]:
+def upsert_page(conn, sink: str, page: int = 1000) -> dict[str, dict | None]:
     """The sink's next page as the relay reads it: each key's value (None: a tombstone)."""
+    return {key: value for key, value, _ in page_records(conn, sink, page)[0]}
+
+
+def page_records(conn, sink: str, page: int) -> tuple[list[tuple[str, dict | None, int]], int | None]:
+    """The sink's next page of `page` changes: (key, value, position) per record, and the page's last position."""
     (state,) = [s for s in sink_states(conn) if s.name == sink]
     (definition, types) = conn.execute(
         "SELECT definition, types FROM cv.views WHERE name = %s", (state.view,)
     ).fetchone()
     compiled = store.stored_view(definition, types, store.scope(conn))
     query = page_query(state, compiled.view, compiled.types)
-    rows = conn.execute(query, {"view": state.view, "after": state.position, "page": 1000}).fetchall()
-    published, _ = records(rows)
-    return {r.key.decode(): None if r.value is None else json.loads(r.value) for r in published}
+    rows = conn.execute(query, {"view": state.view, "after": state.position, "page": page}).fetchall()
+    published, end = records(rows)
+    return [(r.key.decode(), None if r.value is None else json.loads(r.value), r.position) for r in published], end
 
 
 def test_upsert_sinks_alone_record_keys_and_a_reader_of_rows_brings_the_images_back_until_it_goes(owner, streams):
@@ -118,12 +123,17 @@ def test_an_upsert_page_of_keys_carries_each_groups_row_now_and_a_tombstone_once
             apply_rows(writer, likes, [1], [(1, 12)])  # object 1 changes again: its row now counts 3
             apply_rows(writer, likes, [-1], [(2, 10)])  # object 2 loses its only like: gone
             recorded = writer.execute(
-                "SELECT count(*) FILTER (WHERE before IS NULL AND after IS NULL), count(*) FROM cv.view_changes"
-                " WHERE view = %s",
+                "SELECT position, cardinality(keys), key, before, after FROM cv.view_changes WHERE view = %s"
+                " ORDER BY position",
                 (f"{schema}.objects",),
-            ).fetchone()
+            ).fetchall()
             page = upsert_page(writer, sink)
-        assert recorded == (4, 4)  # keys only: 1 and 2, 1 again, 2 again
+        # One row per commit, its keys at the positions up to its own: 1 and 2 at 1-2, 1 at 3, 2 at 4.
+        assert recorded == [
+            (2, 2, {"groups": 2}, None, None),
+            (3, 1, {"groups": 1}, None, None),
+            (4, 1, {"groups": 1}, None, None),
+        ]
         assert page == {'{"oid": 1}': {"oid": 1, "n": 3}, '{"oid": 2}': None}
     finally:
         catalog.define(owner, f"DROP SINK {sink}")
@@ -152,5 +162,32 @@ def test_subscribe_refuses_a_view_that_records_only_keys_saying_how_to_record_ro
     try:
         with pytest.raises(CommandError, match=r"records only which groups changed.*SET \(changes = true\)"):
             start_position(owner, view, "now")
+    finally:
+        catalog.define(owner, f"DROP SINK {sink}")
+
+
+@pytest.mark.parametrize(
+    ("page", "end", "published"),
+    [
+        (1, 2, [("1", 1), ("2", 2)]),  # a commit of more keys than a page is read whole
+        (2, 2, [("1", 1), ("2", 2)]),
+        (3, 3, [("2", 2), ("1", 3)]),  # the next commit starts within the page: 1's last change is at 3
+        (100, 4, [("1", 3), ("2", 4)]),
+    ],
+)
+def test_a_page_takes_the_commits_that_start_within_it_and_numbers_their_keys(pg, owner, streams, page, end, published):
+    schema, likes = streams["schema"], streams["likes"]
+    sink = unique("up")
+    catalog.define(owner, f"CREATE SINK {sink} FROM {schema}.objects WITH (format = 'upsert')")
+    (start,) = [s.position for s in sink_states(owner) if s.name == sink]  # positions below counted from here
+    try:
+        with pg("sv_writer", autocommit=True) as writer:
+            base = 1000 + page * 10  # objects of this case alone
+            apply_rows(writer, likes, [1, 1], [(base + 1, 1), (base + 2, 1)])  # positions 1 and 2
+            apply_rows(writer, likes, [1], [(base + 1, 2)])  # 3
+            apply_rows(writer, likes, [1], [(base + 2, 2)])  # 4
+            found, last = page_records(writer, sink, page)
+        assert last == start + end
+        assert [(str(json.loads(key)["oid"] - base), position - start) for key, _, position in found] == published
     finally:
         catalog.define(owner, f"DROP SINK {sink}")

@@ -163,7 +163,8 @@ class SinkState:
 _STATES = """
 SELECT s.name, s.view, v.stream, s.topic, s.format, s.envelope, s.where_sql, s.partitions, s.snapshot_done,
        r.position, p.last,
-       (SELECT c.committed_at FROM cv.view_changes AS c WHERE c.view = s.view AND c.position = r.position + 1),
+       (SELECT c.committed_at FROM cv.view_changes AS c WHERE c.view = s.view AND c.position > r.position
+         ORDER BY c.position LIMIT 1),
        s.failed_at, s.error
   FROM cv.sinks AS s
   JOIN cv.change_readers AS r ON r.view = s.view AND r.reader = 'sink ' || s.name

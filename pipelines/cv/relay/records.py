@@ -17,10 +17,11 @@ changes it filtered out. A snapshot is the view's rows read as changes of one po
 last) with no before, through the same query, so it is filtered and shaped the same way.
 
 An `upsert` sink whose filter names no (old) lets its view record only the keys of its changes
-(migration 0046): such a change (no before, no after) is published with the group's row as the view
-holds it when the relay reads the page, found by its key in the view's storage, or as a tombstone
-when the group is gone. The record may carry a later state than its position's change; a compacted
-topic ends at the view's rows all the same, and the records of one key stay in position order.
+(migrations 0046 and 0047: one row per commit, its `keys` numbered up to its position): such a
+change is published with the group's row as the view holds it when the relay reads the page, found
+by its key in the view's storage, or as a tombstone when the group is gone. The record may carry a
+later state than its position's change; a compacted topic ends at the view's rows all the same,
+and the records of one key stay in position order.
 
 An `upsert` page publishes only the last passing change of each key: a compacted topic keeps only
 a key's last record anyway, so the records before it in the same page would be read by consumers
@@ -94,13 +95,32 @@ def _shaped(state: SinkState, page: sql.Composable, *, last_per_key: bool = Fals
     ).format(page=page, passes=change_filter(state.view, state.where), kept=sql.SQL(kept), value=value_sql(state))
 
 
-# An upsert page of a view: a change recorded keys only takes the group's row now as its after.
-_CURRENT_PAGE = (
-    "SELECT c.view, c.position, c.key, c.before, CASE WHEN c.before IS NULL AND c.after IS NULL THEN n.row"
-    " ELSE c.after END AS after, c.delta, c.committed_at, false AS snapshot"
-    " FROM (SELECT * FROM cv.view_changes WHERE view = %(view)s AND position > %(after)s"
-    " ORDER BY position LIMIT %(page)s) AS c LEFT JOIN LATERAL {current} AS n ON true ORDER BY c.position"
-)
+# An upsert page of a view. Up to `page` rows of cv.view_changes, and of them those that start
+# within `page` changes (at least the first: a commit of more keys is read whole). Each change is
+# an entry: a keys-only row's keys numbered up to its position (migration 0047), any other row as
+# it is. An entry recorded keys only (`current`) takes the group's row now as its after; since that
+# row is the same whichever change of the group names it, only each group's last such entry is
+# looked up, and the rest are left out before the lookup. The page's last position is a last entry.
+_CURRENT_PAGE = """
+WITH r AS (SELECT * FROM cv.view_changes WHERE view = %(view)s AND position > %(after)s
+            ORDER BY position LIMIT %(page)s),
+ counted AS (SELECT r.*, coalesce(cardinality(r.keys), 1) AS n FROM r),
+ cut AS (SELECT counted.*, sum(n) OVER (ORDER BY position) - n AS earlier FROM counted),
+ e AS (SELECT c.view, c.position - c.n + k.i AS position, k.key, NULL::jsonb AS before, NULL::jsonb AS after,
+              NULL::jsonb AS delta, c.committed_at, true AS current
+         FROM cut AS c CROSS JOIN LATERAL unnest(c.keys) WITH ORDINALITY AS k(key, i)
+        WHERE c.keys IS NOT NULL AND (c.earlier = 0 OR c.earlier < %(page)s)
+       UNION ALL
+       SELECT c.view, c.position, c.key, c.before, c.after, c.delta, c.committed_at,
+              c.before IS NULL AND c.after IS NULL AS current
+         FROM cut AS c WHERE c.keys IS NULL AND (c.earlier = 0 OR c.earlier < %(page)s)),
+ d AS (SELECT e.*, max(position) FILTER (WHERE current) OVER (PARTITION BY key) AS last_current FROM e)
+SELECT c.view, c.position, c.key, c.before, CASE WHEN c.current THEN n.row ELSE c.after END AS after, c.delta,
+       c.committed_at, false AS snapshot
+  FROM d AS c LEFT JOIN LATERAL {current} AS n ON true
+ WHERE NOT c.current OR c.position = c.last_current
+ ORDER BY c.position
+"""
 
 
 def page_query(state: SinkState, view: ViewDef | None = None, types: ViewTypes | None = None) -> sql.Composed:

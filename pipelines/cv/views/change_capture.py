@@ -156,19 +156,19 @@ def drop_triggers(view: ViewDef) -> list[sql.Composed]:
 
 
 def current_row(view: ViewDef, types: ViewTypes) -> sql.Composed:
-    """A LATERAL subquery of one column, `row`: the view's row now for change `c`'s key, if recorded keys only.
+    """A LATERAL subquery of one column, `row`: the view's row now for the key of change `c`, when `c.current`.
 
-    `c` is a row of cv.view_changes. Only a change with neither before nor after (a view recording
-    keys only) is looked up; none comes back for a group that is gone (a tombstone). The group's
-    columns are read back from the key as the storage types them, then found by the storage's
-    unique index; a key with a NULL (kept under UNIQUE NULLS NOT DISTINCT, which `=` cannot find)
-    is compared with IS NOT DISTINCT FROM instead. The row is the capture's own projection.
+    `c` has the columns `key` (a group key, as changes carry it) and `current` (true for a change
+    recorded keys only, whose row is read now); none comes back for a group that is gone (a
+    tombstone). The group's columns are read back from the key as the storage types them, then
+    found by the storage's unique index; a key with a NULL (kept under UNIQUE NULLS NOT DISTINCT,
+    which `=` cannot find) is compared with IS NOT DISTINCT FROM instead. The row is the capture's
+    own projection, so it is what a change's after would have been.
     """
     storage = storage_table(view)
     groups = [ident(g.name) for g in view.groups if g != GLOBAL_GROUP]
     keyed = sql.SQL(
-        "SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, c.key) AS k"
-        " WHERE c.before IS NULL AND c.after IS NULL"
+        "SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, c.key) AS k WHERE c.current"
     ).format(storage=storage)
     found = keyed
     if groups:
