@@ -4,14 +4,17 @@ Issue 25's sink and rollup targets are bounded by what recording a view's change
 group (a sink reads the changes; each level of a rollup records its own). This benchmark isolates
 that cost from Kafka, decoding and the relay: batches of `--events` page views over `--urls` urls
 (every batch changes every url's group) go straight into the engine (`StreamMaintainer.apply`, what
-the runner calls), on one sv_writer connection, in rounds ABAB (A: the view without a change
-stream; B: `WITH (changes = true)`), first batch of each round not counted:
+the runner calls), on one sv_writer connection, in rounds ABCABC (A: the view without a change
+stream; B: `WITH (changes = true)`; C: an upsert sink reading it, so it records keys only),
+first batch of each round not counted:
 
 - A: the apply of a batch (its commit, about 3 ms, is not counted in either);
 - B: the same apply, which now fires the capture triggers (project each changed row as users read
   it, net it per group: `cv.capture_view_changes`), and the flush that the commit would run, called
   just before it (`cv.record_view_changes`: number the netted changes and insert them into
   cv.view_changes);
+- C: as B, the changes carrying each group's key alone (migration 0046): what an upsert sink costs
+  the runner (the sink's topic is never made: no relay reads the throwaway stream's group);
 - two floors, each over the same number of rows in a rolled-back transaction: building the JSON
   images a change holds (key, before, after) from typed rows, and inserting that many change rows
   into a temporary table like cv.view_changes (same columns and indexes; temporary, so without
@@ -77,10 +80,18 @@ def batch(rng: random.Random, urls: list[str], events: int) -> tuple[list[int], 
     return [1] * events, [chosen, [rng.randrange(1, 1000) for _ in range(events)]]
 
 
-def set_changes(owner: str, view: str, on: bool) -> None:
-    """Turn the view's change stream on or off through the catalog, as ALTER CONTINUOUS VIEW does."""
+# What the view records in each round: nothing, each change's rows, each change's key.
+MODES = ("none", "images", "keys")
+
+
+def set_mode(owner: str, view: str, sink: str, mode: str) -> None:
+    """Through the catalog: the view's change stream on for images, an upsert sink on it for keys."""
     with psycopg.connect(owner, autocommit=True) as conn:
-        catalog.define(conn, f"ALTER CONTINUOUS VIEW {view} SET (changes = {'true' if on else 'false'})")
+        catalog.define(conn, f"ALTER CONTINUOUS VIEW {view} SET (changes = {'true' if mode == 'images' else 'false'})")
+        if mode == "keys":
+            catalog.define(conn, f"CREATE SINK {sink} FROM {view} WITH (topic = '{sink}', format = 'upsert')")
+        else:
+            catalog.define(conn, f"DROP SINK IF EXISTS {sink}")
 
 
 def one_round(
@@ -139,30 +150,31 @@ def measure(args: argparse.Namespace) -> BenchResult:
     urls = [f"https://example.com/page/{i}" for i in range(args.urls)]
     batches = [batch(rng, urls, args.events) for _ in range(args.batches + 1)]
     results = Results()
-    plain: dict[str, list[float]] = {"apply": []}
-    recorded: dict[str, list[float]] = {"apply": [], "flush": []}
+    sink = f"bench_cc_sink_{run_id}"
+    timings: dict[str, dict[str, list[float]]] = {mode: {"apply": [], "flush": []} for mode in MODES}
     with throwaway_definitions(schema, statements, [stream], postgres):
         writer_info = postgres.conninfo(user=ROLE_WRITER, application_name="streamviews-bench")
-        with psycopg.connect(writer_info) as writer:
-            for changes in [False, True] * args.rounds:
-                set_changes(owner, view, changes)
-                applies, flushes = one_round(writer, stream, batches, changes)
-                if changes:
-                    recorded["apply"] += applies
-                    recorded["flush"] += flushes
-                else:
-                    plain["apply"] += applies
-                log.info("round", changes=changes, apply_ms=round(statistics.median(applies), 1))
+        try:
+            with psycopg.connect(writer_info) as writer:
+                for mode in MODES * args.rounds:
+                    set_mode(owner, view, sink, mode)
+                    applies, flushes = one_round(writer, stream, batches, mode != "none")
+                    timings[mode]["apply"] += applies
+                    timings[mode]["flush"] += flushes
+                    log.info("round", mode=mode, apply_ms=round(statistics.median(applies), 1))
+        finally:
+            set_mode(owner, view, sink, "none")  # the view cannot be dropped while a sink reads it
         images, inserts = floor_ms(owner, args.urls, args.rounds * args.batches)
     per_group = 1000 / args.urls  # ms per batch -> µs per changed group
     values = results.values
-    values["plain_ms"] = statistics.median(plain["apply"])
-    values["recorded_apply_ms"] = statistics.median(recorded["apply"])
-    values["flush_ms"] = statistics.median(recorded["flush"])
-    values["recorded_ms"] = values["recorded_apply_ms"] + values["flush_ms"]
-    values["triggers_us"] = (values["recorded_apply_ms"] - values["plain_ms"]) * per_group
-    values["flush_us"] = values["flush_ms"] * per_group
-    values["capture_us"] = values["triggers_us"] + values["flush_us"]
+    values["plain_ms"] = statistics.median(timings["none"]["apply"])
+    for mode, prefix in (("images", ""), ("keys", "keys_")):
+        values[f"{prefix}recorded_apply_ms"] = statistics.median(timings[mode]["apply"])
+        values[f"{prefix}flush_ms"] = statistics.median(timings[mode]["flush"])
+        values[f"{prefix}recorded_ms"] = values[f"{prefix}recorded_apply_ms"] + values[f"{prefix}flush_ms"]
+        values[f"{prefix}triggers_us"] = (values[f"{prefix}recorded_apply_ms"] - values["plain_ms"]) * per_group
+        values[f"{prefix}flush_us"] = values[f"{prefix}flush_ms"] * per_group
+        values[f"{prefix}capture_us"] = values[f"{prefix}triggers_us"] + values[f"{prefix}flush_us"]
     values["images_us"] = images * per_group
     values["insert_us"] = inserts * per_group
     values["floor_us"] = values["images_us"] + values["insert_us"]
@@ -174,6 +186,12 @@ def measure(args: argparse.Namespace) -> BenchResult:
         ("capture per changed group: triggers (µs)", "triggers_us", ",.1f"),
         ("  same, flush (µs)", "flush_us", ",.1f"),
         ("  same, in all (µs)", "capture_us", ",.1f"),
+        ("batch recording keys only (an upsert sink): apply incl. triggers (ms)", "keys_recorded_apply_ms", ",.1f"),
+        ("  same, the flush at commit (ms)", "keys_flush_ms", ",.1f"),
+        ("  same, in all (ms)", "keys_recorded_ms", ",.1f"),
+        ("keys-only capture per changed group: triggers (µs)", "keys_triggers_us", ",.1f"),
+        ("  same, flush (µs)", "keys_flush_us", ",.1f"),
+        ("  same, in all (µs)", "keys_capture_us", ",.1f"),
         ("floor per change: JSON key + before + after built (µs, best)", "images_us", ",.1f"),
         ("  same, one row into a temporary cv.view_changes (µs, best)", "insert_us", ",.1f"),
         ("  same, both (µs)", "floor_us", ",.1f"),
@@ -182,11 +200,13 @@ def measure(args: argparse.Namespace) -> BenchResult:
         f"change capture benchmark ({machine_line(postgres)})",
         f"  workload: batches of {args.events:,} page views over {args.urls:,} urls (each batch changes every"
         f" url's group), {args.batches} per round counted,",
-        f"  rounds ABAB x{args.rounds} (A: no change stream, B: changes = true)",
+        f"  rounds ABC x{args.rounds} (A: no change stream, B: changes = true, C: keys only, for an upsert sink)",
         f"  view: {VIEW.format(stream='<stream>')}",
     ]
     comparisons = [
         Comparison("batch recording its changes / batch without", "recorded_ms", "plain_ms"),
+        Comparison("batch recording keys only / batch without", "keys_recorded_ms", "plain_ms"),
+        Comparison("keys-only capture per group / images", "keys_capture_us", "capture_us"),
         Comparison("capture per group / its floor", "capture_us", "floor_us"),
     ]
     return BenchResult.of("change_capture", results, rows, comparisons=comparisons, header=header)
@@ -198,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=50_000, help="page views per batch")
     parser.add_argument("--urls", type=int, default=10_000, help="distinct urls: the groups each batch changes")
     parser.add_argument("--batches", type=int, default=6, help="batches counted per round (one more warms up)")
-    parser.add_argument("--rounds", type=int, default=2, help="AB pairs of rounds")
+    parser.add_argument("--rounds", type=int, default=2, help="ABC triples of rounds")
     parser.add_argument("--seed", type=int, default=1, help="same seed, same batches")
     return cli.run(parser, measure, "loadgen.change_capture", argv)
 
