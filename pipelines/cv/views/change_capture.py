@@ -173,7 +173,10 @@ def current_row(view: ViewDef, types: ViewTypes) -> sql.Composed:
     found = keyed
     if groups:
         equal = sql.SQL(" AND ").join(sql.SQL("s.{0} = k.{0}").format(g) for g in groups)
-        has_null = sql.SQL(" OR ").join(sql.SQL("k.{} IS NULL").format(g) for g in groups)
+        # On the outer key alone, so that PostgreSQL skips the branch for a key without NULL.
+        has_null = sql.SQL(" OR ").join(
+            sql.SQL("c.key ->> {} IS NULL").format(sql.Literal(g.name)) for g in view.groups if g != GLOBAL_GROUP
+        )
         same = sql.SQL("({}) IS NOT DISTINCT FROM ({})").format(
             comma_list([sql.SQL("s.{}").format(g) for g in groups]),
             comma_list([sql.SQL("k.{}").format(g) for g in groups]),
