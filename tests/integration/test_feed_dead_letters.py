@@ -12,35 +12,50 @@ nothing skipped, and everything applied once it is fixed.
 
 from __future__ import annotations
 
+import json
 import random
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
 import pytest
+from confluent_kafka import Producer
 from prometheus_client import REGISTRY
 
 from pipelines.cv import catalog
 from pipelines.cv.feeds import ViewFeeds, feed_states
-from tests.integration.conftest import apply_rows, as_stream_table, throwaway_views, unique
+from tests.integration.conftest import (
+    apply_rows,
+    as_stream_table,
+    start_runner,
+    stop_runner,
+    throwaway_views,
+    unique,
+    wait_for,
+)
+from tests.integration.test_pipeline_recovery import PARTITIONS, committed, high_watermarks
 
 THRESHOLD = 2  # ratio's (new).total / ((new).n - 2) divides by zero when a url's count reaches 2
 
 
-@pytest.fixture
-def chain(stack, pg):
+def chain_definitions(name: str, events: str, topic: str, group: str) -> str:
     """A stream, a transform over it, a transform over that which divides by `d`, and views over each."""
-    name = unique("fdl")
-    events = f"{name}_events"
-    group = f"it-{name}"  # no runner runs it: this test feeds, and its dead letters' counts are its own
-    definitions = f"""
-        CREATE STREAM {events} (x int, d int) WITH (topic = '{events}', consumer_group = '{group}');
+    return f"""
+        CREATE STREAM {events} (x int, d int) WITH (topic = '{topic}', consumer_group = '{group}');
         CREATE CONTINUOUS TRANSFORM {name}.t0 AS SELECT x, d FROM {events};
         CREATE CONTINUOUS TRANSFORM {name}.t1 AS SELECT x, 100 / d AS q FROM {name}.t0;
         CREATE CONTINUOUS VIEW {name}.total AS SELECT count(*) AS n, sum(q) AS q, sum(x) AS x FROM {name}.t1;
         CREATE CONTINUOUS VIEW {name}.raw AS SELECT count(*) AS n, sum(x) AS x FROM {events};
     """
-    with cleaned(pg, name, group, [events], definitions):
+
+
+@pytest.fixture
+def chain(stack, pg):
+    name = unique("fdl")
+    events = f"{name}_events"
+    group = f"it-{name}"  # no runner runs it: this test feeds, and its dead letters' counts are its own
+    with cleaned(pg, name, group, [events], chain_definitions(name, events, events, group)):
         yield {"schema": name, "events": events, "group": group}
 
 
@@ -268,3 +283,40 @@ def test_a_transform_whose_table_is_dropped_holds_its_feed_until_it_is_back(pg, 
     assert lag(writer, f"{schema}.t0") == 0
     assert sorted(writer.execute(f"SELECT label, n FROM {schema}.labels").fetchall()) == [("one", 2), ("two", 3)]
     assert writer.execute(f"SELECT n, x FROM {schema}.total").fetchone() == (5, 15)
+
+
+def test_through_a_runner_killed_mid_stream_each_bad_row_is_one_dead_letter_and_the_chain_exact(
+    pg, kafka, stack, topic_factory
+):
+    topic = topic_factory("it-fdl", partitions=PARTITIONS)
+    name, group = topic.replace("-", "_"), unique("it-group")
+    rng = random.Random(11)
+    # One row in 200 divides by zero: the runner logs each dead letter to a pipe this test reads at the end only.
+    rows = [(rng.randint(-50, 50), 0 if i % 200 == 7 else rng.choice([-3, -1, 1, 2, 5, 7])) for i in range(6_000)]
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 20, "enable.idempotence": True})
+    for x, d in rows:
+        producer.produce(topic, value=json.dumps({"x": x, "d": d}))
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    scenario = {"topic": topic, "group": group}
+    with cleaned(pg, name, group, [name], chain_definitions(name, name, topic, group)), pg("sv_owner") as conn:
+        conn.autocommit = True
+        runner = start_runner(stack, group, PIPELINE_BATCH_MAX="200", PIPELINE_FEED_PAGE="50")
+        letters = f"SELECT count(*) FROM cv.feed_dead_letters WHERE feed = '{name}.t0'"
+        wait_for(lambda: conn.execute(letters).fetchone()[0] > 5, what="some rows dead-lettered")
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(30)
+        runner = start_runner(stack, group, PIPELINE_BATCH_MAX="200", PIPELINE_FEED_PAGE="50")
+        try:
+            marks = high_watermarks(kafka, topic)
+            wait_for(lambda: committed(pg, scenario) == marks, timeout=180, what="every event applied")
+            wait_for(lambda: lag(conn, f"{name}.t0") == lag(conn, f"{name}.t1") == 0, timeout=120, what="fed")
+        finally:
+            stop_runner(runner)
+        with conn.transaction(force_rollback=True):
+            as_stream_table(conn, "raw_events", "x int, d int", rows)
+            want = conn.execute("SELECT count(*), sum(100 / d), sum(x) FROM raw_events WHERE d <> 0").fetchone()
+        assert conn.execute(f"SELECT n, q, x FROM {name}.total").fetchone() == want
+        bad = sum(1 for _, d in rows if d == 0)
+        assert conn.execute(letters).fetchone() == (bad,)  # each once, across the kill
+        assert counted(conn, group) == [(f"view:{name}.t0", "apply_error", bad)]
