@@ -288,8 +288,10 @@ class SinkSettings(_Settings):
     model_config = SettingsConfigDict(env_prefix="SINK_", extra="ignore", frozen=True, populate_by_name=True)
 
     # Changes of one sink read, produced and acknowledged per PostgreSQL transaction: its position
-    # advances once per page.
-    page: int = Field(5_000, gt=0)
+    # advances once per page. An upsert page publishes each group once, so a relay that fell behind
+    # reads the commits it missed in a few pages of at most one record per group: at 5,000 it read
+    # one runner batch per page (page views at 50,000/s) and could fall further behind.
+    page: int = Field(50_000, gt=0)
     # Seconds the relay waits for a `streamviews_changes` notification before it looks anyway (a
     # notification lost with a broken connection costs at most this much delay).
     wake_s: float = Field(5.0, gt=0)
