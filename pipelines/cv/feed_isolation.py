@@ -111,6 +111,9 @@ class FeedIsolation:
         positions = [p for (p,) in self.conn.execute(POSITIONS_SQL, (self.upstream, after, upto))]
         self.rejected, self._per_view = [], Counter()
         if positions:
+            # The plan and the session's tables made here, outside the parts' savepoints: a part rolled
+            # back keeps them, so no part compiles the plan again (10 ms each, most of a bad change's cost).
+            self.maintainer.planned_views(self.conn)
             self._bisect(after, positions)
         return self.rejected
 
@@ -124,7 +127,6 @@ class FeedIsolation:
         except StreamDropped:
             raise
         except Exception as e:
-            self.maintainer.forget_sessions()
             classify(e, keyed=False)
             if len(positions) > 1:
                 middle = len(positions) // 2
