@@ -163,6 +163,7 @@ class StreamRunner:
             poll_s=self.settings.feed_poll_s,
             view_retry_s=self.settings.view_retry_s,
             group_id=self.group_id,
+            poison_limit=self.settings.poison_limit,  # as for the stream's own records
             roots=lambda stream: stream in self.sink.streams,  # the chains of the streams this runner consumes
         )
 
