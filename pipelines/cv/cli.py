@@ -33,7 +33,9 @@ import argparse
 import importlib
 import json
 import logging
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
@@ -268,12 +270,14 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     """Print a view's changes after a position as JSON lines, then each new one (pipelines.cv.subscribe)."""
     settings = PostgresSettings()
     view = qualified(args.view)
+    # Ctrl-C (or SIGTERM) is how a subscription ends: noted by the handler, seen between waits, so
+    # it never lands inside the driver's wait for a notification.
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
     with database(settings, settings.user) as conn:
         listen(conn)  # before the first read: a commit in between is then notified
-        try:
-            follow(conn, view, start_position(conn, view, args.start), args.limit)
-        except KeyboardInterrupt:  # Ctrl-C is how a subscription ends
-            return 0
+        follow(conn, view, start_position(conn, view, args.start), args.limit, stopped=stop.is_set)
     return 0
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TextIO
 
 import psycopg
@@ -27,6 +28,9 @@ from pipelines.cv.cli_common import USAGE, CommandError
 CHANNEL = "streamviews_changes"
 # The longest the command waits without reading, should a notification be lost.
 SAFETY_WAKE_S = 30.0
+# A wait for a notification is cut in slices this long, each followed by a look at whether to stop:
+# Ctrl-C is taken by a signal handler, not by an exception raised inside the driver's wait.
+WAIT_SLICE_S = 0.5
 # Changes read per query.
 PAGE = 1000
 
@@ -79,14 +83,21 @@ def start_position(conn: psycopg.Connection, view: str, start: str) -> int:
     return int(start)
 
 
-def follow(conn: psycopg.Connection, view: str, after: int, limit: int | None, out: TextIO = sys.stdout) -> int:
-    """Print the view's changes after position `after`, waiting for more, until `limit` are printed.
+def follow(
+    conn: psycopg.Connection,
+    view: str,
+    after: int,
+    limit: int | None,
+    out: TextIO = sys.stdout,
+    stopped: Callable[[], bool] = lambda: False,
+) -> int:
+    """Print the view's changes after position `after`, waiting for more, until `limit` are printed or `stopped()`.
 
     `conn` is in autocommit and already LISTENs on CHANNEL. Returns how many were printed.
     """
     printed = 0
     first = True
-    while True:
+    while not stopped():
         want = PAGE if limit is None else min(PAGE, limit - printed)
         rows = conn.execute(_CHANGES, (view, after, want)).fetchall()
         if first and rows and rows[0][0] > after + 1:
@@ -100,14 +111,17 @@ def follow(conn: psycopg.Connection, view: str, after: int, limit: int | None, o
         if limit is not None and printed >= limit:
             return printed
         if len(rows) < want:
-            _wait(conn, view)
+            _wait(conn, view, stopped)
+    return printed
 
 
-def _wait(conn: psycopg.Connection, view: str) -> None:
-    """Until a notification names the view (or may: a truncated payload), or SAFETY_WAKE_S passed."""
-    for notify in conn.notifies(timeout=SAFETY_WAKE_S):
-        if names_view(notify.payload, view):
-            return
+def _wait(conn: psycopg.Connection, view: str, stopped: Callable[[], bool]) -> None:
+    """Until a notification names the view (or may: a truncated payload), SAFETY_WAKE_S passed, or `stopped()`."""
+    deadline = time.monotonic() + SAFETY_WAKE_S
+    while not stopped() and (left := deadline - time.monotonic()) > 0:
+        for notify in conn.notifies(timeout=min(left, WAIT_SLICE_S)):
+            if names_view(notify.payload, view):
+                return
 
 
 def names_view(payload: str, view: str) -> bool:
