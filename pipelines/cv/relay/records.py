@@ -96,7 +96,7 @@ def _shaped(state: SinkState, page: sql.Composable, *, last_per_key: bool = Fals
 
 
 # An upsert page of a view. Up to `page` rows of cv.view_changes, and of them those that start
-# within `page` changes (at least the first: a commit of more keys is read whole). Each change is
+# within `page` changes (the first always does: a commit of more keys is read whole). Each change is
 # an entry: a keys-only row's keys numbered up to its position (migration 0047), any other row as
 # it is. An entry recorded keys only (`current`) takes the group's row now as its after; since that
 # row is the same whichever change of the group names it, only each group's last such entry is
@@ -109,11 +109,11 @@ WITH r AS (SELECT * FROM cv.view_changes WHERE view = %(view)s AND position > %(
  e AS (SELECT c.view, c.position - c.n + k.i AS position, k.key, NULL::jsonb AS before, NULL::jsonb AS after,
               NULL::jsonb AS delta, c.committed_at, true AS current
          FROM cut AS c CROSS JOIN LATERAL unnest(c.keys) WITH ORDINALITY AS k(key, i)
-        WHERE c.keys IS NOT NULL AND (c.earlier = 0 OR c.earlier < %(page)s)
+        WHERE c.keys IS NOT NULL AND c.earlier < %(page)s
        UNION ALL
        SELECT c.view, c.position, c.key, c.before, c.after, c.delta, c.committed_at,
               c.before IS NULL AND c.after IS NULL AS current
-         FROM cut AS c WHERE c.keys IS NULL AND (c.earlier = 0 OR c.earlier < %(page)s)),
+         FROM cut AS c WHERE c.keys IS NULL AND c.earlier < %(page)s),
  d AS (SELECT e.*, max(position) FILTER (WHERE current) OVER (PARTITION BY key) AS last_current FROM e)
 SELECT c.view, c.position, c.key, c.before, CASE WHEN c.current THEN n.row ELSE c.after END AS after, c.delta,
        c.committed_at, false AS snapshot
