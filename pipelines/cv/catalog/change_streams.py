@@ -38,10 +38,13 @@ def record_changes(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, *,
     """
     if view.window is not None:  # the front end refuses the option there; a caller must not force it
         raise ValueError(f"{view.qualified_name}: a sliding window's changes cannot be recorded")
+    present = conn.execute(
+        "SELECT reader, images FROM cv.change_readers WHERE view = %s", (view.qualified_name,)
+    ).fetchall()
     # A combine() reader (pipelines.cv.frontend.combine) needs the stored states with each change (0033).
-    states = any(is_states_reader(r) for r in readers(conn, view.qualified_name))
+    states = any(is_states_reader(reader) for reader, _ in present)
     sets = states and store.keeps_refs(conn, view)  # an exact distinct count's state: its set of values
-    images = images or view.records_changes or states or _readers_need_images(conn, view.qualified_name)
+    images = images or view.records_changes or states or any(wants for _, wants in present)
     for statement in change_capture.create_triggers(view, types, states=states, sets=sets, keys_only=not images):
         conn.execute(statement)
     conn.execute(
@@ -176,12 +179,6 @@ def readers(conn: psycopg.Connection, name: str) -> list[str]:
     """Who reads view `name`'s changes, by name."""
     rows = conn.execute("SELECT reader FROM cv.change_readers WHERE view = %s ORDER BY reader", (name,)).fetchall()
     return [reader for (reader,) in rows]
-
-
-def _readers_need_images(conn: psycopg.Connection, name: str) -> bool:
-    """True when some reader of view `name` needs each change's before and after, not only its key."""
-    row = conn.execute("SELECT bool_or(images) FROM cv.change_readers WHERE view = %s", (name,)).fetchone()
-    return bool(row and row[0])
 
 
 def is_recording(conn: psycopg.Connection, name: str) -> bool:

@@ -198,13 +198,11 @@ class Relay:
 
     def _snapshot(self, conn: psycopg.Connection, state: SinkState) -> None:
         """The view's rows and its last position, in one snapshot, published; then the position set there."""
-        row = conn.execute("SELECT definition, types FROM cv.views WHERE name = %s", (state.view,)).fetchone()
-        if row is None:  # a change stream that is not a view's: nothing to snapshot
-            conn.rollback()
+        compiled = self._compiled_view(conn, state)
+        conn.rollback()
+        if compiled is None:  # a change stream that is not a view's: nothing to snapshot
             self._advance(conn, state, state.position, snapshot=True)
             return
-        compiled = store.stored_view(row[0], row[1], store.scope(conn))
-        conn.rollback()
         conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
         published = 0
         try:

@@ -166,7 +166,8 @@ def current_row(view: ViewDef, types: ViewTypes) -> sql.Composed:
     own projection, so it is what a change's after would have been.
     """
     storage = storage_table(view)
-    groups = [ident(g.name) for g in view.groups if g != GLOBAL_GROUP]
+    names = [g.name for g in view.groups if g != GLOBAL_GROUP]
+    groups = [ident(name) for name in names]
     keyed = sql.SQL(
         "SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, c.key) AS k WHERE c.current"
     ).format(storage=storage)
@@ -174,9 +175,7 @@ def current_row(view: ViewDef, types: ViewTypes) -> sql.Composed:
     if groups:
         equal = sql.SQL(" AND ").join(sql.SQL("s.{0} = k.{0}").format(g) for g in groups)
         # On the outer key alone, so that PostgreSQL skips the branch for a key without NULL.
-        has_null = sql.SQL(" OR ").join(
-            sql.SQL("c.key ->> {} IS NULL").format(sql.Literal(g.name)) for g in view.groups if g != GLOBAL_GROUP
-        )
+        has_null = sql.SQL(" OR ").join(sql.SQL("c.key ->> {} IS NULL").format(sql.Literal(name)) for name in names)
         same = sql.SQL("({}) IS NOT DISTINCT FROM ({})").format(
             comma_list([sql.SQL("s.{}").format(g) for g in groups]),
             comma_list([sql.SQL("k.{}").format(g) for g in groups]),
