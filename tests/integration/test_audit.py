@@ -7,134 +7,37 @@ processes where a test kills them, in-process where it only needs their effect.
 
 from __future__ import annotations
 
-import os
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
-from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
+from datetime import UTC, datetime, timedelta
 
 import orjson
 import psycopg
 import pytest
 from confluent_kafka import Consumer, Producer
-from elasticsearch import helpers
 
 from pipelines.audit import retention
 from pipelines.audit.events import AuditEvent
-from pipelines.audit.puller import CtidPuller
-from pipelines.audit.writer import AuditSink, CopyRow, encode_row
-from pipelines.settings import AuditSettings, PostgresSettings
-from stack.supervisor import Supervisor
-from tests.integration.conftest import pipeline_env, unique, wait_for
-
-WORDS = [
-    "login",
-    "logout",
-    "failed",
-    "password",
-    "reset",
-    "token",
-    "granted",
-    "denied",
-    "admin",
-    "export",
-    "delete",
-    "upload",
-]
-
-
-def audit_env(stack, log: AuditSettings, role: str, **overrides: str) -> dict[str, str]:
-    return pipeline_env(
-        stack,
-        PGUSER=role,
-        AUDIT_SCHEMA=log.schema_name,
-        AUDIT_INDEX_PREFIX=log.index_prefix,
-        AUDIT_RETENTION_INTERVAL_S="0",
-        **overrides,
-    )
-
-
-def start_writer(stack, log: AuditSettings, topic: str, group: str) -> subprocess.Popen:
-    env = audit_env(stack, log, "sv_writer", PIPELINE_BATCH_MAX="500", PIPELINE_BATCH_WAIT_MS="20")
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.audit.writer", "--topic", topic, "--group", group],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def start_puller(stack, log: AuditSettings, logs: Path | None = None) -> subprocess.Popen:
-    """A puller process; its JSON log lines appended to `logs` when given."""
-    env = audit_env(stack, log, "sv_indexer", AUDIT_PULL_BLOCKS="8")  # small chunks: many checkpoints
-    with open(logs or os.devnull, "a") as stderr:
-        return subprocess.Popen(
-            [sys.executable, "-m", "pipelines.audit.puller"], env=env, stdout=subprocess.DEVNULL, stderr=stderr
-        )
-
-
-def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if process.poll() is None:
-        process.send_signal(sig)
-    process.wait(timeout=60)
-
-
-def event(uid: int, ts: datetime, rng: random.Random, **extra: str) -> bytes:
-    content = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 60)))
-    return orjson.dumps({"uid": uid, "ts": ts.isoformat(), "content": content, **extra})
-
-
-def rows_in_postgres(pg, log: AuditSettings) -> set[str]:
-    """Every row of the log as its document id: `<schema>.<table>:<block>:<offset>`."""
-    with pg("sv_reader") as conn:
-        rows = conn.execute(
-            "SELECT tableoid::regclass::text, audit.block_of(ctid), (ctid::text::point)[1]::int"
-            f" FROM {log.schema_name}.events"
-        ).fetchall()
-    return {f"{table}:{block}:{offset}" for table, block, offset in rows}
-
-
-def ids_in_elasticsearch(es, log: AuditSettings) -> list[str]:
-    index = f"{log.index_prefix}-*"
-    es.indices.refresh(index=index, allow_no_indices=True)
-    return [hit["_id"] for hit in helpers.scan(es, index=index, query={"query": {"match_all": {}}}, _source=False)]
-
-
-def pull_until_caught_up(puller: CtidPuller) -> None:
-    while puller.pull_once():
-        pass
-
-
-def in_process_puller(pg_settings: PostgresSettings, es, log: AuditSettings) -> CtidPuller:
-    return CtidPuller(pg_settings.conninfo(user="sv_indexer"), es, log)
+from pipelines.audit.writer import AuditSink
+from pipelines.settings import PostgresSettings
+from tests.integration.audit_support import (
+    encoded,
+    event,
+    events_at,
+    ids_in_elasticsearch,
+    in_process_puller,
+    pull_until_caught_up,
+    rows_in_postgres,
+    start_writer,
+    stop,
+    write,
+)
+from tests.integration.conftest import unique, wait_for
 
 
 @pytest.fixture
 def pg_settings(stack, secrets_dir) -> PostgresSettings:
     return PostgresSettings(host="127.0.0.1", port=stack.pgport, secrets_dir=secrets_dir)
-
-
-def write(pg, log: AuditSettings, events: list[tuple[int, AuditEvent]]) -> None:
-    """One writer batch, committed, as the audit pipeline writes it (without Kafka)."""
-    with pg("sv_writer") as conn, conn.transaction():
-        AuditSink(log.schema_name).apply(conn, encoded(events))
-
-
-def encoded(events: list[tuple[int, AuditEvent]]) -> list[tuple[int, CopyRow]]:
-    """(shard, event) pairs as the pipeline's decoder hands them to the sink."""
-    return [(shard, encode_row(event)) for shard, event in events]
-
-
-def events_at(day: date, n: int, uid: int = 7, shard: int = 0) -> list[tuple[int, AuditEvent]]:
-    start = datetime(day.year, day.month, day.day, 12, tzinfo=UTC)
-    return [(shard, AuditEvent.at(uid, start + timedelta(seconds=i), f"event {i} " + "x" * 500)) for i in range(n)]
-
-
-# --- Writing -----------------------------------------------------------------------------------------
 
 
 def test_events_land_in_one_table_per_shard_and_day_with_brin_on_ts(pg, audit_log):
@@ -264,133 +167,6 @@ def test_space_freed_by_an_aborted_batch_and_reused_later_is_pulled_again_withou
     ids = ids_in_elasticsearch(es, audit_log)
     assert len(ids) == len(set(ids)) == 530
     assert set(ids) == rows_in_postgres(pg, audit_log)
-
-
-def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_factory, audit_log, tmp_path):
-    """Producers, a killed writer, an aborted batch with vacuum, a killed puller, Elasticsearch restarted."""
-    topic = topic_factory("audit", partitions=3)
-    group = unique("audit")
-    supervisor = Supervisor(stack.paths)
-    puller_logs = tmp_path / "puller.log"  # every puller's JSON lines, one after another
-    writer = start_writer(stack, audit_log, topic, group)
-    puller = start_puller(stack, audit_log, puller_logs)
-    stop_producing = threading.Event()
-    produced = []
-
-    def produce(seed: int) -> None:
-        rng = random.Random(seed)
-        producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "linger.ms": 5})
-        n = 0
-        while not stop_producing.is_set():
-            for _ in range(20):
-                uid = rng.randint(1, 60)
-                ts = datetime.now(UTC) - timedelta(days=rng.choice((0, 0, 0, 1)))
-                producer.produce(topic, key=str(uid), value=event(uid, ts, rng, action=rng.choice(WORDS)))
-                n += 1
-            producer.poll(0)
-            stop_producing.wait(0.1)  # a steady trickle until told to stop
-        producer.flush(30)
-        produced.append(n)
-
-    producers = [threading.Thread(target=produce, args=(seed,)) for seed in range(3)]
-    for thread in producers:
-        thread.start()
-    running = {"writer": writer, "puller": puller}
-
-    def restart(name: str) -> None:
-        stop(running[name], signal.SIGKILL)  # no chance to finish anything
-        running[name] = (
-            start_writer(stack, audit_log, topic, group)
-            if name == "writer"
-            else start_puller(stack, audit_log, puller_logs)
-        )
-
-    def rows_and_documents() -> tuple[int, int]:
-        return len(rows_in_postgres(pg, audit_log)), len(ids_in_elasticsearch(es, audit_log))
-
-    def elasticsearch_back() -> None:
-        supervisor.start("elasticsearch")  # nothing when it is up
-        wait_for(lambda: _es_healthy(es), timeout=180, what="Elasticsearch back")
-
-    try:
-        try:
-            wait_for(lambda: len(rows_in_postgres(pg, audit_log)) > 1_000, timeout=60, what="first rows")
-            restart("writer")  # its batch in flight aborts
-
-            with pg("sv_owner") as conn:
-                table = conn.execute(
-                    "SELECT table_name FROM audit.tables WHERE log_schema = %s ORDER BY rows DESC LIMIT 1",
-                    (audit_log.schema_name,),
-                ).fetchone()[0]
-            with pg("sv_writer") as conn, conn.transaction():  # an aborted batch, then vacuum frees its space
-                conn.execute(
-                    f"INSERT INTO {table} (shard, ts, uid, content)"
-                    f" SELECT shard, ts, uid, content FROM (SELECT * FROM {table} LIMIT 1) r, generate_series(1, 500)"
-                )
-                raise psycopg.Rollback
-            with pg("sv_owner") as conn:  # the aborted rows lie below the table's end
-                blocks = conn.execute(
-                    "SELECT pg_relation_size(%s::regclass) / current_setting('block_size')::int", (table,)
-                ).fetchone()[0]
-            restart("puller")
-            wait_for(  # the space vacuum frees is then behind the checkpoint when later batches reuse it
-                lambda: pulled_past(pg, table, blocks), what="the new puller to index past the aborted batch"
-            )
-            with pg("sv_owner", autocommit=True) as conn:
-                conn.execute(f"VACUUM {table}")
-
-            retried, rows = retries_logged(puller_logs), len(rows_in_postgres(pg, audit_log))
-            supervisor.stop("elasticsearch")
-            wait_for(
-                lambda: retries_logged(puller_logs) > retried and len(rows_in_postgres(pg, audit_log)) > rows + 100,
-                what="writes to go on while the puller backs off and retries",
-            )
-            restart("puller")
-            elasticsearch_back()
-            rows, documents = rows_and_documents()
-            wait_for(  # with producers still running: the puller resumed, it did not only drain a backlog
-                lambda: all(now > then for now, then in zip(rows_and_documents(), (rows, documents), strict=True)),
-                what="events written and indexed after Elasticsearch came back",
-            )
-        finally:
-            elasticsearch_back()
-            stop_producing.set()
-            for thread in producers:
-                thread.join(60)
-        total = sum(produced)
-        wait_for(lambda: len(rows_in_postgres(pg, audit_log)) == total, timeout=120, what="every event in PostgreSQL")
-        expected = rows_in_postgres(pg, audit_log)
-        wait_for(
-            lambda: len(ids_in_elasticsearch(es, audit_log)) >= len(expected),
-            timeout=120,
-            what="the puller catching up",
-        )
-    finally:
-        for process in running.values():
-            stop(process)
-
-    ids = ids_in_elasticsearch(es, audit_log)
-    assert len(ids) == len(set(ids)), "a row was indexed twice"
-    assert set(ids) == expected
-
-
-def pulled_past(pg, table: str, block: int) -> bool:
-    """Whether the puller's checkpoint of `table` is at or past `block`."""
-    with pg("sv_owner") as conn:
-        row = conn.execute("SELECT next_block FROM audit.pull_checkpoints WHERE table_name = %s", (table,)).fetchone()
-    return row is not None and row[0] >= block
-
-
-def retries_logged(logs: Path) -> int:
-    """How often the pullers logged a retry (a failed pass, an unacknowledged bulk, templates not yet applied)."""
-    return logs.read_text().count('; retrying"') if logs.exists() else 0
-
-
-def _es_healthy(es) -> bool:
-    try:
-        return es.cluster.health(timeout="1s")["status"] in ("yellow", "green")
-    except Exception:
-        return False
 
 
 # --- Retention -------------------------------------------------------------------------------------------
