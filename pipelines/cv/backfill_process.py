@@ -13,8 +13,9 @@ its sessions (named `<PGAPPNAME>-backfill`) nices its own backend to the same va
 The child is the runner's: started while a backfill of the runner's streams waits (`python -m
 pipelines.cv.backfill_process`, with the runner's environment and stream choice: no Kafka client
 or connection is inherited), stopped with SIGTERM once none does or the runner stops, sent SIGTERM
-by the kernel when the runner dies, kill -9 included (PR_SET_PDEATHSIG), and started again by the
-runner if it died. Exactly once is the catch-up's own (pipelines/cv/backfill.py): its positions
+by the kernel when the runner dies, kill -9 included (PR_SET_PDEATHSIG: SIGKILL, since a batch in
+flight of a niced child on a loaded machine held a graceful stop past a minute), and started again
+by the runner if it died. Exactly once is the catch-up's own (pipelines/cv/backfill.py): its positions
 commit with its updates, so a child killed anywhere resumes from them in the next one.
 """
 
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     os.nice(settings.backfill_nice)  # before any thread: librdkafka's threads inherit it
     parent = os.getppid()
     with contextlib.suppress(OSError, AttributeError):  # not Linux: the runner's SIGTERM or the watchdog stops it
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     configure_logging()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
