@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from pipelines.settings import (
 )
 from stack.configure import client_settings
 from stack.settings import StackSettings
+from tests.integration.processes import forget_ended, logs_of_started, spawn, stop_process
 
 
 def unique(prefix: str) -> str:
@@ -51,8 +51,16 @@ def wait_for(condition: Callable[[], object], timeout: float = 60, interval: flo
         if result:
             return result
         if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what or condition}")
+            logs = logs_of_started()
+            pytest.fail(f"timed out after {timeout}s waiting for {what or condition}" + (f"\n{logs}" if logs else ""))
         time.sleep(interval)
+
+
+@pytest.fixture(autouse=True)
+def _forget_ended_processes() -> Iterator[None]:
+    """After each test, the log files of the pipeline processes it started and that have ended go."""
+    yield
+    forget_ended()
 
 
 @pytest.fixture(scope="session")
@@ -143,20 +151,12 @@ def start_runner(stack: StackSettings, group: str, **env: str) -> subprocess.Pop
         "PIPELINE_HOLD_RETRY_S": "1",
         **env,
     }
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cv.runner", "--group", group],
-        env=pipeline_env(stack, **settings),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn([sys.executable, "-m", "pipelines.cv.runner", "--group", group], pipeline_env(stack, **settings))
 
 
 def stop_runner(process: subprocess.Popen) -> str:
     """Stop a runner with SIGTERM; its log (stderr), which must hold no traceback."""
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=60)
+    stderr = stop_process(process)
     assert "Traceback" not in stderr, stderr[-3000:]
     return stderr
 

@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from tests.integration.conftest import pipeline_env, throwaway_views, unique, wait_for
+from tests.integration.processes import spawn, stop_process
 
 PARTITIONS = 4
 
@@ -82,13 +83,8 @@ def actual_views(conn, stream):
 
 def start_pipeline(stack, scenario, batch_max: int = 200) -> subprocess.Popen:
     env = pipeline_env(stack, PIPELINE_BATCH_MAX=str(batch_max), PIPELINE_BATCH_WAIT_MS="20")
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cv.runner", "--streams", scenario["stream"], "--group", scenario["group"]],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    streams, group = scenario["stream"], scenario["group"]
+    return spawn([sys.executable, "-m", "pipelines.cv.runner", "--streams", streams, "--group", group], env)
 
 
 def high_watermarks(kafka, topic: str) -> dict[int, int]:
@@ -109,26 +105,19 @@ def committed(pg, scenario) -> dict[int, int]:
         )
 
 
-def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> str:
-    if process.poll() is None:
-        process.send_signal(sig)
-    _, stderr = process.communicate(timeout=60)
-    return stderr
-
-
 def test_a_pipeline_killed_mid_stream_and_restarted_loses_nothing_and_counts_nothing_twice(pg, kafka, stack, scenario):
     events = produce_likes(kafka, scenario["topic"], 20_000, seed=1)
     ends = high_watermarks(kafka, scenario["topic"])
     first = start_pipeline(stack, scenario)
     wait_for(lambda: sum(committed(pg, scenario).values()) > 2_000, timeout=120, interval=0.05, what="progress")
 
-    stop(first, signal.SIGKILL)  # no chance to finish its batch or leave the group
+    stop_process(first, signal.SIGKILL)  # no chance to finish its batch or leave the group
     assert sum(committed(pg, scenario).values()) < sum(ends.values()), "killed too late to prove anything"
     second = start_pipeline(stack, scenario)
     try:
         wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="the restarted pipeline to catch up")
     finally:
-        stop(second)
+        stop_process(second)
 
     with pg("sv_reader") as conn:
         assert actual_views(conn, scenario["stream"]) == expected_views(events)
@@ -141,7 +130,7 @@ def test_two_workers_in_one_group_produce_the_same_views_as_one_without_deadlock
     try:
         wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="two workers to consume everything")
     finally:
-        logs = [stop(worker) for worker in workers]
+        logs = [stop_process(worker) for worker in workers]
 
     with pg("sv_reader") as conn:
         assert actual_views(conn, scenario["stream"]) == expected_views(events)
@@ -157,8 +146,8 @@ def test_a_worker_joining_mid_stream_takes_over_partitions_without_double_counti
     try:
         wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="both workers to finish")
     finally:
-        stop(first)
-        stop(second)
+        stop_process(first)
+        stop_process(second)
 
     with pg("sv_reader") as conn:
         assert actual_views(conn, scenario["stream"]) == expected_views(events)

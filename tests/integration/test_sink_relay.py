@@ -31,6 +31,7 @@ from tests.integration.conftest import (
     unique,
     wait_for,
 )
+from tests.integration.processes import spawn
 
 PARTITIONS = 3
 THRESHOLD = 3
@@ -71,13 +72,7 @@ def create_sink(pg, scenario, view: str, options: str) -> str:
 
 def start_relay(stack, scenario) -> subprocess.Popen:
     env = pipeline_env(stack, SINK_RETRY_S="1", SINK_WAKE_S="1", SINK_PAGE="50")
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cv.relay", "--group", scenario["group"]],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    return spawn([sys.executable, "-m", "pipelines.cv.relay", "--group", scenario["group"]], env)
 
 
 def runner(stack, scenario) -> subprocess.Popen:

@@ -28,6 +28,7 @@ from tests.integration.conftest import (
     unique,
     wait_for,
 )
+from tests.integration.processes import spawn, stop_process
 
 
 @pytest.fixture(scope="module")
@@ -54,13 +55,8 @@ def setup(stack, pg):
 
 
 def start_relay(stack, group: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pipelines.cv.inbox", "--group", group],
-        env=pipeline_env(stack, INBOX_WAKE_S="0.5"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    env = pipeline_env(stack, INBOX_WAKE_S="0.5")
+    return spawn([sys.executable, "-m", "pipelines.cv.inbox", "--group", group], env)
 
 
 def counts(pg, view: str) -> dict[str, tuple[int, int]]:
@@ -94,8 +90,7 @@ def test_insert_select_and_copy_reach_the_view_once_and_a_rollback_never(stack, 
             # ts, never given, took each record's timestamp (the INSERT's time), as timestamp_column says
             assert conn.execute(f"SELECT sum(n) = sum(stamped) FROM {schema}.clicks").fetchone() == (True,)
     finally:
-        relay.send_signal(signal.SIGTERM)
-        _, stderr = relay.communicate(timeout=60)
+        stderr = stop_process(relay)
         assert "Traceback" not in stderr, stderr[-3000:]
 
 

@@ -33,8 +33,9 @@ from tests.integration.conftest import (
     unique,
     wait_for,
 )
+from tests.integration.processes import stop_process
 from tests.integration.test_isolation import dead_letters, produce
-from tests.integration.test_pipeline_recovery import committed, high_watermarks, start_pipeline, stop
+from tests.integration.test_pipeline_recovery import committed, high_watermarks, start_pipeline
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 SCRIPT = Path(sys.executable).parent / "streamviews"
@@ -275,13 +276,13 @@ def exactly_once_through_a_kill(pg, kafka, stack, schema: str, stream: str, scen
     ends = high_watermarks(kafka, topic)
     first = start_pipeline(stack, scenario)
     wait_for(lambda: sum(committed(pg, scenario).values()) > 2_000, timeout=120, interval=0.05, what="progress")
-    stop(first, signal.SIGKILL)
+    stop_process(first, signal.SIGKILL)
     assert sum(committed(pg, scenario).values()) < len(given), "killed too late to prove anything"
     second = start_pipeline(stack, scenario)
     try:
         wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="the restarted runner to catch up")
     finally:
-        log = stop(second)
+        log = stop_process(second)
     assert "Traceback" not in log, log[-3000:]
     with pg("sv_owner", autocommit=True) as owner:
         for name in (f"{schema}.enriched", f"{schema}.slow"):

@@ -25,13 +25,13 @@ from tests.integration.conftest import (
     unique,
     wait_for,
 )
+from tests.integration.processes import stop_process
 from tests.integration.test_isolation import dead_letters, produce
 from tests.integration.test_pipeline_recovery import (
     committed,
     high_watermarks,
     produce_likes,
     start_pipeline,
-    stop,
 )
 from tests.integration.test_view_change_streams import recorded, replayed, view_rows
 
@@ -98,13 +98,13 @@ def test_a_runner_killed_mid_stream_leaves_changes_that_replay_to_the_view(pg, k
     follower.start()
     first = start_pipeline(stack, scenario)
     wait_for(lambda: sum(committed(pg, scenario).values()) > 2_000, timeout=120, interval=0.05, what="progress")
-    stop(first, signal.SIGKILL)
+    stop_process(first, signal.SIGKILL)
     assert sum(committed(pg, scenario).values()) < sum(ends.values()), "killed too late to prove anything"
     second = start_pipeline(stack, scenario)
     try:
         wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="the restarted runner to catch up")
     finally:
-        stop(second)
+        stop_process(second)
     check(pg, scenario, follower)
 
 
@@ -117,7 +117,7 @@ def test_two_runners_writing_one_view_commit_its_positions_in_order(pg, kafka, s
     try:
         wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="two runners to consume everything")
     finally:
-        logs = [stop(worker) for worker in workers]
+        logs = [stop_process(worker) for worker in workers]
     assert not any("deadlock detected" in log for log in logs)
     check(pg, scenario, follower)
 
@@ -187,7 +187,7 @@ def test_subscribe_prints_the_changes_and_waits_for_the_next(pg, stack, scenario
         [line] = [json.loads(x) for x in out.splitlines()]
         assert line["position"] > changes[-1][0]
     finally:
-        stop(runner)
+        stop_process(runner)
 
     refused = subprocess.run(
         [str(SCRIPT), "subscribe", "public.no_such_view_here"], env=env, capture_output=True, text=True, timeout=60
