@@ -4,7 +4,9 @@
   one runner draining it and, with a sink, the sinks' relay of the run's group
   (`python -m pipelines.cv.relay --group G`) publishing the view's changes to an upsert topic; or,
   with `changes` alone, the view recording its changes (`WITH (changes = true)`) and no relay;
-- `RecordProbe`: a consumer of the sink's topic that times each marker url's first record.
+- `RecordProbe`: a consumer of the sink's topic that times each marker url's first record, and
+  keeps when the relay produced it (the record's Kafka timestamp), so that with the marker's commit
+  (`SinkRun.commit_times`) the latency splits into runner, relay and topic.
 """
 
 from __future__ import annotations
@@ -125,6 +127,16 @@ class SinkRun:
                 time.sleep(0.05)
         return time.monotonic() - started
 
+    def commit_times(self) -> dict[str, float]:
+        """Each marker url's first change of the view: when its transaction began (epoch ms, cv.view_changes)."""
+        query = (
+            "SELECT k.key ->> 'url', (extract(epoch FROM min(c.committed_at)) * 1000)::float8"
+            " FROM cv.view_changes AS c CROSS JOIN LATERAL unnest(coalesce(c.keys, ARRAY[c.key])) AS k(key)"
+            " WHERE c.view = %s AND k.key ->> 'url' LIKE '/marker/%%' GROUP BY 1"
+        )
+        with psycopg.connect(owner_conninfo(self.postgres)) as conn:
+            return dict(conn.execute(query, (f"{self.schema}.{VIEW_NAME}",)).fetchall())
+
     def check(self, views: PageViews) -> None:
         """The view holds what was produced (loadgen.pageviews' own check)."""
         with psycopg.connect(owner_conninfo(self.postgres)) as conn:
@@ -140,6 +152,13 @@ class RecordProbe(Probe):
         super().__init__("sink-record-probe", 0.0)
         self.topic, self.kafka = topic, kafka
         self._seen: set[str] = set()
+        self.sent_at: dict[str, float] = {}  # marker url -> when it was handed to the producer (epoch ms)
+        self.produced_at: dict[str, float] = {}  # marker url -> its first record's Kafka timestamp (epoch ms)
+
+    def sent(self, marker: str, at: float) -> None:
+        """Register a marker just before it is produced, with the wall clock its stages are timed by."""
+        self.sent_at[marker] = time.time() * 1000
+        super().sent(marker, at)
 
     @contextmanager
     def session(self) -> Iterator[Consumer]:
@@ -162,5 +181,8 @@ class RecordProbe(Probe):
         """The pending markers whose record arrived, reading what the topic holds now."""
         for message in session.consume(1000, timeout=0.005):
             if message.error() is None and message.key() is not None:
-                self._seen.add(json.loads(message.key())["url"])
+                url = json.loads(message.key())["url"]
+                if url in self.sent_at and url not in self._seen:
+                    self.produced_at[url] = message.timestamp()[1]  # CreateTime: the relay's produce()
+                self._seen.add(url)
         return [m for m in markers if m in self._seen]
