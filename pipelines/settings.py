@@ -216,6 +216,9 @@ class PipelineSettings(_Settings):
     # Seconds a view's recorded changes are kept (views WITH (changes = true), migration 0020):
     # pruned by the retention sweep, so `streamviews subscribe --from P` can resume within this time.
     changes_retention_s: float = Field(86_400.0, gt=0)
+    # Seconds a feed's dead letters are kept (cv.feed_dead_letters, migration 0048): as long as a
+    # stream's `.dlq` topic keeps its records by default (the broker's 7 days).
+    feed_dead_letters_retention_s: float = Field(604_800.0, gt=0)
     # Views over views (pipelines/cv/feeds.py): whether this runner feeds them (several may: each
     # page is taken once), the most upstream changes one transaction applies to the views reading
     # them, and the seconds between checks when no NOTIFY woke the feeds.

@@ -112,7 +112,13 @@ class StreamRunner:
         self.choice = StreamChoice(group_id, default_group, only)
         self.backfill: BackfillProcess | None = None
         self.clients = clients or ConfluentClients(kafka)
-        self.sink = ViewSink(group_id, settings.poison_limit, settings.view_retry_s, settings.changes_retention_s)
+        self.sink = ViewSink(
+            group_id,
+            settings.poison_limit,
+            settings.view_retry_s,
+            settings.changes_retention_s,
+            settings.feed_dead_letters_retention_s,
+        )
         self.pipeline: Pipeline[psycopg.Connection, ViewChanges] = Pipeline(
             NAME,
             decode=self.decode,

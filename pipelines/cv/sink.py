@@ -71,9 +71,11 @@ class ViewSink:
         poison_limit: int = 100,
         view_retry_s: float = 30.0,
         changes_retention_s: float = 86_400.0,
+        feed_dead_letters_retention_s: float = 604_800.0,
     ) -> None:
         self.group_id = group_id
         self.changes_retention_s = changes_retention_s
+        self.feed_dead_letters_retention_s = feed_dead_letters_retention_s
         self.maintainers: dict[str, StreamMaintainer] = {}
         self.streams: tuple[str, ...] = ()  # the streams whose retention housekeeping runs
         self.poison_limit, self.view_retry_s = poison_limit, view_retry_s
@@ -112,7 +114,7 @@ class ViewSink:
             maintainer.forget_sessions()
 
     def housekeeping(self, conn: psycopg.Connection) -> None:
-        """Delete time buckets and recorded changes past retention, stop overrunning reads, retry quarantined views.
+        """Delete time buckets, recorded changes and feed dead letters past retention, stop overrunning reads, retry.
 
         The second duty sits here because the runner is the one service always running against the
         views' database: see migrations 0014 and 0016 for why PostgreSQL needs the help.
@@ -130,6 +132,10 @@ class ViewSink:
         pruned = conn.execute("SELECT cv.prune_view_changes(make_interval(secs => %s))", (self.changes_retention_s,))
         if count := pruned.fetchone()[0]:
             log.info("pruned recorded changes", rows=count, older_than_s=self.changes_retention_s)
+        retention = self.feed_dead_letters_retention_s
+        pruned = conn.execute("SELECT cv.prune_feed_dead_letters(make_interval(secs => %s))", (retention,))
+        if count := pruned.fetchone()[0]:
+            log.info("pruned feed dead letters", rows=count, older_than_s=retention)
 
     def _maintainer(self, name: str) -> StreamMaintainer:
         maintainer = self.maintainers.get(name)

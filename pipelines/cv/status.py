@@ -306,10 +306,18 @@ def feeds_table(feeds: list[FeedState]) -> str:
     if not feeds:
         return ""
     rows = [
-        (f.stream, f.upstream, f.lag, f.taken_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"), f.views, f.quarantined)
+        (
+            f.stream,
+            f.upstream,
+            f.lag,
+            f.taken_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S"),
+            f.views,
+            f.quarantined,
+            f.dead_letters,
+        )
         for f in feeds
     ]
-    columns = ("FEED", "UPSTREAM", "LAG (CHANGES)", "LAST TAKEN (UTC)", "VIEWS", "QUARANTINED")
+    columns = ("FEED", "UPSTREAM", "LAG (CHANGES)", "LAST TAKEN (UTC)", "VIEWS", "QUARANTINED", "DEAD LETTERS")
     return "\n\nviews over views\n" + table(columns, rows)
 
 

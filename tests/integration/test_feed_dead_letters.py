@@ -191,6 +191,23 @@ def test_a_row_divided_by_zero_is_one_dead_letter_and_the_rows_around_it_are_app
     assert [change["after"]["x"] for *_, change in dead_letters(writer, f"{schema}.t0")] == [1, 3, 5]
 
 
+def test_dead_letters_older_than_the_retention_are_pruned_and_the_others_kept(pg, chain):
+    schema, events, feed = chain["schema"], chain["events"], f"{chain['schema']}.t0"
+    with pg("sv_writer") as conn:  # one transaction, rolled back
+        apply_rows(conn, events, [1] * 3, [(1, 0), (2, 0), (3, 1)])
+        feed_all(conn, chain, 10_000)
+        fresh = [position for position, *_ in dead_letters(conn, feed)]
+        conn.execute(
+            "INSERT INTO cv.feed_dead_letters (feed, position, upstream, reader, reason, detail, pipeline, change,"
+            " rejected_at) VALUES (%s, -1, %s, %s, 'apply_error', 'old', 'test', '{}', now() - interval '8 days')",
+            (feed, feed, f"{schema}.t1"),
+        )
+        assert conn.execute("SELECT cv.prune_feed_dead_letters('7 days')").fetchone() == (1,)
+        assert [position for position, *_ in dead_letters(conn, feed)] == fresh
+        assert len(fresh) == 2
+        conn.rollback()
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_view_over_a_views_changes_dead_letters_the_changes_it_fails_on(pg, writer, views, seed):
     schema, clicks = views["schema"], views["clicks"]

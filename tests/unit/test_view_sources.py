@@ -112,5 +112,6 @@ def test_status_lists_each_feed_with_its_lag_and_views():
     }
     lines = feeds_table([feed]).splitlines()
     assert lines[2] == "views over views"
-    assert lines[-1].split() == ["web.per_minute", "web.per_minute", "2", "2026-11-26", "20:00:00", "web.hourly", "1"]
+    row = ["web.per_minute", "web.per_minute", "2", "2026-11-26", "20:00:00", "web.hourly", "1", "0"]
+    assert lines[-1].split() == row  # ... quarantined views, dead letters
     assert feeds_table([]) == ""
