@@ -19,7 +19,7 @@ import pytest
 
 from pipelines.cv import catalog
 from pipelines.cv.catalog import DefinitionBlocked
-from tests.integration.conftest import apply_rows, throwaway_views, unique
+from tests.integration.conftest import apply_rows, throwaway_views, unique, wait_for
 
 LOCK_TIMEOUT_S = catalog.LOCK_TIMEOUT_MS / 1000
 # What a batch of one row takes on a busy 2-core test machine, beyond any wait for a lock.
@@ -113,8 +113,7 @@ def test_a_reader_holding_a_view_open_delays_its_replace_and_drop_but_never_the_
             f"view {name} replaced; its storage is unchanged (only what is computed from it changed)"
         ]
         after = len(durations)
-        while len(durations) < after + 3:  # the writer goes on over the replaced view
-            time.sleep(0.01)
+        wait_for(lambda: len(durations) >= after + 3, interval=0.01, what="the writer over the replaced view")
     # Each attempt waited the lock timeout for the reader, then paused: the writer went on throughout.
     assert tried_for >= catalog.ATTEMPTS * LOCK_TIMEOUT_S
     assert len(during) > 10
