@@ -35,7 +35,7 @@ from tests.integration.conftest import (
 )
 from tests.integration.processes import stop_process
 from tests.integration.test_isolation import dead_letters, produce
-from tests.integration.test_pipeline_recovery import committed, high_watermarks, start_pipeline
+from tests.integration.test_pipeline_recovery import caught_up, committed, high_watermarks, start_pipeline
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 SCRIPT = Path(sys.executable).parent / "streamviews"
@@ -280,7 +280,7 @@ def exactly_once_through_a_kill(pg, kafka, stack, schema: str, stream: str, scen
     assert sum(committed(pg, scenario).values()) < len(given), "killed too late to prove anything"
     second = start_pipeline(stack, scenario)
     try:
-        wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="the restarted runner to catch up")
+        wait_for(lambda: caught_up(pg, scenario, ends), timeout=180, what="the restarted runner to catch up")
     finally:
         log = stop_process(second)
     assert "Traceback" not in log, log[-3000:]

@@ -28,6 +28,7 @@ from tests.integration.conftest import (
 from tests.integration.processes import stop_process
 from tests.integration.test_isolation import dead_letters, produce
 from tests.integration.test_pipeline_recovery import (
+    caught_up,
     committed,
     high_watermarks,
     produce_likes,
@@ -102,7 +103,7 @@ def test_a_runner_killed_mid_stream_leaves_changes_that_replay_to_the_view(pg, k
     assert sum(committed(pg, scenario).values()) < sum(ends.values()), "killed too late to prove anything"
     second = start_pipeline(stack, scenario)
     try:
-        wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="the restarted runner to catch up")
+        wait_for(lambda: caught_up(pg, scenario, ends), timeout=180, what="the restarted runner to catch up")
     finally:
         stop_process(second)
     check(pg, scenario, follower)
@@ -115,7 +116,7 @@ def test_two_runners_writing_one_view_commit_its_positions_in_order(pg, kafka, s
     follower.start()
     workers = [start_pipeline(stack, scenario, batch_max=100), start_pipeline(stack, scenario, batch_max=100)]
     try:
-        wait_for(lambda: committed(pg, scenario) == ends, timeout=180, what="two runners to consume everything")
+        wait_for(lambda: caught_up(pg, scenario, ends), timeout=180, what="two runners to consume everything")
     finally:
         logs = [stop_process(worker) for worker in workers]
     assert not any("deadlock detected" in log for log in logs)
@@ -157,7 +158,7 @@ def test_subscribe_prints_the_changes_and_waits_for_the_next(pg, stack, scenario
     ends = high_watermarks(kafka, scenario["topic"])
     runner = start_pipeline(stack, scenario)
     try:
-        wait_for(lambda: committed(pg, scenario) == ends, timeout=120, what="the runner to consume")
+        wait_for(lambda: caught_up(pg, scenario, ends), timeout=120, what="the runner to consume")
         with pg("sv_owner") as conn:
             changes = recorded(conn, view)
         done = subprocess.run(
