@@ -138,7 +138,9 @@ def create_triggers(
     for event, name in TRIGGERS.items():
         tables = {
             "INSERT": "NEW TABLE AS cv_rows",
-            "UPDATE": "OLD TABLE AS cv_old NEW TABLE AS cv_rows",
+            # Keys only: an UPDATE keeps its rows' keys, so the new rows name them; PostgreSQL then
+            # does not copy every updated row's old version into a transition table for nothing.
+            "UPDATE": "NEW TABLE AS cv_rows" if keys_only else "OLD TABLE AS cv_old NEW TABLE AS cv_rows",
             "DELETE": "OLD TABLE AS cv_rows",
         }[event]
         statements.append(
