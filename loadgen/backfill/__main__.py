@@ -221,6 +221,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
                     ("PIPELINE_BACKFILL_BATCH_MAX", args.backfill_batch_max),
                     ("PIPELINE_BACKFILL_PAUSE_S", args.backfill_pause_s),
                     ("PIPELINE_BACKFILL_NICE", args.backfill_nice),
+                    ("PIPELINE_BACKFILL_YIELD_LAG", args.backfill_yield_lag),
                 )
                 if value is not None
             }  # unset: the runner's defaults
@@ -331,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--backfill-nice", type=int, help="the runner's PIPELINE_BACKFILL_NICE (default: its own; 0: not niced)"
+    )
+    parser.add_argument(
+        "--backfill-yield-lag", type=int, help="the runner's PIPELINE_BACKFILL_YIELD_LAG (default: its own)"
     )
     parser.add_argument("--baseline-s", type=float, default=5.0, help="seconds of the load before the backfill")
     parser.add_argument(
