@@ -140,8 +140,7 @@ def stages(probe: RecordProbe, committed: dict[str, float]) -> dict[str, float]:
     return {
         "to_commit": percentile([committed[m] - probe.sent_at[m] for m in markers], 50),
         "to_record": percentile([probe.produced_at[m] - committed[m] for m in markers], 50),
-        "to_reader": percentile([1000 * s for s in probe.latencies], 50)
-        - percentile([probe.produced_at[m] - probe.sent_at[m] for m in markers], 50),
+        "to_reader": percentile([probe.read_at[m] - probe.produced_at[m] for m in markers], 50),
     }
 
 

@@ -154,6 +154,7 @@ class RecordProbe(Probe):
         self._seen: set[str] = set()
         self.sent_at: dict[str, float] = {}  # marker url -> when it was handed to the producer (epoch ms)
         self.produced_at: dict[str, float] = {}  # marker url -> its first record's Kafka timestamp (epoch ms)
+        self.read_at: dict[str, float] = {}  # marker url -> when this consumer read that record (epoch ms)
 
     def sent(self, marker: str, at: float) -> None:
         """Register a marker just before it is produced, with the wall clock its stages are timed by."""
@@ -184,5 +185,6 @@ class RecordProbe(Probe):
                 url = json.loads(message.key())["url"]
                 if url in self.sent_at and url not in self._seen:
                     self.produced_at[url] = message.timestamp()[1]  # CreateTime: the relay's produce()
+                    self.read_at[url] = time.time() * 1000
                 self._seen.add(url)
         return [m for m in markers if m in self._seen]
