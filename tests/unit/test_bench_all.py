@@ -27,10 +27,13 @@ from loadgen.common.report import (
     full_labels,
 )
 from loadgen.friends.__main__ import result_of
+from loadgen.sink.__main__ import stages as sink_latency_stages
+from loadgen.sink.runs import RecordProbe
 from loadgen.suite.benchmarks import SUITE, by_name, load_result
 from loadgen.suite.markdown import Plot, RunInfo, Section, render
 from loadgen.suite.plots import baseline_points, load_likes_at_size, make_plots, rate_over_time
 from loadgen.suite.progress import Display, Outcome, failure_reason, mmss, run_child
+from pipelines.settings import KafkaSettings
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -311,6 +314,18 @@ def test_friends_figures_compare_now_with_the_seed_against_the_heavy_tail_target
     assert results.values["heavy_seed_p99"] == 60.0
     assert ("heavy: now p99 (ms)", "heavy_now_p99", ".3f") in rows
     assert [(c.figure, c.reference, c.target) for c in comparisons] == [("heavy_now", "heavy_seed", 3.0)]
+
+
+def test_the_sink_latency_splits_into_the_median_of_each_markers_own_stages():
+    probe = RecordProbe("sink-topic", KafkaSettings())
+    # marker -> (sent, its batch's transaction began, the relay produced its record, read), epoch ms
+    times = {"/marker/0": (0, 100, 400, 420), "/marker/1": (20, 300, 500, 530), "/marker/2": (40, 240, 900, 910)}
+    for marker, (sent, _, produced, read) in times.items():
+        probe.sent_at[marker], probe.produced_at[marker], probe.read_at[marker] = sent, produced, read
+    probe.sent_at["/marker/3"] = 60  # never read: left out
+    committed = {marker: times[marker][1] for marker in times} | {"/marker/3": 70.0}
+    assert sink_latency_stages(probe, committed) == {"to_commit": 200, "to_record": 300, "to_reader": 20}
+    assert sink_latency_stages(probe, {}) == {}
 
 
 def test_a_failure_is_one_line_taken_from_the_traceback_or_the_last_error_logged():
