@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import subprocess
 import sys
 from datetime import UTC, date, datetime, timedelta
@@ -63,12 +62,6 @@ def start_puller(stack, log: AuditSettings, logs: Path | None = None) -> subproc
         return subprocess.Popen(
             [sys.executable, "-m", "pipelines.audit.puller"], env=env, stdout=subprocess.DEVNULL, stderr=stderr
         )
-
-
-def stop(process: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if process.poll() is None:
-        process.send_signal(sig)
-    process.wait(timeout=60)
 
 
 def event(uid: int, ts: datetime, rng: random.Random, **extra: str) -> bytes:

@@ -29,10 +29,10 @@ from tests.integration.audit_support import (
     pull_until_caught_up,
     rows_in_postgres,
     start_writer,
-    stop,
     write,
 )
 from tests.integration.conftest import unique, wait_for
+from tests.integration.processes import stop_process
 
 
 @pytest.fixture
@@ -99,7 +99,7 @@ def test_malformed_audit_events_go_to_the_dead_letter_topic_and_good_ones_are_al
     try:
         wait_for(lambda: len(rows_in_postgres(pg, audit_log)) == good, timeout=60, what="the good events")
     finally:
-        stop(writer)
+        stop_process(writer)
 
     with pg("sv_owner") as conn:
         counted = dict(

@@ -24,9 +24,9 @@ from tests.integration.audit_support import (
     rows_in_postgres,
     start_puller,
     start_writer,
-    stop,
 )
 from tests.integration.conftest import unique, wait_for
+from tests.integration.processes import stop_process
 
 
 def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_factory, audit_log, tmp_path):
@@ -61,7 +61,7 @@ def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_f
     running = {"writer": writer, "puller": puller}
 
     def restart(name: str) -> None:
-        stop(running[name], signal.SIGKILL)  # no chance to finish anything
+        stop_process(running[name], signal.SIGKILL)  # no chance to finish anything
         running[name] = (
             start_writer(stack, audit_log, topic, group)
             if name == "writer"
@@ -130,7 +130,7 @@ def test_chaos_leaves_exactly_one_document_per_row(stack, pg, es, kafka, topic_f
         )
     finally:
         for process in running.values():
-            stop(process)
+            stop_process(process)
 
     ids = ids_in_elasticsearch(es, audit_log)
     assert len(ids) == len(set(ids)), "a row was indexed twice"

@@ -30,6 +30,7 @@ from tests.integration.conftest import (
     unique,
     wait_for,
 )
+from tests.integration.processes import stop_process
 from tests.integration.test_isolation import produce
 from tests.integration.test_views_over_views import feed_all
 
@@ -191,8 +192,7 @@ def test_combine_over_a_chain_after_a_runner_is_killed_equals_the_raw_aggregates
         try:
             wait_for(lambda: daily_n(conn) > 0, timeout=120, interval=0.05, what="the chain to move")
         finally:
-            first.send_signal(signal.SIGKILL)
-            first.wait(30)
+            stop_process(first, signal.SIGKILL, timeout=30)
         second = start_runner(stack, group)
         try:
             levels = ("hourly", "daily", "daily_changes")

@@ -34,6 +34,7 @@ from tests.integration.conftest import (
     unique,
     wait_for,
 )
+from tests.integration.processes import stop_process
 from tests.integration.test_pipeline_recovery import PARTITIONS, committed, high_watermarks
 
 THRESHOLD = 2  # ratio's (new).total / ((new).n - 2) divides by zero when a url's count reaches 2
@@ -331,8 +332,7 @@ def test_through_a_runner_killed_mid_stream_each_bad_row_is_one_dead_letter_and_
         runner = start_runner(stack, group, **settings)
         letters = f"SELECT count(*) FROM cv.feed_dead_letters WHERE feed = '{name}.t0'"
         wait_for(lambda: conn.execute(letters).fetchone()[0] > 5, what="some rows dead-lettered")
-        runner.send_signal(signal.SIGKILL)
-        runner.wait(30)
+        stop_process(runner, signal.SIGKILL, timeout=30)
         runner = start_runner(stack, group, **settings)
         try:
             marks = {p: end for p, end in high_watermarks(kafka, topic).items() if end}  # partitions with events

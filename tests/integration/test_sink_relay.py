@@ -31,7 +31,7 @@ from tests.integration.conftest import (
     unique,
     wait_for,
 )
-from tests.integration.processes import spawn
+from tests.integration.processes import spawn, stop_process
 
 PARTITIONS = 3
 THRESHOLD = 3
@@ -77,11 +77,6 @@ def start_relay(stack, scenario) -> subprocess.Popen:
 
 def runner(stack, scenario) -> subprocess.Popen:
     return start_runner(stack, scenario["group"], PIPELINE_BATCH_MAX="50")
-
-
-def kill(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGKILL)
-    process.communicate(timeout=60)
 
 
 class Events:
@@ -212,7 +207,7 @@ def test_an_upsert_topic_rebuilds_the_view_after_kill_9_of_the_relay_and_the_run
             start = position(pg, objects_sink)
             wait_for(lambda s=start: position(pg, objects_sink) > s + rng.randint(0, 30), interval=0.02)
             victim = relay if rng.random() < 0.5 else runner_process
-            kill(victim)
+            stop_process(victim, signal.SIGKILL)
             if victim is relay:
                 relay = start_relay(stack, scenario)
             else:

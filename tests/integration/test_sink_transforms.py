@@ -7,13 +7,13 @@ position), keyed by the transform's key and filtered by the sink's `where` over 
 
 from __future__ import annotations
 
-import signal
 from datetime import UTC, datetime
 
 import pytest
 
 from pipelines.cv import catalog
 from tests.integration.conftest import apply_rows, delete_topics, throwaway_views, unique, wait_for
+from tests.integration.processes import stop_process
 from tests.integration.test_sink_relay import read_topic, start_relay
 
 NOW = datetime.now(UTC)
@@ -51,8 +51,7 @@ def test_a_transforms_rows_reach_its_sink_once_filtered_and_keyed(stack, pg, kaf
         wait_for(lambda: _count(kafka, scenario["topic"]) == 3, timeout=60, what="the transform's rows on the topic")
         records = read_topic(kafka, scenario["topic"])
     finally:
-        relay.send_signal(signal.SIGTERM)
-        relay.communicate(timeout=60)
+        stop_process(relay)
     by_position = sorted((position, key, value["after"]) for key, value, position in records)
     assert [(key, after) for _, key, after in by_position] == [
         ('{"url": "/a"}', {"url": "/a", "ms": 150}),

@@ -22,6 +22,7 @@ from pipelines.cv import catalog
 from pipelines.cv.model import DefinitionError
 from pipelines.cv.status import runner_status, status_table
 from tests.integration.conftest import delete_topics, start_runner, stop_runner, throwaway_views, unique, wait_for
+from tests.integration.processes import stop_process
 
 pytestmark = pytest.mark.integration
 
@@ -130,8 +131,7 @@ def test_a_runner_killed_before_its_first_commit_restarts_where_latest_was_resol
         runner = start_runner(stack, group)
         wait_for(lambda: len(stored_offsets(pg, group, topic)) == PARTITIONS, what="latest resolved and stored")
         resolved = stored_offsets(pg, group, topic)
-        runner.send_signal(signal.SIGKILL)  # no batch was committed: nothing was produced since
-        runner.communicate(timeout=60)
+        stop_process(runner, signal.SIGKILL)  # no batch was committed: nothing was produced since
         assert resolved == {p: 35 for p in range(PARTITIONS)}  # 70 events before it, over two partitions
 
         produce(kafka, topic, "meanwhile", 10)  # while no runner runs: after the start, so counted

@@ -9,7 +9,6 @@ Each test runs its own stream runner and inbox relay, for streams of their own c
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 
@@ -112,8 +111,7 @@ def test_a_value_of_the_wrong_type_fails_the_insert_and_a_broken_rule_is_dead_le
             consumer.close()
         assert json.loads(message)["url"] is None
     finally:
-        relay.send_signal(signal.SIGTERM)
-        relay.communicate(timeout=60)
+        stop_process(relay)
 
 
 def _value(consumer: Consumer) -> bytes | None:
@@ -172,5 +170,4 @@ def test_kill_9_of_the_relay_while_rows_are_written_loses_and_doubles_nothing(st
                     relay = start_relay(stack, setup["group"])
         wait_for(lambda: counts(pg, f"{schema}.clicks").get("kill", (0, 0))[0] == before + 3000, timeout=90)
     finally:
-        relay.send_signal(signal.SIGTERM)
-        relay.communicate(timeout=60)
+        stop_process(relay)

@@ -14,6 +14,7 @@ import signal
 import pytest
 
 from tests.integration.conftest import as_stream_table, start_runner, stop_runner, throwaway_views, unique, wait_for
+from tests.integration.processes import stop_process
 from tests.integration.test_pipeline_recovery import PARTITIONS, committed, high_watermarks, produce_likes
 
 BUCKETS = "SELECT oid % 20 AS bucket, count(*) AS n, count(DISTINCT uid) AS fans FROM {src} GROUP BY 1"
@@ -65,8 +66,7 @@ def test_a_chain_fed_by_a_runner_killed_mid_stream_equals_the_raw_events_aggrega
             ),
             what="both feeds moving",
         )
-        runner.send_signal(signal.SIGKILL)
-        runner.wait(30)
+        stop_process(runner, signal.SIGKILL, timeout=30)
         runner = start_runner(stack, scenario["group"], PIPELINE_BATCH_MAX="200", PIPELINE_FEED_PAGE="50")
         try:
             marks = {p: end for p, end in high_watermarks(kafka, scenario["topic"]).items() if end}  # with events
