@@ -114,10 +114,10 @@ class StreamRunner:
         self.clients = clients or ConfluentClients(kafka)
         self.sink = ViewSink(
             group_id,
-            settings.poison_limit,
-            settings.view_retry_s,
-            settings.changes_retention_s,
-            settings.feed_dead_letters_retention_s,
+            poison_limit=settings.poison_limit,
+            view_retry_s=settings.view_retry_s,
+            changes_retention_s=settings.changes_retention_s,
+            feed_dead_letters_retention_s=settings.feed_dead_letters_retention_s,
         )
         self.pipeline: Pipeline[psycopg.Connection, ViewChanges] = Pipeline(
             NAME,

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from pipelines.cv import isolation
 from pipelines.cv.engine import StreamDropped, StreamMaintainer
@@ -129,13 +130,15 @@ class ViewSink:
                 continue
             if deleted:
                 log.info("expired time buckets", stream=name, rows=deleted)
-        pruned = conn.execute("SELECT cv.prune_view_changes(make_interval(secs => %s))", (self.changes_retention_s,))
-        if count := pruned.fetchone()[0]:
-            log.info("pruned recorded changes", rows=count, older_than_s=self.changes_retention_s)
-        retention = self.feed_dead_letters_retention_s
-        pruned = conn.execute("SELECT cv.prune_feed_dead_letters(make_interval(secs => %s))", (retention,))
-        if count := pruned.fetchone()[0]:
-            log.info("pruned feed dead letters", rows=count, older_than_s=retention)
+        for prune, retention_s, event in (
+            ("prune_view_changes", self.changes_retention_s, "pruned recorded changes"),
+            ("prune_feed_dead_letters", self.feed_dead_letters_retention_s, "pruned feed dead letters"),
+        ):
+            pruned = conn.execute(
+                sql.SQL("SELECT {}(make_interval(secs => %s))").format(sql.Identifier("cv", prune)), (retention_s,)
+            )
+            if count := pruned.fetchone()[0]:
+                log.info(event, rows=count, older_than_s=retention_s)
 
     def _maintainer(self, name: str) -> StreamMaintainer:
         maintainer = self.maintainers.get(name)
