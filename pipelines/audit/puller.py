@@ -60,6 +60,7 @@ from pipelines.audit import bulk, elastic, retention
 from pipelines.audit.bulk import PullerError, document
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger
+from pipelines.runtime.interpreter import tune_for_batches
 from pipelines.settings import (
     AuditSettings,
     ElasticsearchSettings,
@@ -441,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         metrics=metrics_settings.describe(),
     )
     metrics.serve(metrics_settings, "ctid_puller", metrics.PULLER_FAMILIES)
+    tune_for_batches()
     with elastic.client(es_settings) as es:
         CtidPuller(
             postgres.conninfo(),

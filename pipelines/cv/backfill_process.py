@@ -38,6 +38,7 @@ from pipelines.cv.backfill_priority import BackendPriority
 from pipelines.cv.engine import declared_streams
 from pipelines.cv.stream_choice import StreamChoice
 from pipelines.logs import configure_logging, get_logger
+from pipelines.runtime.interpreter import tune_for_batches
 from pipelines.settings import KafkaSettings, PipelineSettings, PostgresSettings
 
 log = get_logger("cv.backfill")
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("backfill process running", nice=os.nice(0), group_id=args.group)
     priority = BackendPriority(settings.backfill_nice)  # every session of this process, as the process itself
     runs = _CatalogStreams(conninfo, choice, settings.catalog_poll_s, priority)
+    tune_for_batches()
     Backfiller(conninfo, KafkaSettings(), settings, runs, priority).run(stop)
     return 0
 

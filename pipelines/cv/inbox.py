@@ -47,6 +47,7 @@ from pipelines.cv import catalog
 from pipelines.cv.catalog import stream_inserts
 from pipelines.cv.model import StreamDef
 from pipelines.logs import configure_logging, get_logger
+from pipelines.runtime.interpreter import tune_for_batches
 from pipelines.runtime.topics import ensure_topics
 from pipelines.settings import InboxSettings, KafkaSettings, MetricsSettings, PipelineSettings, PostgresSettings
 
@@ -331,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     relay = InboxRelay(postgres, kafka, settings, pipeline.topic_partitions, group_id, pipeline.heartbeat_file)
     signal.signal(signal.SIGTERM, lambda *_: relay.stop())
     signal.signal(signal.SIGINT, lambda *_: relay.stop())
+    tune_for_batches()
     relay.run()
     log.info("inbox relay stopped")
     return 0

@@ -25,7 +25,6 @@ in-memory doubles of pipelines/runtime/testing/, and drive it `step()` by step.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -44,6 +43,7 @@ from pipelines.runtime.checkpoint import Batch, Checkpoint, Fenced, P, Sink, par
 from pipelines.runtime.clients import ConsumerClient, KafkaClients
 from pipelines.runtime.deadletter import DeadLetters
 from pipelines.runtime.events import InvalidEvent
+from pipelines.runtime.interpreter import tune_for_batches
 from pipelines.runtime.offsets import C, OffsetStore
 from pipelines.runtime.starts import Start, begin, needs_resolving
 from pipelines.runtime.topic_ids import check_topic_ids
@@ -182,10 +182,7 @@ class Pipeline(Generic[C, P]):
         """
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
-        # The committer thread gives up the GIL at every round trip to PostgreSQL and must win it back
-        # from the decoding thread: with the default 5 ms switch interval each round trip could wait
-        # that long, which adds up over a batch's dozen statements.
-        sys.setswitchinterval(0.0005)
+        tune_for_batches()  # GIL hand-offs and garbage collection for batches (pipelines.runtime.interpreter)
         log.info("pipeline started", pipeline=self.name, sink=str(self.sink), group_id=self.group_id)
         try:
             while self.running:

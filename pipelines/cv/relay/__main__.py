@@ -11,6 +11,7 @@ from pipelines import metrics
 from pipelines.cv.relay.publish import Publisher, producer_config
 from pipelines.cv.relay.service import Relay, log
 from pipelines.logs import configure_logging
+from pipelines.runtime.interpreter import tune_for_batches
 from pipelines.runtime.topics import ensure_topics
 from pipelines.settings import KafkaSettings, MetricsSettings, PipelineSettings, PostgresSettings, SinkSettings
 
@@ -46,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
 
     publisher = Publisher(producer, ensure_dead_letter_topic)
     try:
+        tune_for_batches()
         relay = Relay(postgres.conninfo(), publisher, kafka.bootstrap_servers, settings, pipeline, args.group)
         relay.run()
     finally:
