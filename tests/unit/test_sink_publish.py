@@ -14,10 +14,20 @@ from pipelines.cv.relay.records import Record, records
 
 
 class FakeProducer:
-    """produce() queues, flush() delivers; `refuse` maps a key to the error its delivery reports."""
+    """produce() queues, flush() delivers; `refuse` maps a key to the error its delivery reports.
 
-    def __init__(self, refuse: dict[bytes, int] | None = None, too_large: frozenset[bytes] = frozenset()) -> None:
-        self.refuse, self.too_large = refuse or {}, too_large
+    As the broker does, a record of a `poison` key makes its whole batch refused as too large: the
+    records flushed together, or each `batch_size` of them in queue order.
+    """
+
+    def __init__(
+        self,
+        refuse: dict[bytes, int] | None = None,
+        too_large: frozenset[bytes] = frozenset(),
+        poison: frozenset[bytes] = frozenset(),
+        batch_size: int = 1_000_000,
+    ) -> None:
+        self.refuse, self.too_large, self.poison, self.batch_size = refuse or {}, too_large, poison, batch_size
         self.queued: list[tuple] = []
         self.delivered: list[tuple[str, bytes, bytes | None, dict[str, bytes]]] = []
 
@@ -30,8 +40,14 @@ class FakeProducer:
         return 0
 
     def flush(self, _timeout=0):
-        for topic, key, value, headers, on_delivery in self.queued:
+        refused_batches: set[int] = set()
+        for index, (topic, key, *_) in enumerate(self.queued):
+            if key in self.poison and not topic.endswith(".dlq"):
+                refused_batches.add(index // self.batch_size)
+        for index, (topic, key, value, headers, on_delivery) in enumerate(self.queued):
             code = None if topic.endswith(".dlq") else self.refuse.get(key)
+            if index // self.batch_size in refused_batches and not topic.endswith(".dlq"):
+                code = KafkaError.MSG_SIZE_TOO_LARGE
             if code is None:
                 self.delivered.append((topic, key, value, dict(headers)))
             on_delivery(None if code is None else KafkaError(code), None)
@@ -62,6 +78,25 @@ def test_a_record_kafka_refuses_for_what_it_is_goes_to_the_dead_letter_topic_wit
     letters = [(k, h["dlq.reason"], h["streamviews.position"]) for t, k, _, h in producer.delivered if t == "t.dlq"]
     assert sorted(letters) == [(b"big", b"refused", b"1"), (b"huge", b"refused", b"2")]
     assert [k for t, k, _, _ in producer.delivered if t == "t"] == [b"ok"]
+
+
+def test_good_records_refused_with_a_bad_one_in_its_batch_are_delivered_and_only_the_bad_one_dead_lettered():
+    producer = FakeProducer(poison=frozenset({b"big"}))
+    dead = Publisher(producer).publish("s", "public.v", "t", [record(1, "a"), record(2, "big"), record(3, "b")])
+    assert dead == 1
+    assert [(k, h["streamviews.position"]) for t, k, _, h in producer.delivered if t == "t.dlq"] == [(b"big", b"2")]
+    assert [k for t, k, _, _ in producer.delivered if t == "t"] == [b"a", b"b"]
+
+
+def test_after_a_refused_batch_each_key_still_ends_with_its_last_record():
+    # Batches of two: (big, a@2) refused, (a@3, b@4) delivered. a@2 is produced again, and a@3 after it.
+    producer = FakeProducer(poison=frozenset({b"big"}), batch_size=2)
+    page = [record(1, "big"), record(2, "a"), record(3, "a"), record(4, "b")]
+    dead = Publisher(producer).publish("s", "public.v", "t", page)
+    assert dead == 1
+    on_topic = [(k, int(h["streamviews.position"])) for t, k, _, h in producer.delivered if t == "t"]
+    assert on_topic == [(b"a", 3), (b"b", 4), (b"a", 2), (b"a", 3)]  # a's last record is its last change
+    assert [k for t, k, _, _ in producer.delivered if t == "t.dlq"] == [b"big"]
 
 
 def test_a_delivery_kafka_fails_for_its_own_sake_fails_the_page():

@@ -10,6 +10,14 @@ A record Kafka refuses for what it is (too large for the topic) goes to `<topic>
 reason in `dlq.*` headers (as a stream's dead letters do, pipelines.runtime.deadletter) and the
 sink moves on; a delivery that fails for Kafka's sake (brokers away, a timeout) fails the page,
 which is produced again later from the same position.
+
+The broker refuses a whole request's batch when one record of it is too large for the topic, and
+reports every record of the batch as too large: the good ones beside the bad one too. So a record
+refused in the broker's delivery report is produced again alone, and dead-lettered only if it is
+refused alone as well (librdkafka's own size check, which refuses a record at `produce()`, needs no
+second try). Produced again too, after them, are the page's later records of the same keys, so
+that a key's records still arrive in position order; their first copies, if delivered, stay ahead
+of them with the same positions (what at-least-once allows after a crash, docs/results.md).
 """
 
 from __future__ import annotations
@@ -112,7 +120,22 @@ class Publisher:
         Raises:
             DeliveryError: Some record was neither acknowledged nor dead-lettered (Kafka's failure).
         """
+        records = list(records)
         page = _Page()
+        refused_alone = self._produce_page(sink, view, topic, records, page)
+        self._wait(sink, page, timeout)
+        if page.refused:  # refused in a batch: its good records with the bad ones
+            refused_alone += self._one_by_one(sink, view, topic, records, page, timeout)
+        page.refused = refused_alone
+        if refused_alone:
+            self._dead_letter(sink, view, topic, page, timeout)
+        return len(refused_alone)
+
+    def _produce_page(
+        self, sink: str, view: str, topic: str, records: list[Record], page: _Page
+    ) -> list[tuple[Record, str]]:
+        """Produce `records`, their reports into `page`; those librdkafka refuses at once, with why."""
+        refused: list[tuple[Record, str]] = []
         for index, record in enumerate(records):
             headers = _headers(sink, view, record.position)
             try:
@@ -121,14 +144,31 @@ class Publisher:
                 error = e.args[0]
                 if error.code() not in RECORD_ERRORS:
                     raise DeliveryError(f"sink {sink}: cannot produce to {topic}: {error.str()}") from e
-                page.refused.append((record, error.str()))
+                refused.append((record, error.str()))
             if index % _POLL_EVERY == 0:
                 self._producer.poll(0)  # serve the producer's events (failed reports) now and then
-        self._wait(sink, page, timeout)
-        dead = len(page.refused)
-        if dead:
-            self._dead_letter(sink, view, topic, page, timeout)
-        return dead
+        return refused
+
+    def _one_by_one(
+        self, sink: str, view: str, topic: str, records: list[Record], page: _Page, timeout: float
+    ) -> list[tuple[Record, str]]:
+        """The records the broker refused in a batch, and the later ones of their keys, each produced alone.
+
+        Returns those refused alone: the records that are too large themselves.
+        """
+        first: dict[bytes, int] = {}  # each refused key's first refused position
+        for record, _ in page.refused:
+            first[record.key] = min(first.get(record.key, record.position), record.position)
+        page.refused = []
+        again = [r for r in records if r.key in first and r.position >= first[r.key]]
+        log.warning("sink records refused in a batch; producing them one by one", sink=sink, records=len(again))
+        refused: list[tuple[Record, str]] = []
+        for record in again:
+            alone = _Page()
+            refused += self._produce_page(sink, view, topic, [record], alone)
+            self._wait(sink, alone, timeout)  # its own request: nothing else is queued
+            refused += alone.refused
+        return refused
 
     def _produce(
         self,
