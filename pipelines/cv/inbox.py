@@ -22,6 +22,12 @@ snapshot never change and the page was the first of them in (xid, id) order. The
 reads topics read_committed (the client's default), so it sees each row once, or not at all until
 its transaction commits. A row goes as soon as its transaction commits: nothing waits for others.
 
+A row Kafka refuses for what it is (larger than the producer or the topic takes) goes to
+`<topic>.dlq` in its page's transaction, with `dlq.*` headers, and the rows beside it go on: one
+librdkafka refuses at `produce()` is known at once; one the broker refuses fails the whole
+transaction (the broker refuses its batch), so that page is published again one row per
+transaction, and the row that fails alone is dead-lettered when read next.
+
 A relay serves the streams of one consumer group (`--group G`: those declared with consumer_group
 G; by default those declared without), with a transactional id and a progress key of that group's.
 DROP STREAM deletes the stream's rows not yet published (pipelines.cv.catalog.stream_inserts).
@@ -47,6 +53,7 @@ from pipelines.cv import catalog
 from pipelines.cv.catalog import stream_inserts
 from pipelines.cv.model import StreamDef
 from pipelines.logs import configure_logging, get_logger
+from pipelines.runtime.deadletter import DEAD_LETTER_VALUE_MAX, RECORD_ERRORS, dead_letter_topic
 from pipelines.runtime.interpreter import tune_for_batches
 from pipelines.runtime.topics import ensure_topics
 from pipelines.settings import InboxSettings, KafkaSettings, MetricsSettings, PipelineSettings, PostgresSettings
@@ -149,6 +156,10 @@ class InboxRelay:
         self._streams: dict[str, StreamDef] = {}
         self._catalog_version: int | None = None
         self._topics: set[str] = set()
+        # After a page Kafka refused for one of its records: its rows one per transaction, up to its
+        # last row; and the rows refused alone, by (xid, id), with why (dead-lettered when next read).
+        self._one_by_one_until: tuple[int, int] | None = None
+        self._refused: dict[tuple[int, int], str] = {}
 
     def stop(self) -> None:
         """Finish the page in hand, then return from run()."""
@@ -194,32 +205,85 @@ class InboxRelay:
         rows = conn.execute(
             "SELECT pg_current_snapshot()::text, xid::text::bigint, id, stream, payload::text, inserted_at"
             " FROM cv.stream_inbox WHERE stream = ANY(%s) ORDER BY xid, id LIMIT %s",
-            (sorted(streams), self.settings.page),
+            (sorted(streams), 1 if self._one_by_one_until else self.settings.page),
         ).fetchall()
         if not rows:
+            self._one_by_one_until = None
             return 0
         page = Page(rows[0][0], tuple(sorted(streams)), rows[-1][1], rows[-1][2])
         producer = self._producer
         assert producer is not None
         published: dict[str, int] = {}
+        dead: dict[str, int] = {}  # dead letters per stream topic
         producer.begin_transaction()
         try:
-            for _, _, _, name, payload, inserted_at in rows:
+            for _, xid, row_id, name, payload, inserted_at in rows:
                 stream = streams[name]
                 self._ensure_topic(stream)
                 value, key = encode(stream, payload)
-                producer.produce(stream.topic, value=value, key=key, timestamp=int(inserted_at.timestamp() * 1000))
-                producer.poll(0)
-                published[name] = published.get(name, 0) + 1
+                reason = self._refused.pop((xid, row_id), None)
+                if reason is None:
+                    reason = self._produce(producer, stream, value, key, int(inserted_at.timestamp() * 1000))
+                if reason is None:
+                    published[name] = published.get(name, 0) + 1
+                else:
+                    self._dead_letter(producer, stream, value, key, reason)
+                    dead[stream.topic] = dead.get(stream.topic, 0) + 1
             producer.produce(PROGRESS_TOPIC, key=self.progress_key, value=page.encode())
             producer.commit_transaction(self.settings.commit_timeout_s)
         except KafkaException as e:
             self._abort(producer, e)
-            raise
+            if not _refused_record(e):
+                raise
+            self._refused_in(page, rows, e)
+            return 0
         self._delete(conn, page)
+        if self._one_by_one_until and (page.xid, page.id) >= self._one_by_one_until:
+            self._one_by_one_until = None
         for name, n in published.items():
             metrics.INBOX_PUBLISHED.labels(name).inc(n)
+        for topic, n in dead.items():
+            metrics.DEAD_LETTERS.labels("inbox", topic, "refused").inc(n)
         return len(rows)
+
+    def _produce(self, producer: Producer, stream: StreamDef, value: bytes, key: bytes | None, ts: int) -> str | None:
+        """A row to its stream's topic; None, or why librdkafka refused it at once (larger than it sends)."""
+        try:
+            producer.produce(stream.topic, value=value, key=key, timestamp=ts)
+        except KafkaException as e:
+            if not _refused_record(e):
+                raise
+            return e.args[0].str()
+        producer.poll(0)
+        return None
+
+    def _refused_in(self, page: Page, rows: list[tuple[Any, ...]], error: KafkaException) -> None:
+        """The broker refused a record of the page, and with it the rest of its batch: which one is it?
+
+        A page of one row: that row, dead-lettered when read next. A page of several: its rows are
+        published again one per transaction, up to its last, to find it.
+        """
+        if len(rows) == 1:
+            self._refused[(page.xid, page.id)] = error.args[0].str()
+            log.warning("a row refused by Kafka; dead-lettering it", xid=page.xid, id=page.id)
+        else:
+            self._one_by_one_until = (page.xid, page.id)
+            log.warning("a row of a page refused by Kafka; publishing the page a row at a time", rows=len(rows))
+
+    def _dead_letter(self, producer: Producer, stream: StreamDef, value: bytes, key: bytes | None, reason: str) -> None:
+        """A row the stream's topic refuses, to `<topic>.dlq` in the page's transaction: its key and why.
+
+        Its value too while it is under DEAD_LETTER_VALUE_MAX; the row is gone from the inbox once
+        the transaction commits, as a published one is.
+        """
+        topic = dead_letter_topic(stream.topic)
+        if topic not in self._topics:
+            ensure_topics(self.kafka.bootstrap_servers, {topic: stream.partitions or self.partitions})
+            self._topics.add(topic)
+        headers = [("dlq.reason", b"refused"), ("dlq.detail", reason.encode()), ("dlq.topic", stream.topic.encode())]
+        kept = value if len(value) <= DEAD_LETTER_VALUE_MAX else None
+        producer.produce(topic, value=kept, key=key, headers=[*headers, ("dlq.pipeline", b"inbox")])
+        log.warning("row dead-lettered", stream=stream.name, topic=topic, reason=reason, bytes=len(value))
 
     def _delete(self, conn: psycopg.Connection, page: Page) -> int:
         """The page's rows out of the inbox, once Kafka holds them (a seam the tests cut)."""
@@ -268,6 +332,12 @@ class InboxRelay:
         )
         producer.init_transactions(self.settings.commit_timeout_s)  # fences any earlier incarnation
         return producer
+
+
+def _refused_record(error: KafkaException) -> bool:
+    """True when Kafka refused a record for what it is (too large): the records around it can go on."""
+    kafka_error = error.args[0] if error.args else None
+    return isinstance(kafka_error, KafkaError) and kafka_error.code() in RECORD_ERRORS
 
 
 def last_published(kafka: KafkaSettings, key: bytes, timeout: float = 30.0) -> Page | None:

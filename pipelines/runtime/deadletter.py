@@ -30,6 +30,19 @@ class DeadLetterError(StreamviewsError):
     transient = True  # Kafka's, not the batch's: the batch is retried after a back-off
 
 
+# Errors that say a record itself cannot be written to its topic, whatever the retries (larger than
+# the topic or the producer takes): such a record is dead-lettered, the records around it go on.
+RECORD_ERRORS = frozenset(
+    {
+        confluent_kafka.KafkaError.MSG_SIZE_TOO_LARGE,
+        confluent_kafka.KafkaError.RECORD_LIST_TOO_LARGE,
+        confluent_kafka.KafkaError.INVALID_RECORD,
+    }
+)
+# The largest value a dead letter of a refused record carries (the broker's default limit is 1 MiB).
+DEAD_LETTER_VALUE_MAX = 512 * 1024
+
+
 def dead_letter_topic(topic: str) -> str:
     """The dead-letter topic of a source topic: `likes` -> `likes.dlq`."""
     return f"{topic}.dlq"

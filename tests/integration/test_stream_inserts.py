@@ -14,8 +14,10 @@ import sys
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import NewTopic
 
+from pipelines.cv import catalog
 from pipelines.cv.inbox import InboxRelay
 from pipelines.settings import InboxSettings, PostgresSettings
 from tests.integration.conftest import (
@@ -171,3 +173,64 @@ def test_kill_9_of_the_relay_while_rows_are_written_loses_and_doubles_nothing(st
         wait_for(lambda: counts(pg, f"{schema}.clicks").get("kill", (0, 0))[0] == before + 3000, timeout=90)
     finally:
         stop_process(relay)
+
+
+def test_a_row_too_large_for_its_topic_is_dead_lettered_and_the_rows_beside_it_are_published(
+    stack, pg, kafka, admin, setup
+):
+    # The broker refuses the whole batch of the large row, the rows of its transaction with it.
+    topic, stream = unique("it-inbox-small"), f"{setup['schema']}_small"
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "2000"})])[topic].result(30)
+    with pg("sv_owner", autocommit=True) as conn:
+        catalog.define(
+            conn,
+            f"CREATE STREAM {stream} (url text, body text)"
+            f" WITH (topic = '{topic}', consumer_group = '{setup['group']}')",
+        )
+    relay = start_relay(stack, setup["group"])
+    try:
+        with pg("sv_writer", autocommit=True) as conn:
+            with conn.transaction():
+                conn.execute(f"INSERT INTO {stream} (url, body) VALUES ('a', 'x')")
+                conn.execute(  # 12,800 hex digits: no compression brings them under 2,000 bytes
+                    f"INSERT INTO {stream} (url, body)"
+                    " SELECT 'big', string_agg(md5(random()::text), '') FROM generate_series(1, 400)"
+                )
+                conn.execute(f"INSERT INTO {stream} (url, body) VALUES ('b', 'y')")
+            conn.execute(f"INSERT INTO {stream} (url, body) VALUES ('after', 'z')")
+        wait_for(lambda: len(records_of(kafka, topic)) == 3, timeout=60, what="the rows beside the large one")
+        assert [json.loads(value)["url"] for value, _ in records_of(kafka, topic)] == ["a", "b", "after"]
+        [(value, headers)] = wait_for(lambda: records_of(kafka, f"{topic}.dlq"), timeout=30, what="the dead letter")
+        assert json.loads(value)["url"] == "big"
+        assert headers["dlq.reason"] == b"refused"
+        assert b"too large" in headers["dlq.detail"]
+        with pg("sv_owner") as conn:
+            assert conn.execute("SELECT count(*) FROM cv.stream_inbox WHERE stream = %s", (stream,)).fetchone()[0] == 0
+    finally:
+        stderr = stop_process(relay)
+        with pg("sv_owner", autocommit=True) as conn:
+            catalog.define(conn, f"DROP STREAM {stream}")
+        delete_topics([topic, f"{topic}.dlq"])
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
+def records_of(kafka, topic: str) -> list[tuple[bytes, dict[str, bytes]]]:
+    """The committed records of `topic` (none if it does not exist yet), partition by partition: value, headers."""
+    consumer = Consumer(
+        {"bootstrap.servers": kafka.bootstrap_servers, "group.id": unique("read"), "isolation.level": "read_committed"}
+    )
+    try:
+        metadata = consumer.list_topics(timeout=10).topics.get(topic)
+        out: list[tuple[bytes, dict[str, bytes]]] = []
+        for number in sorted(metadata.partitions) if metadata else []:
+            partition = TopicPartition(topic, number, 0)
+            end = consumer.get_watermark_offsets(partition, timeout=10)[1]
+            consumer.assign([partition])
+            while end and (message := consumer.poll(1)) is not None:
+                if not message.error():
+                    out.append((message.value(), dict(message.headers() or [])))
+                if message.offset() >= end - 1:
+                    break
+        return out
+    finally:
+        consumer.close()

@@ -31,20 +31,10 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from pipelines.cv.relay.records import Record
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
-from pipelines.runtime.deadletter import dead_letter_topic
+from pipelines.runtime.deadletter import DEAD_LETTER_VALUE_MAX, RECORD_ERRORS, dead_letter_topic
 
 log = get_logger("sinks")
 
-# Errors that say the record itself cannot be written, whatever the retries: it is dead-lettered.
-RECORD_ERRORS = frozenset(
-    {
-        KafkaError.MSG_SIZE_TOO_LARGE,
-        KafkaError.RECORD_LIST_TOO_LARGE,
-        KafkaError.INVALID_RECORD,
-    }
-)
-# The largest value a dead letter carries (the broker's default limit is 1 MiB).
-DEAD_LETTER_VALUE_MAX = 512 * 1024
 # A full local queue waits for deliveries this long between attempts, this many times.
 _QUEUE_FULL_WAIT_S = 1.0
 _QUEUE_FULL_ATTEMPTS = 60
