@@ -53,7 +53,7 @@ from pipelines.cv import catalog
 from pipelines.cv.catalog import stream_inserts
 from pipelines.cv.model import StreamDef
 from pipelines.logs import configure_logging, get_logger
-from pipelines.runtime.deadletter import DEAD_LETTER_VALUE_MAX, RECORD_ERRORS, dead_letter_topic
+from pipelines.runtime.deadletter import RECORD_ERRORS, dead_letter_topic, kept_value
 from pipelines.runtime.interpreter import tune_for_batches
 from pipelines.runtime.topics import ensure_topics
 from pipelines.settings import InboxSettings, KafkaSettings, MetricsSettings, PipelineSettings, PostgresSettings
@@ -273,16 +273,16 @@ class InboxRelay:
     def _dead_letter(self, producer: Producer, stream: StreamDef, value: bytes, key: bytes | None, reason: str) -> None:
         """A row the stream's topic refuses, to `<topic>.dlq` in the page's transaction: its key and why.
 
-        Its value too while it is under DEAD_LETTER_VALUE_MAX; the row is gone from the inbox once
-        the transaction commits, as a published one is.
+        Its value too while it is under 512 KiB (pipelines.runtime.deadletter.kept_value); the row is
+        gone from the inbox once the transaction commits, as a published one is.
         """
         topic = dead_letter_topic(stream.topic)
         if topic not in self._topics:
             ensure_topics(self.kafka.bootstrap_servers, {topic: stream.partitions or self.partitions})
             self._topics.add(topic)
         headers = [("dlq.reason", b"refused"), ("dlq.detail", reason.encode()), ("dlq.topic", stream.topic.encode())]
-        kept = value if len(value) <= DEAD_LETTER_VALUE_MAX else None
-        producer.produce(topic, value=kept, key=key, headers=[*headers, ("dlq.pipeline", b"inbox")])
+        kept, omitted = kept_value(value)
+        producer.produce(topic, value=kept, key=key, headers=[*headers, ("dlq.pipeline", b"inbox"), *omitted])
         log.warning("row dead-lettered", stream=stream.name, topic=topic, reason=reason, bytes=len(value))
 
     def _delete(self, conn: psycopg.Connection, page: Page) -> int:

@@ -2,8 +2,9 @@
 
 A rejected record is kept, not dropped: it goes byte for byte (key, value, headers) to `<topic>.dlq`,
 with `dlq.*` headers saying why and where it came from, so it can be inspected and replayed once the
-producer is fixed. The pipeline calls `DeadLetters.flush()` before it commits a batch, so a record's
-offset is never committed before its dead letter is stored (at-least-once into the dead-letter topic).
+producer is fixed; only a value over DEAD_LETTER_VALUE_MAX is left out (`dlq.value_bytes`). The
+pipeline calls `DeadLetters.flush()` before it commits a batch, so a record's offset is never
+committed before its dead letter is stored (at-least-once into the dead-letter topic).
 """
 
 from __future__ import annotations
@@ -39,8 +40,18 @@ RECORD_ERRORS = frozenset(
         confluent_kafka.KafkaError.INVALID_RECORD,
     }
 )
-# The largest value a dead letter of a refused record carries (the broker's default limit is 1 MiB).
+# The largest value a dead letter carries. A larger one is left out (`dlq.value_bytes` says its size;
+# the source topic, partition and offset headers point at it while the topic's retention keeps it):
+# dead-letter topics have the broker's default limit, 1 MiB, and so has the producer, which would
+# refuse it at once, and the pipeline could never write the dead letter nor commit past its record.
 DEAD_LETTER_VALUE_MAX = 512 * 1024
+
+
+def kept_value(value: bytes | None) -> tuple[bytes | None, list[tuple[str, bytes]]]:
+    """The value a dead letter carries, and the header that says when the record's was left out."""
+    if value is None or len(value) <= DEAD_LETTER_VALUE_MAX:
+        return value, []
+    return None, [("dlq.value_bytes", str(len(value)).encode())]
 
 
 def dead_letter_topic(topic: str) -> str:
@@ -119,7 +130,8 @@ class DeadLetters:
             partition=partition,
             offset=offset,
         )
-        self._produce(dead_letter_topic(topic), message.key(), message.value(), headers)
+        value, omitted = kept_value(message.value())
+        self._produce(dead_letter_topic(topic), message.key(), value, headers + omitted)
         self.counts[error.reason] += 1
         self._producer.poll(0)  # Serve delivery callbacks of earlier dead letters.
 

@@ -15,8 +15,10 @@ import sys
 
 import pytest
 from confluent_kafka import Consumer, Producer
+from confluent_kafka.admin import NewTopic
 
 from tests.integration.conftest import (
+    delete_topics,
     pipeline_env,
     start_runner,
     stop_runner,
@@ -123,6 +125,33 @@ def test_events_a_view_cannot_take_are_dead_lettered_naming_the_view_and_the_res
                 "SELECT reason, count FROM ops.dead_letters WHERE group_id = %s AND topic = %s", (group, metrics)
             ).fetchall()
         assert counted == [("view_error", 3)]
+
+
+def test_an_event_larger_than_a_dead_letter_can_be_is_dead_lettered_without_its_value_and_the_stream_flows(
+    pg, kafka, admin, group, runner
+):
+    # The topic takes records of up to 3 MB; its dead-letter topic, and the producer writing it, 1 MiB.
+    topic, schema = unique("it-large"), unique("iso")
+    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "3000000"})])[topic].result(30)
+    definitions = f"""
+        CREATE STREAM {schema}_l (tag text) WITH (topic = '{topic}', consumer_group = '{group}');
+        CREATE CONTINUOUS VIEW {schema}.tags AS SELECT tag, count(*) AS n FROM {schema}_l GROUP BY tag;
+    """
+    try:
+        with throwaway_views(pg, schema, [f"{schema}_l"], definitions):
+            producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "message.max.bytes": 3_000_000})
+            for tag in ("a", "x" * 1_500_000, "b"):  # over the stream's max_event_bytes (64 KiB) and 1 MiB
+                producer.produce(topic, value=json.dumps({"tag": tag}))
+            assert producer.flush(30) == 0
+
+            [letter] = dead_letters(kafka, topic, expected=1)
+            assert letter["dlq.reason"] == "oversized"
+            assert letter["dlq.value_bytes"] == "1500011"  # left out; dlq.offset says where it is
+            assert letter["dlq.offset"] == "1"
+            wait_for(lambda: rows(pg, f"SELECT tag, n FROM {schema}.tags") == {"a": (1,), "b": (1,)}, timeout=60)
+            assert runner.poll() is None  # the runner did not die on it
+    finally:
+        delete_topics([topic, f"{topic}.dlq"])
 
 
 def test_a_view_whose_join_table_is_gone_is_quarantined_while_the_rest_flow_and_its_gap_is_recorded(

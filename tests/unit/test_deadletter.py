@@ -11,7 +11,13 @@ from confluent_kafka import KafkaError, KafkaException, Message
 from structlog.testing import capture_logs
 
 from pipelines.errors import StreamviewsError
-from pipelines.runtime.deadletter import DeadLetterError, DeadLetters, dead_letter_headers, dead_letter_topic
+from pipelines.runtime.deadletter import (
+    DEAD_LETTER_VALUE_MAX,
+    DeadLetterError,
+    DeadLetters,
+    dead_letter_headers,
+    dead_letter_topic,
+)
 from pipelines.runtime.events import InvalidEvent
 
 ERROR = InvalidEvent("unknown_action", "action must be 'like' or 'unlike', got 'love'")
@@ -139,6 +145,20 @@ def test_a_tombstone_is_dead_lettered_as_a_tombstone():
     DeadLetters(producer, "likes").send(tombstone, InvalidEvent("empty", "value is null"))
 
     assert producer.produced[0]["value"] is None
+
+
+def test_a_value_too_large_for_a_dead_letter_topic_is_left_out_and_its_size_said():
+    # A topic may take records of several MiB; its dead-letter topic and our producer take 1 MiB. Sent
+    # whole, the dead letter would be refused, and the batch could never commit past its record.
+    producer = FakeProducer()
+    huge = rejected_record(value=b"x" * (DEAD_LETTER_VALUE_MAX + 1))
+
+    DeadLetters(producer, "likes").send(huge, InvalidEvent("oversized", "value is 524289 bytes"))
+
+    [sent] = producer.produced
+    assert (sent["key"], sent["value"]) == (b"42", None)
+    assert ("dlq.value_bytes", b"524289") in sent["headers"]
+    assert ("dlq.offset", b"1234") in sent["headers"]  # where the whole record still is
 
 
 def test_dead_letters_are_counted_by_reason():

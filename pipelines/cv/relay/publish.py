@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from pipelines.cv.relay.records import Record
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
-from pipelines.runtime.deadletter import DEAD_LETTER_VALUE_MAX, RECORD_ERRORS, dead_letter_topic
+from pipelines.runtime.deadletter import RECORD_ERRORS, dead_letter_topic, kept_value
 
 log = get_logger("sinks")
 
@@ -197,8 +197,8 @@ class Publisher:
             ]
             # A value too large for its topic would be for the dead-letter topic too: then only its
             # key and position go (the change itself stays in cv.view_changes while retention keeps it).
-            value = record.value if record.value is None or len(record.value) <= DEAD_LETTER_VALUE_MAX else None
-            self._produce(dead_letter_topic(topic), record.key, value, headers, page.dead_letter_report)
+            value, omitted = kept_value(record.value)
+            self._produce(dead_letter_topic(topic), record.key, value, headers + omitted, page.dead_letter_report)
         self._wait(sink, page, timeout)
 
 
