@@ -41,7 +41,7 @@ from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 from pipelines.runtime.checkpoint import Batch, Checkpoint, Fenced, P, Sink, partition_lag
 from pipelines.runtime.clients import ConsumerClient, KafkaClients
-from pipelines.runtime.deadletter import DeadLetters
+from pipelines.runtime.deadletter import DeadLetterError, DeadLetters
 from pipelines.runtime.events import InvalidEvent
 from pipelines.runtime.interpreter import tune_for_batches
 from pipelines.runtime.offsets import C, OffsetStore
@@ -233,13 +233,36 @@ class Pipeline(Generic[C, P]):
         self.running = False
 
     def _process(self, messages: list[Message]) -> None:
-        batch = self._decode(messages)
+        try:
+            batch = self._decode(messages)
+        except DeadLetterError as e:  # Kafka would not take a dead letter now: the poll is read again later
+            self._decode_failed(e)
+            return
         if not batch.end:
             return
         if self.settle():
             self._inflight = (batch, self._committer.submit(self._commit, batch))
         # else: the batch in flight failed and everything was re-seeked; this one started where that
         # one ended, so it is dropped and consumed again.
+
+    def _decode_failed(self, error: DeadLetterError) -> None:
+        """As for a batch that did not commit: back off, then re-seek every partition to the stored offsets."""
+        self.settle(rewind=False)
+        self.totals["retries"] += 1
+        self._failures += 1
+        delay = self._backoff_s()
+        log.warning(
+            "dead letters not produced; re-seeking to stored offsets",
+            pipeline=self.name,
+            error=str(error),
+            retry_in_s=delay,
+        )
+        self.sleep(delay)
+        self._rewind()
+
+    def _backoff_s(self) -> float:
+        """The wait after the latest of `_failures` failures in a row: doubling from 0.5 s, at most 30 s."""
+        return min(0.25 * 2**self._failures, 30.0)
 
     def _commit(self, batch: Batch[P]) -> int:
         """In the committer thread: dead letters reach Kafka before the batch's offsets commit."""
@@ -265,7 +288,7 @@ class Pipeline(Generic[C, P]):
             self._failures += 1
             self.metrics.rolled_back()
             # A fence resolves at once; anything else backs off, so a persistent fault does not spin.
-            delay = 0.0 if isinstance(e, Fenced) else min(0.25 * 2**self._failures, 30.0)
+            delay = 0.0 if isinstance(e, Fenced) else self._backoff_s()
             log.warning(
                 "batch not committed; re-seeking to stored offsets",
                 pipeline=self.name,

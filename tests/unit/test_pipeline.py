@@ -8,6 +8,7 @@ tests/integration/test_pipeline_recovery.py; the fence's rules by tests/fence_sp
 from __future__ import annotations
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 
 from pipelines.runtime.consumer import per_record
 from pipelines.runtime.events import InvalidEvent
@@ -104,6 +105,39 @@ def test_a_record_that_breaks_its_contract_is_dead_lettered_and_never_reaches_th
     assert sink.rows(db) == [(0, b"a"), (0, b"b")]
     assert [m.value() for m in broker.messages("likes.dlq")] == [b"42"]
     assert db.tables["dead_letters"] == {("test-group", "likes", "invalid_json"): 1}
+
+
+def test_a_dead_letter_kafka_will_not_take_now_makes_the_poll_read_again_not_the_process_die(broker, db):
+    class RefusingTwice:
+        """The dead-letter producer: its first two produce() calls are refused, as librdkafka refuses."""
+
+        def __init__(self, producer) -> None:
+            self.producer, self.refusals = producer, 2
+
+        def produce(self, *args, **kwargs):
+            if self.refusals:
+                self.refusals -= 1
+                raise KafkaException(KafkaError(KafkaError._MSG_TIMED_OUT))
+            return self.producer.produce(*args, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.producer, name)
+
+    def decode(key, value, timestamp_ms):
+        if not value.isalpha():
+            raise InvalidEvent("invalid_json", f"not a word: {value!r}")
+        return value
+
+    broker.produce("likes", [b"a", b"42", b"b"], partition=0)
+    sink = MemorySink()
+    pipeline = memory_pipeline(broker, db, sink, topics=["likes"], decode=per_record(decode))
+    pipeline.dead_letters._producer = RefusingTwice(pipeline.dead_letters._producer)
+
+    run_until_caught_up(pipeline)
+
+    assert sink.rows(db) == [(0, b"a"), (0, b"b")]
+    assert [m.value() for m in broker.messages("likes.dlq")] == [b"42"]
+    assert pipeline.totals["retries"] == 2
 
 
 def test_a_restarted_pipeline_starts_where_the_database_says(broker, db):
