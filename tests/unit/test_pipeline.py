@@ -35,6 +35,13 @@ def db() -> MemoryDatabase:
     return MemoryDatabase()
 
 
+def words_only(key, value, timestamp_ms):
+    """A record decoder: a value that is not one word breaks its contract (dead-lettered)."""
+    if not value.isalpha():
+        raise InvalidEvent("invalid_json", f"not a word: {value!r}")
+    return value
+
+
 def test_every_record_is_applied_once_with_its_partitions_next_offset(broker, db):
     broker.produce("likes", [b"a", b"b"], partition=0)
     broker.produce("likes", [b"c"], partition=1)
@@ -92,15 +99,10 @@ def test_a_record_the_sink_cannot_apply_is_dead_lettered_and_the_rest_of_its_bat
 
 
 def test_a_record_that_breaks_its_contract_is_dead_lettered_and_never_reaches_the_sink(broker, db):
-    def decode(key, value, timestamp_ms):
-        if not value.isalpha():
-            raise InvalidEvent("invalid_json", f"not a word: {value!r}")
-        return value
-
     broker.produce("likes", [b"a", b"42", b"b"], partition=0)
     sink = MemorySink()
 
-    run_until_caught_up(memory_pipeline(broker, db, sink, topics=["likes"], decode=per_record(decode)))
+    run_until_caught_up(memory_pipeline(broker, db, sink, topics=["likes"], decode=per_record(words_only)))
 
     assert sink.rows(db) == [(0, b"a"), (0, b"b")]
     assert [m.value() for m in broker.messages("likes.dlq")] == [b"42"]
@@ -123,14 +125,9 @@ def test_a_dead_letter_kafka_will_not_take_now_makes_the_poll_read_again_not_the
         def __getattr__(self, name):
             return getattr(self.producer, name)
 
-    def decode(key, value, timestamp_ms):
-        if not value.isalpha():
-            raise InvalidEvent("invalid_json", f"not a word: {value!r}")
-        return value
-
     broker.produce("likes", [b"a", b"42", b"b"], partition=0)
     sink = MemorySink()
-    pipeline = memory_pipeline(broker, db, sink, topics=["likes"], decode=per_record(decode))
+    pipeline = memory_pipeline(broker, db, sink, topics=["likes"], decode=per_record(words_only))
     pipeline.dead_letters._producer = RefusingTwice(pipeline.dead_letters._producer)
 
     run_until_caught_up(pipeline)
