@@ -115,7 +115,9 @@ class Publisher:
         refused_alone = self._produce_page(sink, view, topic, records, page)
         self._wait(sink, page, timeout)
         if page.refused:  # refused in a batch: its good records with the bad ones
-            refused_alone += self._one_by_one(sink, view, topic, records, page, timeout)
+            known = {record.position for record, _ in refused_alone}
+            again = [r for r in records if r.position not in known]
+            refused_alone += self._one_by_one(sink, view, topic, again, page, timeout)
         page.refused = refused_alone
         if refused_alone:
             self._dead_letter(sink, view, topic, page, timeout)
@@ -144,6 +146,7 @@ class Publisher:
     ) -> list[tuple[Record, str]]:
         """The records the broker refused in a batch, and the later ones of their keys, each produced alone.
 
+        `records` are the page's, less those librdkafka refused at once (too large, known already).
         Returns those refused alone: the records that are too large themselves.
         """
         first: dict[bytes, int] = {}  # each refused key's first refused position
