@@ -23,7 +23,7 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
-from loadgen.common.drain import Drain, high_watermarks, wait_drained
+from loadgen.common.drain import Drain, committed_offsets, high_watermarks, wait_drained
 from loadgen.common.errors import BenchmarkError
 from loadgen.common.freshness import Probe
 from loadgen.common.postgres import owner_conninfo
@@ -110,6 +110,11 @@ class SinkRun:
         ends = high_watermarks(self.topic, self.kafka)
         with psycopg.connect(owner_conninfo(self.postgres), autocommit=True) as conn:
             return wait_drained(conn, self.runner, ends)
+
+    def committed(self) -> int:
+        """The events the runner has committed so far (its offsets in ops.kafka_offsets, summed)."""
+        with psycopg.connect(owner_conninfo(self.postgres), autocommit=True) as conn:
+            return sum(committed_offsets(conn, self.group, self.topic).values())
 
     def relay_caught_up(self, timeout_s: float = 300) -> float:
         """Seconds until the sink has relayed every change its view recorded."""
