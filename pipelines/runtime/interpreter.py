@@ -11,9 +11,11 @@ grown. Sampled with py-spy during drains, `gc_collect_main` held 16% of the stre
 Reference counting frees everything these loops make; the collector is only for cycles, which they
 do not create per record. So the start-up heap (modules, settings, compiled plans) is frozen out of
 the collector's reach, and passes run a hundred times less often: a cycle of young objects is still
-freed within seconds; one among long-lived objects waits for a full pass, which now comes seldom. Measured with one runner draining 1,000,000 page views in pairs of drains, with
-and without it, in alternating order: +6% to +20% events/s over five pairs, and 0% to +28% (median
-+8%) over five more (docs/performance.md).
+freed within seconds; one among long-lived objects waits for a full pass, which now comes seldom.
+
+Measured with one runner draining 1,000,000 page views in pairs of drains, with and without it, in
+alternating order: +6% to +20% events/s over five pairs, and 0% to +28% (median +8%) over five more
+(docs/performance.md).
 """
 
 from __future__ import annotations
