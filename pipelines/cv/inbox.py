@@ -277,9 +277,7 @@ class InboxRelay:
         gone from the inbox once the transaction commits, as a published one is.
         """
         topic = dead_letter_topic(stream.topic)
-        if topic not in self._topics:
-            ensure_topics(self.kafka.bootstrap_servers, {topic: stream.partitions or self.partitions})
-            self._topics.add(topic)
+        self._ensure_topic(stream, topic)
         headers = [("dlq.reason", b"refused"), ("dlq.detail", reason.encode()), ("dlq.topic", stream.topic.encode())]
         kept, omitted = kept_value(value)
         producer.produce(topic, value=kept, key=key, headers=[*headers, ("dlq.pipeline", b"inbox"), *omitted])
@@ -313,10 +311,12 @@ class InboxRelay:
             self._catalog_version = version
         return self._streams
 
-    def _ensure_topic(self, stream: StreamDef) -> None:
-        if stream.topic not in self._topics:
-            ensure_topics(self.kafka.bootstrap_servers, {stream.topic: stream.partitions or self.partitions})
-            self._topics.add(stream.topic)
+    def _ensure_topic(self, stream: StreamDef, topic: str | None = None) -> None:
+        """The stream's topic (or `topic`, its dead-letter one) made sure of once, with the stream's partitions."""
+        topic = topic or stream.topic
+        if topic not in self._topics:
+            ensure_topics(self.kafka.bootstrap_servers, {topic: stream.partitions or self.partitions})
+            self._topics.add(topic)
 
     def _transactional_producer(self) -> Producer:
         ensure_topics(
