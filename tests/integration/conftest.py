@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from elasticsearch import Elasticsearch
 
@@ -221,6 +221,42 @@ def delete_topics(topics: Iterable[str]) -> None:
         # A topic never created (no event was sent to it) or already gone is fine.
         with contextlib.suppress(KafkaException):
             future.result(60)
+
+
+def topic_records(kafka: KafkaSettings, topic: str, *, transactional: bool = False) -> list[Message]:
+    """Every record `topic` holds now (none when it does not exist), each partition's in its order.
+
+    Read committed. A record missing before a partition's end fails the test, except on a topic
+    written in Kafka transactions (`transactional`): its last offsets can be commit markers, which
+    no consumer is given, so reading stops at the first poll that finds nothing more.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": unique("reader"),
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        metadata = consumer.list_topics(timeout=10).topics.get(topic)
+        numbers = sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in numbers}
+        left = {p: end for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, 0) for p in left])
+        out: list[Message] = []
+        while left:
+            message = consumer.poll(1 if transactional else 5)
+            if message is None and transactional:
+                break
+            assert message is not None, f"{topic}: records missing before {left}"
+            assert message.error() is None, message.error()
+            out.append(message)
+            if message.offset() + 1 >= left.get(message.partition(), 0):
+                left.pop(message.partition(), None)
+        return out
+    finally:
+        consumer.close()
 
 
 @pytest.fixture(scope="module")

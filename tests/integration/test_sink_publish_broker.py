@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from pipelines.cv.relay.publish import Publisher, producer_config
 from pipelines.cv.relay.records import Record
 from pipelines.runtime.topics import ensure_topics
-from tests.integration.conftest import delete_topics, unique
+from tests.integration.conftest import delete_topics, topic_records, unique
 
 
 def test_a_record_too_large_for_its_topic_takes_no_good_record_of_its_batch_to_the_dead_letters(kafka, admin):
@@ -36,18 +36,5 @@ def test_a_record_too_large_for_its_topic_takes_no_good_record_of_its_batch_to_t
 
 
 def read_keys(kafka, topic: str) -> list[tuple[bytes, bytes]]:
-    """Every record of the one-partition `topic`: its key and its position header."""
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": unique("read")})
-    try:
-        partition = TopicPartition(topic, 0, 0)
-        end = consumer.get_watermark_offsets(partition, timeout=10)[1]
-        consumer.assign([partition])
-        out = []
-        while len(out) < end:
-            message = consumer.poll(5)
-            assert message is not None
-            assert message.error() is None
-            out.append((message.key(), dict(message.headers())["streamviews.position"]))
-        return out
-    finally:
-        consumer.close()
+    """Every record of `topic`: its key and its position header."""
+    return [(m.key(), dict(m.headers())["streamviews.position"]) for m in topic_records(kafka, topic)]

@@ -18,7 +18,7 @@ import sys
 from collections import defaultdict
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from pipelines.cv import catalog
@@ -28,12 +28,14 @@ from tests.integration.conftest import (
     start_runner,
     stop_runner,
     throwaway_views,
+    topic_records,
     unique,
     wait_for,
 )
 from tests.integration.processes import spawn, stop_process
 
 PARTITIONS = 3
+POSITION = "streamviews.position"  # a sink record's header
 THRESHOLD = 3
 ALERT = f"(new).n >= {THRESHOLD} AND ((old) IS NULL OR (old).n < {THRESHOLD})"
 
@@ -123,26 +125,10 @@ def view_rows(pg, scenario, view: str) -> dict[str, dict]:
 
 def read_topic(kafka, topic: str) -> list[tuple[str, dict | None, int]]:
     """Every record of the topic so far, in each partition's order: (key, value or None, position)."""
-    consumer = Consumer(
-        {"bootstrap.servers": kafka.bootstrap_servers, "group.id": unique("reader"), "enable.auto.commit": False}
-    )
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in partitions}
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
-        out, left = [], {p: end for p, end in ends.items() if end > 0}
-        while left:
-            message = consumer.poll(5)
-            assert message is not None, f"{topic}: records missing before {left}"
-            assert message.error() is None, message.error()
-            headers = dict(message.headers() or [])
-            value = None if message.value() is None else json.loads(message.value())
-            out.append((message.key().decode(), value, int(headers["streamviews.position"])))
-            if message.offset() + 1 >= left.get(message.partition(), 0):
-                left.pop(message.partition(), None)
-        return out
-    finally:
-        consumer.close()
+    return [
+        (m.key().decode(), None if m.value() is None else json.loads(m.value()), int(dict(m.headers())[POSITION]))
+        for m in topic_records(kafka, topic)
+    ]
 
 
 def rebuilt(records) -> dict[str, dict]:
@@ -307,18 +293,4 @@ def failure(pg, sink: str) -> str | None:
 
 
 def read_dead_letters(kafka, topic: str) -> list[dict[str, bytes]]:
-    consumer = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": unique("dead")})
-    try:
-        numbers = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        partitions = [TopicPartition(topic, p, 0) for p in numbers]
-        end = sum(consumer.get_watermark_offsets(p, timeout=10)[1] for p in partitions)  # all partitions' records
-        consumer.assign(partitions)
-        out = []
-        while len(out) < end:
-            message = consumer.poll(5)
-            assert message is not None
-            assert message.error() is None
-            out.append(dict(message.headers() or []))
-        return out
-    finally:
-        consumer.close()
+    return [dict(message.headers() or []) for message in topic_records(kafka, topic)]

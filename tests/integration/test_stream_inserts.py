@@ -14,7 +14,7 @@ import sys
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer
 from confluent_kafka.admin import NewTopic
 
 from pipelines.cv import catalog
@@ -26,6 +26,7 @@ from tests.integration.conftest import (
     start_runner,
     stop_runner,
     throwaway_views,
+    topic_records,
     unique,
     wait_for,
 )
@@ -215,22 +216,5 @@ def test_a_row_too_large_for_its_topic_is_dead_lettered_and_the_rows_beside_it_a
 
 
 def records_of(kafka, topic: str) -> list[tuple[bytes, dict[str, bytes]]]:
-    """The committed records of `topic` (none if it does not exist yet), partition by partition: value, headers."""
-    consumer = Consumer(
-        {"bootstrap.servers": kafka.bootstrap_servers, "group.id": unique("read"), "isolation.level": "read_committed"}
-    )
-    try:
-        metadata = consumer.list_topics(timeout=10).topics.get(topic)
-        out: list[tuple[bytes, dict[str, bytes]]] = []
-        for number in sorted(metadata.partitions) if metadata else []:
-            partition = TopicPartition(topic, number, 0)
-            end = consumer.get_watermark_offsets(partition, timeout=10)[1]
-            consumer.assign([partition])
-            while end and (message := consumer.poll(1)) is not None:
-                if not message.error():
-                    out.append((message.value(), dict(message.headers() or [])))
-                if message.offset() >= end - 1:
-                    break
-        return out
-    finally:
-        consumer.close()
+    """The committed records of `topic`, written in the inbox's Kafka transactions: value, headers."""
+    return [(m.value(), dict(m.headers() or [])) for m in topic_records(kafka, topic, transactional=True)]
