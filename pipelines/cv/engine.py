@@ -22,10 +22,12 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv import catalog
+from pipelines.cv.catalog import change_streams
 from pipelines.cv.catalog.transforms import load_transforms
+from pipelines.cv.frontend.combine import is_states_feed
 from pipelines.cv.model import StreamDef, ViewDef
 from pipelines.cv.sqltext import arrays
-from pipelines.cv.views import compiler, refs, stream_sql
+from pipelines.cv.views import change_capture, compiler, refs, stream_sql
 from pipelines.cv.views import transforms as transform_sql
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
@@ -166,7 +168,7 @@ class StreamMaintainer:
         """Apply a feed stream's batch: its upstream view's changes after position `after` up to `upto`.
 
         The changes are read where they are recorded (cv.view_changes), in the same statement that
-        applies them (pipelines.cv.views.stream_sql.changes_batch): nothing travels through Python.
+        applies them (pipelines.cv.views.stream_sql.feed_to_deltas for a view's rows): nothing travels through Python.
         """
         plan = self._begin(conn)
         if not plan.stream.is_feed:
@@ -317,7 +319,11 @@ class StreamMaintainer:
         )
         to_deltas = None
         if stream.key is not None:  # a view's rows read as a stream: its changes are already effective
-            to_deltas = stream_sql.feed_to_deltas(stream) if stream.is_feed else stream_sql.batch_to_deltas(stream)
+            to_deltas = (
+                stream_sql.feed_to_deltas(stream, _states_now(conn, stream))
+                if stream.is_feed
+                else stream_sql.batch_to_deltas(stream)
+            )
         return _Plan(
             version,
             stream,
@@ -330,6 +336,18 @@ class StreamMaintainer:
             quarantined,
             recorded,
         )
+
+
+def _states_now(conn: psycopg.Connection, stream: StreamDef) -> sql.Composed | None:
+    """A combine() reader's feed: how it reads its upstream's rows with their stored states (None: another feed)."""
+    if not is_states_feed(stream):
+        return None
+    assert stream.feed_of is not None
+    upstream = change_streams.source_of(conn, stream.feed_of, catalog.store.scope(conn))
+    if upstream is None or upstream.view is None:
+        raise StreamDropped(f"stream {stream.name}: the view it reads, {stream.feed_of}, is not defined")
+    view, types = upstream.view.view, upstream.view.types
+    return change_capture.states_now(stream, view, types, catalog.store.keeps_refs(conn, view))
 
 
 def declared_streams(conn: psycopg.Connection) -> dict[str, StreamDef]:

@@ -97,16 +97,24 @@ def test_upsert_sinks_alone_record_keys_and_a_reader_of_rows_brings_the_images_b
     assert recording(owner, view) == (False, False)
 
 
-def test_a_view_over_the_view_needs_its_rows(owner, streams):
+def test_a_view_over_the_views_rows_needs_only_their_keys_and_output_of_needs_the_rows(owner, streams):
     schema = streams["schema"]
-    sink, rollup = unique("up"), unique("rollup")
+    sink, rollup, alerts = unique("up"), unique("rollup"), unique("alerts")
     catalog.define(owner, f"CREATE SINK {sink} FROM {schema}.objects WITH (format = 'upsert')")
     try:
         assert recording(owner, f"{schema}.objects") == (True, False)
         catalog.define(
             owner, f"CREATE CONTINUOUS VIEW {schema}.{rollup} AS SELECT sum(n) AS likes FROM {schema}.objects"
         )
+        assert recording(owner, f"{schema}.objects") == (True, False)  # it reads the rows from the view
+        catalog.define(
+            owner,
+            f"CREATE CONTINUOUS VIEW {schema}.{alerts} AS SELECT count(*) AS crossings"
+            f" FROM output_of('{schema}.objects') WHERE (new).n >= 2",
+        )
         assert recording(owner, f"{schema}.objects") == (True, True)
+        catalog.define(owner, f"DROP CONTINUOUS VIEW {schema}.{alerts}")
+        assert recording(owner, f"{schema}.objects") == (True, False)
         catalog.define(owner, f"DROP CONTINUOUS VIEW {schema}.{rollup}")
         assert recording(owner, f"{schema}.objects") == (True, False)
     finally:

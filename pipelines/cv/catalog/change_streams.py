@@ -9,9 +9,10 @@ position row and its changes, so positions continue where they stopped if it is 
 dropping the view drops both, and its readers (migrations 0020, 0023).
 
 What a change carries follows the readers too (migration 0046): before and after images when the
-option asks for the change stream or any reader needs them (a view over the view, a `changes` sink,
-a filter on (old)); the group's key alone when every reader reads only current rows (upsert sinks),
-which costs the runner a fraction per changed group. Each reader row says whether it needs images.
+option asks for the change stream or any reader needs them (`output_of`, a `changes` sink, a filter
+on (old)); the group's key alone when every reader reads only current rows (upsert sinks, views over
+the view's rows), which costs the runner a fraction per changed group. Each reader row says whether
+it needs images.
 
 It runs in the caller's transaction, after the stream's lock (pipelines.cv.catalog.locks, step 3):
 no batch of the stream is being applied meanwhile.
@@ -41,8 +42,9 @@ def record_changes(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, *,
     present = conn.execute(
         "SELECT reader, images FROM cv.change_readers WHERE view = %s", (view.qualified_name,)
     ).fetchall()
-    # A combine() reader (pipelines.cv.frontend.combine) needs the stored states with each change (0033).
-    states = any(is_states_reader(reader) for reader, _ in present)
+    # An output_of(v, states) reader (pipelines.cv.frontend.combine) needs the stored states with each
+    # change (0033); a combine(v) reader reads them from the storage (stream_sql.feed_to_deltas).
+    states = any(is_states_reader(reader) and wants for reader, wants in present)
     sets = states and store.keeps_refs(conn, view)  # an exact distinct count's state: its set of values
     images = images or view.records_changes or states or any(wants for _, wants in present)
     for statement in change_capture.create_triggers(view, types, states=states, sets=sets, keys_only=not images):
@@ -92,7 +94,7 @@ def add_reader(conn: psycopg.Connection, view: ViewDef, types: ViewTypes, reader
     ).fetchone()
     if row is None:
         raise DefinitionError(f"{reader} already reads the changes of {view.qualified_name}")
-    if is_states_reader(reader):  # its changes carry the states from now on
+    if is_states_reader(reader) and images:  # its changes carry the states from now on
         record_changes(conn, view, types)
     return int(row[0])
 
@@ -158,8 +160,8 @@ def remove_source_reader(conn: psycopg.Connection, source: Source, reader: str) 
 def remove_reader(conn: psycopg.Connection, view: ViewDef, reader: str, types: ViewTypes | None = None) -> None:
     """`reader` takes no more of the view's changes; recording stops when nobody else wants them.
 
-    With `types` given, what the changes carry follows the readers left: the last combine() reader
-    gone, no stored states; the last reader that needed images gone, keys only.
+    With `types` given, what the changes carry follows the readers left: the last output_of(v, states)
+    reader gone, no stored states; the last reader that needed images gone, keys only.
     """
     gone = conn.execute(
         "DELETE FROM cv.change_readers WHERE view = %s AND reader = %s RETURNING images",
@@ -169,7 +171,8 @@ def remove_reader(conn: psycopg.Connection, view: ViewDef, reader: str, types: V
         stop_recording(conn, view)
     elif (
         types is not None
-        and (is_states_reader(reader) or (gone and gone[0]))
+        and gone
+        and gone[0]  # it needed the rows (and maybe the states): what the others need may be less
         and is_recording(conn, view.qualified_name)
     ):
         record_changes(conn, view, types)

@@ -32,7 +32,7 @@ from psycopg import sql
 from pipelines.cv.catalog import change_streams, store
 from pipelines.cv.catalog.locks import lock_stream_for_change, lock_tables
 from pipelines.cv.frontend import combine
-from pipelines.cv.frontend.combine import STATES_KEY, is_states_feed
+from pipelines.cv.frontend.combine import is_states_feed
 from pipelines.cv.frontend.view_sources import FEED_TOPIC_PREFIX, from_definition, is_feed_topic
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
 from pipelines.cv.views import change_capture, compiler, read_views, stream_sql
@@ -72,7 +72,9 @@ def ensure(conn: psycopg.Connection, feed: StreamDef, scope: Scope, what: str) -
     conn.execute(
         "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)", (feed.name, feed.topic, feed.definition)
     )
-    start = change_streams.add_source_reader(conn, upstream, reader_name(feed.name))
+    # A view's rows feed reads each changed group's row (and stored states) from the view itself when
+    # it applies a page (stream_sql.feed_to_deltas): it needs only the keys of the changes.
+    start = change_streams.add_source_reader(conn, upstream, reader_name(feed.name), images=feed.key is None)
     if feed.key is not None:  # the rows of a view: its state from the view's rows, under the same lock
         assert upstream.view is not None
         conn.execute(stream_sql.create_state_table(feed))
@@ -98,13 +100,12 @@ def _states_fill(conn: psycopg.Connection, feed: StreamDef, upstream: store.Comp
     projection = change_capture.projection(upstream.view, upstream.types, states=True, sets=sets)
     return sql.SQL(
         "INSERT INTO {state} SELECT r.* FROM (WITH cv_rows AS (SELECT * FROM {storage}) {projection}) AS p"
-        " CROSS JOIN LATERAL jsonb_populate_record(NULL::{state},"
-        " (p.row - {key}) || coalesce(p.row -> {key}, '{{}}')) AS r"
+        " CROSS JOIN LATERAL {row} AS r"
     ).format(
         state=stream_sql.state_table(feed),
         storage=compiler.storage_table(upstream.view),
         projection=sql.SQL(projection),  # the view's own definition, compiled: no event data
-        key=sql.Literal(STATES_KEY),
+        row=stream_sql.states_row(feed, "p.row"),
     )
 
 

@@ -26,7 +26,8 @@ from psycopg import sql
 
 from pipelines.cv.frontend.combine import DISTINCT, STATES_KEY, mergeable_states, state_column
 from pipelines.cv.frontend.view_shapes import GLOBAL_GROUP  # a view without GROUP BY: its one row's key is {}
-from pipelines.cv.model import Aggregate, ViewDef, call_placeholder
+from pipelines.cv.model import Aggregate, StreamDef, ViewDef, call_placeholder
+from pipelines.cv.views import stream_sql
 from pipelines.cv.views.compiler import refs_table, storage_table
 from pipelines.cv.views.read_views import output_columns
 from pipelines.cv.views.sql_text import comma_list, ident
@@ -157,27 +158,32 @@ def drop_triggers(view: ViewDef) -> list[sql.Composed]:
     return [sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(ident(n), storage_table(view)) for n in TRIGGERS.values()]
 
 
-def current_row(view: ViewDef, types: ViewTypes) -> sql.Composed:
+def current_row(
+    view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False, change: str = "c"
+) -> sql.Composed:
     """A LATERAL subquery of one column, `row`: the view's row now for the key of change `c`, when `c.current`.
 
-    `c` has the columns `key` (a group key, as changes carry it) and `current` (true for a change
-    recorded keys only, whose row is read now); none comes back for a group that is gone (a
-    tombstone). The group's columns are read back from the key as the storage types them, then
-    found by the storage's unique index; a key with a NULL (kept under UNIQUE NULLS NOT DISTINCT,
-    which `=` cannot find) is compared with IS NOT DISTINCT FROM instead. The row is the capture's
-    own projection, so it is what a change's after would have been.
+    `c` (another alias: `change`) has the columns `key` (a group key, as changes carry it) and
+    `current` (true for a change recorded keys only, whose row is read now); none comes back for a
+    group that is gone (a tombstone). The group's columns are read back from the key as the storage
+    types them, then found by the storage's unique index; a key with a NULL (kept under UNIQUE NULLS
+    NOT DISTINCT, which `=` cannot find) is compared with IS NOT DISTINCT FROM instead. The row is
+    the capture's own projection (with the stored states: `states`, `sets`), so it is what a
+    change's after would have been.
     """
     storage = storage_table(view)
     names = [g.name for g in view.groups if g != GLOBAL_GROUP]
     groups = [ident(name) for name in names]
     keyed = sql.SQL(
-        "SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, c.key) AS k WHERE c.current"
-    ).format(storage=storage)
+        "SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, {c}.key) AS k WHERE {c}.current"
+    ).format(storage=storage, c=sql.Identifier(change))
     found = keyed
     if groups:
         equal = sql.SQL(" AND ").join(sql.SQL("s.{0} = k.{0}").format(g) for g in groups)
         # On the outer key alone, so that PostgreSQL skips the branch for a key without NULL.
-        has_null = sql.SQL(" OR ").join(sql.SQL("c.key ->> {} IS NULL").format(sql.Literal(name)) for name in names)
+        has_null = sql.SQL(" OR ").join(
+            sql.SQL("{}.key ->> {} IS NULL").format(sql.Identifier(change), sql.Literal(name)) for name in names
+        )
         same = sql.SQL("({}) IS NOT DISTINCT FROM ({})").format(
             comma_list([sql.SQL("s.{}").format(g) for g in groups]),
             comma_list([sql.SQL("k.{}").format(g) for g in groups]),
@@ -186,5 +192,18 @@ def current_row(view: ViewDef, types: ViewTypes) -> sql.Composed:
             keyed=keyed, equal=equal, has_null=has_null, same=same
         )
     return sql.SQL("(WITH cv_rows AS ({found}) SELECT n.row FROM ({projection}) AS n)").format(
-        found=found, projection=sql.SQL(projection(view, types))
+        found=found, projection=sql.SQL(projection(view, types, states=states, sets=sets))
+    )
+
+
+def states_now(feed: StreamDef, view: ViewDef, types: ViewTypes, sets: bool) -> sql.Composed:
+    """A combine() reader's feed reads each group's row and stored states now (for stream_sql.feed_to_deltas).
+
+    A LATERAL subquery over the page's keys `page` (their JSON `key`, `current` true) of the columns
+    `found` and `row`: the storage's row projected as a change with its states (`current_row`),
+    typed as the feed's state was first filled (pipelines.cv.catalog.view_feeds).
+    """
+    return sql.SQL("(SELECT true AS found, r AS row FROM {current} AS p CROSS JOIN LATERAL {row} AS r)").format(
+        current=current_row(view, types, states=True, sets=sets, change="page"),
+        row=stream_sql.states_row(feed, "p.row"),
     )

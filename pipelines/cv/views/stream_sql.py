@@ -8,11 +8,13 @@ its array parameters. Either way the views (pipelines.cv.views.compiler) read ro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pglast
 from pglast import ast
 from psycopg import sql
 
-from pipelines.cv.frontend.combine import NEW_STATES, OLD_STATES, is_states_feed
+from pipelines.cv.frontend.combine import NEW_STATES, OLD_STATES, STATES_KEY, is_states_feed
 from pipelines.cv.model import Column, StreamDef, ViewDef, state_table_name
 from pipelines.cv.sqltext.parsing import walk
 from pipelines.cv.sqltext.types import INPUT, INPUT_SQL
@@ -218,87 +220,137 @@ _CHANGES = "FROM cv.view_changes AS v WHERE v.view = %t AND v.position > %t::big
 
 
 def _row(stream: StreamDef, json: str) -> sql.Composed:
-    """The upstream's row typed from a change's JSON (`json`, an expression over `v`); NULL stays NULL.
-
-    A combine() reader's keyed feed (pipelines.cv.frontend.combine) reads the states too: the row and
-    its states (`<json>_states`, migration 0033) as a row of the feed's state table.
-    """
+    """The upstream's row typed from a change's JSON (`json`, an expression over `v`); NULL stays NULL."""
     assert stream.feed_of is not None
-    if is_states_feed(stream) and stream.key is not None:
-        return sql.SQL(
-            "CASE WHEN {0} IS NOT NULL THEN jsonb_populate_record(NULL::{1}, {0} || coalesce({2}, '{{}}')) END"
-        ).format(sql.SQL(json), state_table(stream), sql.SQL(f"{json}_states"))
     return sql.SQL("CASE WHEN {0} IS NOT NULL THEN jsonb_populate_record(NULL::{1}, {0}) END").format(
         sql.SQL(json), raw(stream.feed_of)
     )
 
 
-def changes_batch(stream: StreamDef) -> sql.Composed:
-    """A keyed feed stream's batch (op, columns, seq): per change, -1 with its old row, then +1 with its new.
+def states_row(stream: StreamDef, json: str) -> sql.Composed:
+    """A combine() reader's state row (pipelines.cv.frontend.combine) from a row the capture projects with its states.
 
-    A change retracts what the old row added and adds the new row (`feed_to_deltas`): a rollup over
-    the upstream's current rows stays exact.
+    `json` is such a row (change_capture.projection(..., states=True)): the row as users read it and
+    its stored states under `_cv_states`, brought to the top level as the state table's columns.
     """
-    names = comma_list([sql.SQL("(c.r).{}").format(ident(c.name)) for c in stream.columns])
-    return sql.SQL(
-        "SELECT c.op, {names}, c.seq FROM ("
-        "SELECT op, r, 2 * v.position + side AS seq FROM (SELECT * {changes}) AS v"
-        " CROSS JOIN LATERAL (VALUES (-1::int2, 0, v.before IS NOT NULL, {before}),"
-        " (1::int2, 1, v.after IS NOT NULL, {after})) AS s(op, side, present, r)"
-        " WHERE present) AS c"
-    ).format(names=names, changes=sql.SQL(_CHANGES), before=_row(stream, "v.before"), after=_row(stream, "v.after"))
+    return sql.SQL("jsonb_populate_record(NULL::{state}, ({row} - {key}) || coalesce({row} -> {key}, '{{}}'))").format(
+        state=state_table(stream), row=sql.SQL(json), key=sql.Literal(STATES_KEY)
+    )
 
 
-def feed_to_deltas(stream: StreamDef) -> sql.Composed:
-    """A keyed feed stream's batch into deltas: each change's old row leaving, its new row entering.
+# A keyed feed's page as the keys of the groups it changed, typed as the feed's state types them (and
+# as JSON, `key`, which change_capture.states_now finds the storage's row by): a change recorded keys only
+# (migration 0047) names its commit's groups in `keys`; one recorded with its rows (for another reader
+# that wants them) names its group in `key`.
+_PAGE_KEYS = (
+    "SELECT DISTINCT ON ({keys}) {keys}, u.key, true AS current"
+    " FROM (SELECT CASE WHEN v.keys IS NULL THEN ARRAY[v.key] ELSE v.keys END AS keys {changes}) AS v"
+    " CROSS JOIN LATERAL unnest(v.keys) AS u(key)"
+    " CROSS JOIN LATERAL jsonb_populate_record(NULL::{state}, u.key) AS t ORDER BY {keys}"
+)
 
-    No replay against the state is needed (`batch_to_deltas`): the upstream's changes are already
-    effective and netted per group and transaction, and each one's old row is exactly the row the
-    state holds for its key (the state follows the same changes). The state is only brought to each
-    key's last row of the page (deleted when the group is gone), for a new view's backfill and a
-    quarantined view's rebuild. Measured on 43,000 changes of a per-minute view: 2.3 s replayed, this
-    way a fraction of it.
 
-    A key changed by several commits of the page is netted: a change's old row is the previous
-    one's new row, so the changes between cancel out and only the first old row leaves and the last
-    new row enters. A feed that fell behind (a page of many upstream batches) then does the work of
-    one batch per page, not of each, and catches up instead of falling further behind.
+def feed_to_deltas(stream: StreamDef, states_now: sql.Composable | None = None) -> sql.Composed:
+    """A keyed feed stream's page into deltas: each changed group's row the feed last saw leaving, its row now entering.
+
+    The page says only which groups its commits changed (`_PAGE_KEYS`). The row each group had is the
+    feed's state (it holds exactly the rows the feed's views have added); the row it has is read from
+    the upstream's read view now, by key: neither travels as JSON. A group the upstream no longer
+    has only leaves, a new one only enters, one whose row is as the state holds it does neither.
+    The state then takes the rows now, for the next page, a new view's backfill and a quarantined
+    view's rebuild; its rows are written where the same statement found them (by ctid, measured 17%
+    cheaper than an upsert by key), since only the feed's transaction, past its fence, writes them.
+
+    A row read now may be newer than the page's last position (a commit after it changed the group):
+    that is still right, since the state keeps that row and the later commit's page retracts it.
+    A group changed by many commits of the page is looked up once, so a feed that fell behind does
+    the work of one batch per page and catches up. This replaced rows recorded as JSON images in the
+    upstream's transaction and typed again here (docs/performance.md, the rollup benchmark).
+
+    A combine() reader's feed (pipelines.cv.frontend.combine) holds the upstream's stored states too,
+    which its read view does not show: `states_now` reads each group's row and states from the
+    upstream's storage (pipelines.cv.views.change_capture.states_now).
     """
     assert stream.key is not None
-    names = [ident(c.name) for c in stream.columns]
-    keys = [ident(k) for k in stream.key]
-    others = [ident(c.name) for c in stream.columns if c.name not in stream.key]
-    match = sql.SQL(" AND ").join(sql.SQL("st.{0} = fin.{0}").format(k) for k in keys)
-    # A key with a NULL (rare) cannot be matched by equality, which the index answers: apart.
-    has_null = sql.SQL(" OR ").join(sql.SQL("fin.{} IS NULL").format(k) for k in keys)
-    match_null = sql.SQL(" AND ").join(sql.SQL("st.{0} IS NOT DISTINCT FROM fin.{0}").format(k) for k in keys)
-    upsert = (
-        sql.SQL("DO UPDATE SET {}").format(comma_list([sql.SQL("{0} = excluded.{0}").format(o) for o in others]))
-        if others
-        else sql.SQL("DO NOTHING")
+    assert stream.feed_of is not None
+    names = [c.name for c in stream.columns]
+    keys = list(stream.key)
+    others = [n for n in names if n not in keys]
+    sets = comma_list(
+        [sql.SQL("{0} = (d.new).{0}").format(ident(o)) for o in others] or [sql.SQL("{0} = {0}").format(ident(keys[0]))]
     )
     return sql.SQL(
-        "WITH b AS MATERIALIZED ({batch}),"
-        " ends AS (SELECT *, row_number() OVER (PARTITION BY {key} ORDER BY seq) AS _cv_n,"
-        " count(*) OVER (PARTITION BY {key}) AS _cv_of FROM b),"
-        " fin AS (SELECT * FROM ends WHERE _cv_n = _cv_of),"
-        " del AS (DELETE FROM {state} AS st USING fin WHERE fin.op = -1 AND {match}),"
-        " del_null AS (DELETE FROM {state} AS st USING (SELECT * FROM fin WHERE op = -1 AND ({has_null})) AS fin"
-        " WHERE {match_null}),"
-        " ins AS (INSERT INTO {state} ({cols}) SELECT {cols} FROM fin WHERE op = 1 ORDER BY {key}"
-        " ON CONFLICT ({key}) {upsert})"
-        " INSERT INTO {delta} (_cv_sign, {cols}) SELECT op, {cols} FROM ends"
-        " WHERE (op = -1 AND _cv_n = 1) OR (op = 1 AND _cv_n = _cv_of)"
+        "WITH page AS MATERIALIZED ({page_keys}),"
+        " c AS (SELECT o.at, o.row AS old, n.row AS new, o.at IS NOT NULL AS had, n.found IS NOT NULL AS has"
+        " FROM page LEFT JOIN LATERAL {had_row} AS o ON true LEFT JOIN LATERAL {has_row} AS n ON true),"
+        " d AS MATERIALIZED (SELECT * FROM c WHERE NOT (had AND has) OR {changed}),"
+        " gone AS (DELETE FROM {state} AS st USING d WHERE d.had AND NOT d.has AND st.ctid = d.at),"
+        " moved AS (UPDATE {state} AS st SET {sets} FROM d WHERE d.had AND d.has AND st.ctid = d.at),"
+        " added AS (INSERT INTO {state} ({names}) SELECT {new} FROM d WHERE has AND NOT had)"
+        " INSERT INTO {delta} (_cv_sign, {names})"
+        " SELECT -1, {old} FROM d WHERE had UNION ALL SELECT 1, {new} FROM d WHERE has"
     ).format(
-        batch=changes_batch(stream),
-        key=comma_list(keys),
+        page_keys=sql.SQL(_PAGE_KEYS).format(
+            keys=_fields("t", keys), changes=sql.SQL(_CHANGES), state=state_table(stream)
+        ),
+        old=_fields("(old)", names),
+        new=_fields("(new)", names),
+        changed=_row_changed(stream.columns),
         state=state_table(stream),
-        match=match,
-        has_null=has_null,
-        match_null=match_null,
-        cols=comma_list(names),
-        upsert=upsert,
+        names=comma_list([ident(n) for n in names]),
+        sets=sets,
         delta=delta_table(stream),
+        had_row=_row_by_key(state_table(stream), keys, found="r.ctid AS at"),
+        has_row=_row_by_key(raw(stream.feed_of), keys, found="true AS found") if states_now is None else states_now,
+    )
+
+
+# Types whose `=` is their values' equality (a float's NaN equals NaN in PostgreSQL). Any other column
+# (a t-digest has no `=`) is compared as its text: equal text, the same value as far as a reader can tell.
+_EQUALITY_TYPES = frozenset(
+    {"smallint", "integer", "bigint", "numeric", "real", "double precision", "text", "boolean", "date", "uuid"}
+    | {"jsonb", "interval"}
+    | {"timestamp with time zone", "timestamp without time zone", "character varying"}
+)
+
+
+def _row_changed(columns: Sequence[Column]) -> sql.Composed:
+    """True when the `old` and `new` rows of a keyed feed's group differ in any column."""
+    return sql.SQL("({})").format(
+        sql.SQL(" OR ").join(
+            sql.SQL(
+                "(old).{0} IS DISTINCT FROM (new).{0}"
+                if c.type in _EQUALITY_TYPES
+                else "(old).{0}::text IS DISTINCT FROM (new).{0}::text"
+            ).format(ident(c.name))
+            for c in columns
+        )
+    )
+
+
+def _fields(row: str, names: list[str]) -> sql.Composed:
+    """`row.a, row.b`: the named columns of a relation or (parenthesised) a composite value."""
+    return comma_list([sql.SQL("{}.{}").format(sql.SQL(row), ident(n)) for n in names])
+
+
+def _row_by_key(relation: sql.Composable, keys: list[str], found: str) -> sql.Composed:
+    """A LATERAL subquery: `relation`'s row (column `row`, and `found`) whose key is the page key `page`'s.
+
+    Found by equality, which the relation's unique index answers; a key with a NULL (rare: a group of
+    the rows whose url is NULL) by IS NOT DISTINCT FROM, in a branch gated on the page key alone, so
+    that PostgreSQL skips it for a key without NULL.
+    """
+    return sql.SQL(
+        "(SELECT {found}, r AS row FROM {rel} AS r WHERE {equal}"
+        " UNION ALL SELECT {found}, r AS row FROM {rel} AS r"
+        " WHERE ({has_null}) AND ({r_key}) IS NOT DISTINCT FROM ({k_key}))"
+    ).format(
+        found=sql.SQL(found),
+        rel=relation,
+        equal=sql.SQL(" AND ").join(sql.SQL("r.{0} = page.{0}").format(ident(k)) for k in keys),
+        has_null=sql.SQL(" OR ").join(sql.SQL("page.{} IS NULL").format(ident(k)) for k in keys),
+        r_key=_fields("r", keys),
+        k_key=_fields("page", keys),
     )
 
 
