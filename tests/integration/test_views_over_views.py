@@ -188,6 +188,41 @@ def writer(pg):
         yield conn
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_level_stays_exact_while_its_upstream_switches_between_keys_and_rows(pg, writer, chain, seed):
+    """The hour level reads the minute view's keys; an output_of() reader makes it record rows for a while.
+
+    A page may then hold changes of both kinds: the level takes each group's key from either.
+    """
+    schema = chain["schema"]
+    rng = random.Random(seed)
+    events = Events(rng)
+    hourly = HOURLY.format(src=f"{schema}.per_minute")
+    crossings = CROSSINGS.format(schema=schema)
+    with pg("sv_owner", autocommit=True) as owner:
+        catalog.define(owner, f"CREATE CONTINUOUS VIEW {schema}.hourly AS {hourly}")
+        assert images_recorded(owner, f"{schema}.per_minute") is False
+        for step in range(14):
+            events.clicks_batch(writer, chain["append"], counting=False)
+            if step == 4:
+                catalog.define(owner, f"CREATE CONTINUOUS VIEW {schema}.crossings AS {crossings}")
+                assert images_recorded(owner, f"{schema}.per_minute") is True
+            if step == 9:
+                catalog.define(owner, f"DROP CONTINUOUS VIEW {schema}.crossings")
+                assert images_recorded(owner, f"{schema}.per_minute") is False
+            if rng.random() < 0.3:
+                feed_all(writer, rng.choice([2, 10_000]))
+    feed_all(writer, rng.choice([3, 10_000]))
+    with writer.transaction(force_rollback=True):
+        expected = oracle(writer, chain, events.clicks, events.likes)
+    assert view(writer, schema, "hourly") == expected["hourly"]
+
+
+def images_recorded(conn: psycopg.Connection, view: str) -> bool:
+    """Whether `view` records its changes' rows (True) or only their keys (False)."""
+    return conn.execute("SELECT images FROM cv.view_change_positions WHERE view = %s", (view,)).fetchone()[0]
+
+
 def test_a_view_that_would_read_itself_is_refused(pg, chain):
     schema = chain["schema"]
     define_levels(pg, schema)
