@@ -285,4 +285,4 @@ class Relay:
     def _sleep(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while self.running and time.monotonic() < deadline:
-            time.sleep(min(0.2, deadline - time.monotonic()))
+            time.sleep(max(0.0, min(0.2, deadline - time.monotonic())))
