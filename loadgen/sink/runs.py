@@ -177,11 +177,25 @@ class RecordProbe(Probe):
             }
         )
         try:
-            partitions = consumer.list_topics(self.topic, timeout=10).topics[self.topic].partitions
-            consumer.assign([TopicPartition(self.topic, p, 0) for p in partitions])
+            consumer.assign([TopicPartition(self.topic, p, 0) for p in self._partitions(consumer)])
             yield consumer
         finally:
             consumer.close()
+
+    def _partitions(self, consumer: Consumer, timeout_s: float = 30) -> list[int]:
+        """The sink topic's partitions, asked again while the metadata has none (yet).
+
+        Once every marker of a run was missed, the relay having published: most likely the answer
+        named no partitions yet and the probe was assigned none. Now it asks again, or says so.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            topic = consumer.list_topics(self.topic, timeout=10).topics.get(self.topic)
+            if topic is not None and topic.error is None and topic.partitions:
+                return sorted(topic.partitions)
+            if time.monotonic() > deadline:
+                raise BenchmarkError(f"no partitions of {self.topic} in Kafka's metadata after {timeout_s:g} s")
+            time.sleep(0.1)
 
     def find(self, session: Consumer, markers: list[str]) -> list[str]:
         """The pending markers whose record arrived, reading what the topic holds now."""
