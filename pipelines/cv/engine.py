@@ -168,7 +168,8 @@ class StreamMaintainer:
         """Apply a feed stream's batch: its upstream view's changes after position `after` up to `upto`.
 
         The changes are read where they are recorded (cv.view_changes), in the same statement that
-        applies them (pipelines.cv.views.stream_sql.feed_to_deltas for a view's rows): nothing travels through Python.
+        applies them (for a view's rows: pipelines.cv.views.stream_sql.feed_to_deltas): nothing
+        travels through Python.
         """
         plan = self._begin(conn)
         if not plan.stream.is_feed:
