@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,8 +82,13 @@ class BackfillProcess:
     once none does, so an idle runner costs no second interpreter (about 50 MB).
     """
 
-    def __init__(self, choice: StreamChoice) -> None:
-        self.argv = [sys.executable, "-m", __name__, "--group", choice.group_id]
+    def __init__(self, choice: StreamChoice, nice: int = 0) -> None:
+        # Niced from its first instruction by nice(1), which execs the interpreter (same pid): its
+        # start-up and imports take about 0.5 s of CPU, which would otherwise compete with the live
+        # loop as an equal, just as a backfill begins. main() makes sure of it where nice(1) is missing.
+        launcher = shutil.which("nice") if nice > 0 else None
+        self.argv = [*([launcher, "-n", str(nice)] if launcher else []), sys.executable, "-m", __name__]
+        self.argv += ["--group", choice.group_id]
         if not choice.default_group:
             self.argv.append("--declared-group-only")
         if choice.only is not None:
@@ -130,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", default="", help="the runner's --streams")
     args = parser.parse_args(argv)
     settings = PipelineSettings()
-    os.nice(settings.backfill_nice)  # before any thread: librdkafka's threads inherit it
+    # Before any thread (librdkafka's threads inherit it); already so when started by nice(1).
+    os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), settings.backfill_nice))
     parent = os.getppid()
     with contextlib.suppress(OSError, AttributeError):  # not Linux: the runner's SIGTERM or the watchdog stops it
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

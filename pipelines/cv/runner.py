@@ -152,7 +152,7 @@ class StreamRunner:
             feeds = threading.Thread(target=self._feeds().run, args=(stop,), name="view-feeds", daemon=True)
             feeds.start()
         if self.settings.backfill:  # new views' history (pipelines.cv.backfill), in a niced process of its own
-            self.backfill = BackfillProcess(self.choice)
+            self.backfill = BackfillProcess(self.choice, nice=self.settings.backfill_nice)
         try:
             self.pipeline.run(tick=self.tick)
         finally:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -56,3 +58,14 @@ def test_the_backfill_child_runs_only_while_wanted_and_is_started_again_when_it_
     finally:
         process.stop()
     assert process.process is None
+
+
+def test_the_backfill_child_is_niced_from_its_first_instruction():
+    """Its interpreter's start-up (about 0.5 s of CPU) must not compete with the live loop as an equal."""
+    process = BackfillProcess(StreamChoice("g"), nice=7)
+    python = process.argv.index(sys.executable)
+    # The same launcher, asked for the niceness its interpreter starts with (a stand-in child).
+    probe = [*process.argv[:python], sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"]
+    started_at = int(subprocess.run(probe, capture_output=True, text=True, check=True).stdout)
+    assert started_at >= min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
+    assert BackfillProcess(StreamChoice("g")).argv[0] == sys.executable  # nice 0: started as it is
