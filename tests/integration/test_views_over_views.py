@@ -218,6 +218,32 @@ def test_a_level_stays_exact_while_its_upstream_switches_between_keys_and_rows(p
     assert view(writer, schema, "hourly") == expected["hourly"]
 
 
+def test_groups_named_like_the_feeds_own_columns_roll_up_exactly(pg, writer):
+    """A group column may be named `key` or `current`: the feed's page keeps its own names apart."""
+    name = unique("vovk")
+    stream = f"{name}_kv"
+    definitions = f"""
+        CREATE STREAM {stream} (key text, current int, v double precision)
+            WITH (topic = '{stream}', consumer_group = 'it-{name}');
+        CREATE CONTINUOUS VIEW {name}.per_key AS SELECT key, current, count(*) AS n, avg(v) AS mean
+            FROM {stream} GROUP BY key, current;
+        CREATE CONTINUOUS VIEW {name}.per_current AS SELECT current, sum(n) AS n, max(n) AS top
+            FROM {name}.per_key GROUP BY current;
+        CREATE CONTINUOUS VIEW {name}.combined AS SELECT current, combine(mean) AS mean
+            FROM {name}.per_key GROUP BY current;
+    """
+    rows = [("a", 1, 1.0), ("b", 1, 3.0), (None, 2, 5.0), ("a", 1, 7.0), ("c", None, 2.0)]
+    with throwaway_views(pg, name, [stream], definitions):
+        apply_rows(writer, stream, [1, 1, 1], rows[:3])
+        feed_all(writer)
+        apply_rows(writer, stream, [1, 1], rows[3:])
+        feed_all(writer)
+        per_current = writer.execute(f"SELECT current, n, top FROM {name}.per_current").fetchall()
+        assert sorted(per_current, key=repr) == sorted([(1, 3, 2), (2, 1, 1), (None, 1, 1)], key=repr)
+        combined = writer.execute(f"SELECT current, round(mean::numeric, 9) FROM {name}.combined").fetchall()
+        assert sorted(combined, key=repr) == sorted([(1, Decimal("3.666666667")), (2, 5), (None, 2)], key=repr)
+
+
 def images_recorded(conn: psycopg.Connection, view: str) -> bool:
     """Whether `view` records its changes' rows (True) or only their keys (False)."""
     return conn.execute("SELECT images FROM cv.view_change_positions WHERE view = %s", (view,)).fetchone()[0]

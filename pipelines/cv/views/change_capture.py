@@ -158,32 +158,28 @@ def drop_triggers(view: ViewDef) -> list[sql.Composed]:
     return [sql.SQL("DROP TRIGGER IF EXISTS {} ON {}").format(ident(n), storage_table(view)) for n in TRIGGERS.values()]
 
 
-def current_row(
-    view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False, change: str = "c"
-) -> sql.Composed:
+def current_row(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: bool = False) -> sql.Composed:
     """A LATERAL subquery of one column, `row`: the view's row now for the key of change `c`, when `c.current`.
 
-    `c` (another alias: `change`) has the columns `key` (a group key, as changes carry it) and
-    `current` (true for a change recorded keys only, whose row is read now); none comes back for a
-    group that is gone (a tombstone). The group's columns are read back from the key as the storage
-    types them, then found by the storage's unique index; a key with a NULL (kept under UNIQUE NULLS
-    NOT DISTINCT, which `=` cannot find) is compared with IS NOT DISTINCT FROM instead. The row is
-    the capture's own projection (with the stored states: `states`, `sets`), so it is what a
-    change's after would have been.
+    `c` has the columns `key` (a group key, as changes carry it) and `current` (true for a change
+    recorded keys only, whose row is read now); none comes back for a group that is gone (a
+    tombstone). The group's columns are read back from the key as the storage types them, then
+    found by the storage's unique index; a key with a NULL (kept under UNIQUE NULLS NOT DISTINCT,
+    which `=` cannot find) is compared with IS NOT DISTINCT FROM instead. The row is the capture's
+    own projection (with the stored states: `states`, `sets`), so it is what a change's after would
+    have been.
     """
     storage = storage_table(view)
     names = [g.name for g in view.groups if g != GLOBAL_GROUP]
     groups = [ident(name) for name in names]
     keyed = sql.SQL(
-        "SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, {c}.key) AS k WHERE {c}.current"
-    ).format(storage=storage, c=sql.Identifier(change))
+        "SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, c.key) AS k WHERE c.current"
+    ).format(storage=storage)
     found = keyed
     if groups:
         equal = sql.SQL(" AND ").join(sql.SQL("s.{0} = k.{0}").format(g) for g in groups)
         # On the outer key alone, so that PostgreSQL skips the branch for a key without NULL.
-        has_null = sql.SQL(" OR ").join(
-            sql.SQL("{}.key ->> {} IS NULL").format(sql.Identifier(change), sql.Literal(name)) for name in names
-        )
+        has_null = sql.SQL(" OR ").join(sql.SQL("c.key ->> {} IS NULL").format(sql.Literal(name)) for name in names)
         same = sql.SQL("({}) IS NOT DISTINCT FROM ({})").format(
             comma_list([sql.SQL("s.{}").format(g) for g in groups]),
             comma_list([sql.SQL("k.{}").format(g) for g in groups]),
@@ -199,11 +195,11 @@ def current_row(
 def states_now(feed: StreamDef, view: ViewDef, types: ViewTypes, sets: bool) -> sql.Composed:
     """A combine() reader's feed reads each group's row and stored states now (for stream_sql.feed_to_deltas).
 
-    A LATERAL subquery over the page's keys `page` (their JSON `key`, `current` true) of the columns
-    `found` and `row`: the storage's row projected as a change with its states (`current_row`),
-    typed as the feed's state was first filled (pipelines.cv.catalog.view_feeds).
+    A LATERAL subquery over the page's keys `page` (their JSON in `_cv_key`) of the columns `found`
+    and `row`: the storage's row projected as a change with its states (`current_row`), typed as the
+    feed's state was first filled (pipelines.cv.catalog.view_feeds).
     """
-    return sql.SQL("(SELECT true AS found, r AS row FROM {current} AS p CROSS JOIN LATERAL {row} AS r)").format(
-        current=current_row(view, types, states=True, sets=sets, change="page"),
-        row=stream_sql.states_row(feed, "p.row"),
-    )
+    return sql.SQL(
+        "(SELECT true AS found, r AS row FROM (SELECT page._cv_key AS key, true AS current) AS c"
+        " CROSS JOIN LATERAL {current} AS p CROSS JOIN LATERAL {row} AS r)"
+    ).format(current=current_row(view, types, states=True, sets=sets), row=stream_sql.states_row(feed, "p.row"))

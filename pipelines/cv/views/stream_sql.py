@@ -239,11 +239,11 @@ def states_row(stream: StreamDef, json: str) -> sql.Composed:
 
 
 # A keyed feed's page as the keys of the groups it changed, typed as the feed's state types them (and
-# as JSON, `key`, which change_capture.states_now finds the storage's row by): a change recorded keys
-# only (migration 0047) names its commit's groups in `keys`; one recorded with its rows (for another
-# reader that wants them) names its group in `key`.
+# as JSON, `_cv_key`, which change_capture.states_now finds the storage's row by; a group column may
+# be named `key`): a change recorded keys only (migration 0047) names its commit's groups in `keys`;
+# one recorded with its rows (for another reader that wants them) names its group in `key`.
 _PAGE_KEYS = (
-    "SELECT DISTINCT ON ({keys}) {keys}, u.key, true AS current"
+    "SELECT DISTINCT ON ({keys}) {keys}, u.key AS _cv_key"
     " FROM (SELECT CASE WHEN v.keys IS NULL THEN ARRAY[v.key] ELSE v.keys END AS keys {changes}) AS v"
     " CROSS JOIN LATERAL unnest(v.keys) AS u(key)"
     " CROSS JOIN LATERAL jsonb_populate_record(NULL::{state}, u.key) AS t ORDER BY {keys}"
