@@ -30,7 +30,7 @@ from pipelines.cv.model import Aggregate, StreamDef, ViewDef, call_placeholder
 from pipelines.cv.views import stream_sql
 from pipelines.cv.views.compiler import refs_table, storage_table
 from pipelines.cv.views.read_views import output_columns
-from pipelines.cv.views.sql_text import comma_list, ident
+from pipelines.cv.views.sql_text import columns_of, comma_list, ident
 from pipelines.cv.views.view_types import ViewTypes
 
 # The trigger names on a storage table, by the statement they follow.
@@ -180,10 +180,7 @@ def current_row(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: 
         equal = sql.SQL(" AND ").join(sql.SQL("s.{0} = k.{0}").format(g) for g in groups)
         # On the outer key alone, so that PostgreSQL skips the branch for a key without NULL.
         has_null = sql.SQL(" OR ").join(sql.SQL("c.key ->> {} IS NULL").format(sql.Literal(name)) for name in names)
-        same = sql.SQL("({}) IS NOT DISTINCT FROM ({})").format(
-            comma_list([sql.SQL("s.{}").format(g) for g in groups]),
-            comma_list([sql.SQL("k.{}").format(g) for g in groups]),
-        )
+        same = sql.SQL("({}) IS NOT DISTINCT FROM ({})").format(columns_of("s", names), columns_of("k", names))
         found = sql.SQL("{keyed} AND {equal} UNION ALL {keyed} AND ({has_null}) AND {same}").format(
             keyed=keyed, equal=equal, has_null=has_null, same=same
         )

@@ -5,6 +5,8 @@ A string literal kept as SQL text (in a definition) is pipelines.cv.sqltext.pars
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from psycopg import sql
 
 CV_SCHEMA = "cv"  # the engine's schema: catalog, streams' state, views' storage, helper functions
@@ -28,3 +30,8 @@ def raw(text: str) -> sql.SQL:
 def comma_list(items: list[sql.Composable]) -> sql.Composed:
     """The items, separated by commas."""
     return sql.SQL(", ").join(items)
+
+
+def columns_of(row: str, names: Sequence[str]) -> sql.Composed:
+    """`row.a, row.b`: the named columns of relation `row`, or of a composite value (`(new)`)."""
+    return comma_list([sql.SQL("{}.{}").format(sql.SQL(row), ident(n)) for n in names])

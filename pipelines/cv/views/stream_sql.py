@@ -18,7 +18,7 @@ from pipelines.cv.frontend.combine import NEW_STATES, OLD_STATES, STATES_KEY, is
 from pipelines.cv.model import Column, StreamDef, ViewDef, state_table_name
 from pipelines.cv.sqltext.parsing import walk
 from pipelines.cv.sqltext.types import INPUT, INPUT_SQL
-from pipelines.cv.views.sql_text import CV_SCHEMA, comma_list, ident, raw
+from pipelines.cv.views.sql_text import CV_SCHEMA, columns_of, comma_list, ident, raw
 
 
 def state_table(stream: StreamDef) -> sql.Identifier:
@@ -157,11 +157,11 @@ def batch_to_deltas(stream: StreamDef) -> sql.Composed:
         state=state_table(stream),
         key=key,
         first_key=keys[0],
-        b_key=comma_list([sql.SQL("b.{}").format(k) for k in keys]),
+        b_key=columns_of("b", stream.key),
         b_s=match("b", "s"),
         removed_values=comma_list(removed_values),
         t_s=match("t", "s"),
-        t_key=comma_list([sql.SQL("t.{}").format(k) for k in keys]),
+        t_key=columns_of("t", stream.key),
         cols=comma_list(names),
         update=update,
         st_fin=match("st", "fin"),
@@ -291,10 +291,10 @@ def feed_to_deltas(stream: StreamDef, states_now: sql.Composable | None = None) 
         " SELECT -1, {old} FROM d WHERE had UNION ALL SELECT 1, {new} FROM d WHERE has"
     ).format(
         page_keys=sql.SQL(_PAGE_KEYS).format(
-            keys=_fields("t", keys), changes=sql.SQL(_CHANGES), state=state_table(stream)
+            keys=columns_of("t", keys), changes=sql.SQL(_CHANGES), state=state_table(stream)
         ),
-        old=_fields("(old)", names),
-        new=_fields("(new)", names),
+        old=columns_of("(old)", names),
+        new=columns_of("(new)", names),
         changed=_row_changed(stream.columns),
         state=state_table(stream),
         names=comma_list([ident(n) for n in names]),
@@ -328,11 +328,6 @@ def _row_changed(columns: Sequence[Column]) -> sql.Composed:
     )
 
 
-def _fields(row: str, names: list[str]) -> sql.Composed:
-    """`row.a, row.b`: the named columns of a relation or (parenthesised) a composite value."""
-    return comma_list([sql.SQL("{}.{}").format(sql.SQL(row), ident(n)) for n in names])
-
-
 def _row_by_key(relation: sql.Composable, keys: list[str], found: str) -> sql.Composed:
     """A LATERAL subquery: `relation`'s row (column `row`, and `found`) whose key is the page key `page`'s.
 
@@ -349,8 +344,8 @@ def _row_by_key(relation: sql.Composable, keys: list[str], found: str) -> sql.Co
         rel=relation,
         equal=sql.SQL(" AND ").join(sql.SQL("r.{0} = page.{0}").format(ident(k)) for k in keys),
         has_null=sql.SQL(" OR ").join(sql.SQL("page.{} IS NULL").format(ident(k)) for k in keys),
-        r_key=_fields("r", keys),
-        k_key=_fields("page", keys),
+        r_key=columns_of("r", keys),
+        k_key=columns_of("page", keys),
     )
 
 
