@@ -147,6 +147,26 @@ def test_an_upsert_page_of_keys_carries_each_groups_row_now_and_a_tombstone_once
         catalog.define(owner, f"DROP SINK {sink}")
 
 
+def test_a_page_of_keys_and_rows_both_still_publishes_each_groups_last_change_once(pg, owner, streams):
+    schema, likes = streams["schema"], streams["likes"]
+    sink, changes = unique("up"), unique("ch")
+    catalog.define(owner, f"CREATE SINK {sink} FROM {schema}.objects WITH (format = 'upsert')")
+    try:
+        with pg("sv_writer", autocommit=True) as writer:
+            apply_rows(writer, likes, [1, 1], [(31, 1), (32, 1)])  # keys only: 31 and 32 count 1
+            catalog.define(owner, f"CREATE SINK {changes} FROM {schema}.objects WITH (format = 'changes')")
+            apply_rows(writer, likes, [1], [(31, 2)])  # rows now: 31 counts 2, a change with its images
+            catalog.define(owner, f"DROP SINK {changes}")
+            apply_rows(writer, likes, [1], [(32, 2)])  # keys only again: 32 counts 2
+            found, _ = page_records(writer, sink, 1000)
+        assert sorted((json.loads(key)["oid"], value) for key, value, _ in found) == [
+            (31, {"oid": 31, "n": 2}),
+            (32, {"oid": 32, "n": 2}),
+        ]
+    finally:
+        catalog.define(owner, f"DROP SINK {sink}")
+
+
 def test_a_null_group_and_a_view_without_group_by_are_found_by_their_keys(pg, owner, streams):
     schema, clicks = streams["schema"], streams["clicks"]
     pages, total = unique("pages"), unique("total")

@@ -13,6 +13,19 @@ from pipelines.cv.relay.publish import DeliveryError, Publisher, producer_config
 from pipelines.cv.relay.records import Record, records
 
 
+class DeliveredMessage:
+    """What a delivery report carries of its record, as confluent_kafka.Message does: key and value."""
+
+    def __init__(self, key: bytes, value: bytes | None) -> None:
+        self._key, self._value = key, value
+
+    def key(self) -> bytes:
+        return self._key
+
+    def value(self) -> bytes | None:
+        return self._value
+
+
 class FakeProducer:
     """produce() queues, flush() delivers; `refuse` maps a key to the error its delivery reports.
 
@@ -50,7 +63,7 @@ class FakeProducer:
                 code = KafkaError.MSG_SIZE_TOO_LARGE
             if code is None:
                 self.delivered.append((topic, key, value, dict(headers)))
-            on_delivery(None if code is None else KafkaError(code), None)
+            on_delivery(None if code is None else KafkaError(code), DeliveredMessage(key, value))
         self.queued.clear()
         return 0
 

@@ -32,7 +32,7 @@ the same). `changes` pages keep every change: their readers want the history, no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from psycopg import sql
 
@@ -52,14 +52,17 @@ _DEBEZIUM = (
 
 # The changes of one page: cv.view_changes' columns, and whether it is a snapshot row.
 _PAGE = sql.SQL(
-    "SELECT c.*, false AS snapshot FROM cv.view_changes AS c"
+    "SELECT c.*, false AS snapshot, false AS current FROM cv.view_changes AS c"
     " WHERE c.view = %(view)s AND c.position > %(after)s ORDER BY c.position LIMIT %(page)s"
 )
 
 
-@dataclass(frozen=True)
-class Record:
-    """One record to produce: its position, key and value (None: a tombstone), and its commit time."""
+class Record(NamedTuple):
+    """One record to produce: its position, key and value (None: a tombstone), and its commit time.
+
+    A named tuple, not a frozen dataclass: a page makes thousands, and a frozen dataclass took
+    about 1 µs each to build, several times a tuple's.
+    """
 
     position: int
     key: bytes
@@ -79,16 +82,23 @@ def value_sql(state: SinkState) -> sql.SQL:
 def _shaped(state: SinkState, page: sql.Composable, *, last_per_key: bool = False) -> sql.Composed:
     """The page's changes that pass the filter, plus its last one (which may not), as records in position order.
 
-    With `last_per_key`, of each key's passing changes only the last one (an upsert page).
+    With `last_per_key`, of each key's passing changes only the last one (an upsert page). The
+    page's rows say whether they are `current` (read now: at most one per key, `_CURRENT_PAGE`); a
+    page of those alone is kept as it is, since hashing every key again to find its last change
+    cost a third of such a page's time (`python -m loadgen.sink`, docs/performance.md).
     Columns: position, passes, key text, value text, committed_at in epoch seconds.
     """
     k = "SELECT f.*, passes AS kept FROM f"
     if last_per_key:
         # Each key's last passing position, grouped by hashing the keys: a window partitioned by key
-        # would sort the page by jsonb, which costs more than the rest of the query.
+        # would sort the page by jsonb, which costs more than the rest of the query. The two
+        # branches exclude each other; PostgreSQL evaluates the uncorrelated EXISTS once.
         k = (
-            "SELECT f.*, f.passes AND f.position = l.last AS kept FROM f"
+            "SELECT f.*, f.passes AS kept FROM f WHERE NOT EXISTS (SELECT FROM f WHERE NOT f.current)"
+            " UNION ALL"
+            " SELECT f.*, f.passes AND f.position = l.last AS kept FROM f"
             " LEFT JOIN (SELECT key, max(position) AS last FROM f WHERE passes GROUP BY key) AS l ON l.key = f.key"
+            " WHERE EXISTS (SELECT FROM f WHERE NOT f.current)"
         )
     return sql.SQL(
         "WITH page AS ({page}),"
@@ -124,7 +134,7 @@ WITH r AS (SELECT * FROM cv.view_changes WHERE view = %(view)s AND position > %(
        UNION ALL
        SELECT %(view)s::text, max(position), key, NULL, NULL, NULL, max(committed_at), true FROM keyed GROUP BY key)
 SELECT c.view, c.position, c.key, c.before, CASE WHEN c.current THEN n.row ELSE c.after END AS after, c.delta,
-       c.committed_at, false AS snapshot
+       c.committed_at, false AS snapshot, c.current
   FROM d AS c LEFT JOIN LATERAL {current} AS n ON true
  ORDER BY c.position
 """
@@ -150,7 +160,7 @@ def snapshot_query(state: SinkState, view: ViewDef, types: ViewTypes) -> sql.Com
     """
     rows = sql.SQL(
         "SELECT %(view)s::text AS view, %(last)s::bigint AS position, n.key, NULL::jsonb AS before, n.row AS after,"
-        " NULL::jsonb AS delta, now() AS committed_at, true AS snapshot"
+        " NULL::jsonb AS delta, now() AS committed_at, true AS snapshot, false AS current"
         " FROM (WITH cv_rows AS (SELECT * FROM {storage}) {projection}) AS n"
     ).format(storage=storage_table(view), projection=sql.SQL(projection(view, types)))
     return _shaped(state, rows)
