@@ -211,16 +211,21 @@ class PipelineWorkers:
         ]
         self.started = self.workers[0].started
         self.log_paths = [w.log_path for w in self.workers]
-        self.also_sampled: dict[str, int | None] = {}  # other processes whose CPU to sample, by role (e.g. kafka)
+        # Other processes whose CPU to sample, by role (e.g. kafka); and other PostgreSQL sessions, by
+        # role: their application name, whose backends are looked up with the workers'.
+        self.also_sampled: dict[str, int | Sequence[int] | None] = {}
+        self.also_backends: dict[str, str] = {}
 
     @staticmethod
     def _suffix(i: int) -> str:
         return str(i + 1) if i else ""
 
     def find_backends(self, conn: psycopg.Connection) -> None:
-        """Look up each worker's PostgreSQL backends by their application name."""
+        """Look up each worker's PostgreSQL backends, and those of `also_backends`, by their application name."""
         for i, worker in enumerate(self.workers):
             worker.backend = backend_pids(conn, PIPELINE_APPLICATION + self._suffix(i))
+        for role, application_name in self.also_backends.items():
+            self.also_sampled[role] = backend_pids(conn, application_name)
 
     @property
     def pids(self) -> dict[str, int | Sequence[int] | None]:

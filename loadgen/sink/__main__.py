@@ -4,14 +4,18 @@ Issue 25's performance figures for sinks (`CREATE SINK`, docs/results.md "Sinks"
 
 1. Produce `--events` page views (loadgen.workloads.pageviews: url uniform among `--urls`) to a
    topic of `--partitions`.
-2. Drain it six times, each in a throwaway schema, stream and consumer group, with the `basic`
-   view of loadgen.pageviews (count, sum, max per url) and ONE runner: without a sink (A), with the
-   view recording its changes and no sink (B: what the change stream itself costs the runner), with
-   an upsert sink on the view (C: its changes recorded, and the sinks' relay of the run's group
-   publishing them, `python -m pipelines.cv.relay --group G`), then C, B, A again (so drift on a
-   shared machine weighs on all alike). Each drain is timed in ops.kafka_offsets from its first
-   commit; each variant's figure is the median of its two runs; the target is C >= 0.9x A. A sink
-   run also times the relay's catch-up after the drain.
+2. Drain it six times a round (`--rounds`, default 2), each in a throwaway schema, stream and
+   consumer group, with the `basic` view of loadgen.pageviews (count, sum, max per url) and ONE
+   runner: without a sink (A), with the view recording its changes and no sink (B: what the change
+   stream itself costs the runner, images and all: `changes = true`), with an upsert sink on the
+   view (C: its changes recorded, keys only, and the sinks' relay of the run's group publishing
+   them, `python -m pipelines.cv.relay --group G`), then C, B, A again (so drift on a shared
+   machine weighs on all alike). Each drain is timed in ops.kafka_offsets from its first commit;
+   each variant's figure is the median of its runs; the target is C >= 0.9x A. A sink run also
+   times the relay's catch-up after the drain. The drains' CPU is printed per process (cores busy,
+   median per variant): the runner, its PostgreSQL session, the relay, the relay's, Kafka. Two
+   rounds, not one: on this two-core machine one run's ratio moved between 0.68x and 0.98x in a day
+   (docs/performance.md).
 3. Latency: a fresh topic, the view with its sink, the runner and the relay started; page views
    produced steadily at half the with-sink rate of step 2 for `--seconds`, plus a marker page view
    (a url of its own) every 20 ms; a consumer of the sink's topic times each marker's first record
@@ -57,12 +61,25 @@ log = get_logger("loadgen.sink")
 
 # The stages of the latency's p50 (`stages`).
 STAGES = ("to_commit", "to_record", "to_reader")
-# Without (A), changes recorded without a sink (B), with the sink (C): A B C C B A.
+# Without (A), changes recorded without a sink (B), with the sink (C): A B C C B A, `--rounds` times.
 ORDER = ("without", "changes", "with", "with", "changes", "without")
+VARIANTS = ("without", "changes", "with")
+# The processes whose CPU a drain samples (loadgen.common.drain.CpuSample), as the notes name them.
+CPU_ROLES = {
+    "pipeline": "runner",
+    "postgres": "its PostgreSQL",
+    "relay": "relay",
+    "relay_postgres": "relay's PostgreSQL",
+    "kafka": "Kafka",
+    "machine": "machine",
+}
 
 
 def throughput(args: argparse.Namespace, kafka: KafkaSettings, postgres: PostgresSettings) -> dict[str, list[float]]:
-    """Events/s of each variant's drains (ABBA), and the relay's catch-up seconds after each sink drain."""
+    """Events/s of each variant's drains (ABBA), the relay's catch-up seconds after each sink drain.
+
+    Also each drain's cores busy per process, under `<variant>.<role>` (roles of `CPU_ROLES`).
+    """
     views = page_views(args.events, args.urls, args.seed)
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     topic = unique_name("bench-sink-pv", sep="-")
@@ -70,11 +87,13 @@ def throughput(args: argparse.Namespace, kafka: KafkaSettings, postgres: Postgre
     figures: dict[str, list[float]] = {"without": [], "changes": [], "with": [], "catch_up": []}
     try:
         produce_all(topic, range(args.events), views.encode, kafka)
-        for variant in ORDER:
+        for variant in ORDER * args.rounds:
             sink, changes = variant == "with", variant == "changes"
             with SinkRun(topic, sink=sink, changes=changes, kafka=kafka, postgres=postgres).running() as run:
                 drain = run.drain()
                 figures[variant].append(drain.rate(args.events))
+                for role, cores in drain.cpu_done.cores_since(drain.cpu_start).items():
+                    figures.setdefault(f"{variant}.{role}", []).append(cores)
                 if sink:
                     figures["catch_up"].append(run.relay_caught_up())
                 run.check(views)
@@ -239,13 +258,16 @@ def measure(args: argparse.Namespace) -> BenchResult:
         if figures
         else "not run"
     )
+    notes = [f"drains (events/s, in order of each variant): {runs}"]
+    if figures:
+        notes += [f"drain CPU, {v} (cores busy, median): {cpu_line(figures, v)}" for v in VARIANTS]
     return BenchResult.of(
         "sink",
         results,
         [
-            ("one runner, no sink (events/s, median of 2)", "without"),
+            ("one runner, no sink (events/s, median of its runs)", "without"),
             ("one runner, the view recording its changes, no sink (events/s)", "changes"),
-            ("one runner, upsert sink on the view (events/s, median of 2)", "with"),
+            ("one runner, upsert sink on the view (events/s, median of its runs)", "with"),
             ("relay catch-up after a drain, the longer (s)", "catch_up", ".1f"),
             *latency_rows("", "steady load for the latency (events/s, half the with-sink rate)", "on the sink topic"),
             *latency_rows("sustained_", "steady load at half what the runner sustained (events/s)", "at that load"),
@@ -261,14 +283,25 @@ def measure(args: argparse.Namespace) -> BenchResult:
             f"upsert sink benchmark ({machine_line(postgres)})",
             f"  workload: {args.events:,} page views, url uniform among {args.urls:,}, {args.partitions} partitions;"
             f" view basic: {VIEW.select.format(stream='<stream>')}",
-            "  runs in the order without, changes, sink, sink, changes, without: each a fresh group draining one topic",
+            f"  runs in the order without, changes, sink, sink, changes, without, {args.rounds} rounds:"
+            " each a fresh group draining one topic",
             "  latency: at half the with-sink drain rate; then, if the runner did not keep up with it beside the load"
             " producer (or kept up with a queue of over 0.5 s), at half what it committed meanwhile"
             " (the sustained rate)",
         ],
-        notes=[f"drains (events/s, in order of each variant): {runs}"],
+        notes=notes,
         check="every drained view matches what was produced (loadgen.pageviews' basic check)" if figures else None,
     )
+
+
+def cpu_line(figures: dict[str, list[float]], variant: str) -> str:
+    """The median cores busy per process over a variant's drains, as `runner 0.85, its PostgreSQL 0.52, ...`."""
+    parts = []
+    for role, name in CPU_ROLES.items():
+        values = figures.get(f"{variant}.{role}")
+        if values:
+            parts.append(f"{name} {statistics.median(values):.2f}")
+    return ", ".join(parts)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=6, help="partitions of the bench topics")
     parser.add_argument("--seconds", type=float, default=15.0, help="steady load of the latency phase")
     parser.add_argument("--seed", type=int, default=1, help="same seed, same events")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of the six drains (A B C C B A)")
     parser.add_argument(
         "--rate", type=float, default=0.0, help="only the latency phase, at this many events/s (0: half the measured)"
     )

@@ -40,6 +40,7 @@ from pipelines.settings import KafkaSettings, PostgresSettings
 log = get_logger("loadgen.sink")
 
 VIEW = VIEWS["basic"]  # count(*), sum(latency), max(latency) per url
+RELAY_APPLICATION = "streamviews-bench-relay"  # the relay's sessions' application_name (its backends sampled apart)
 
 
 class SinkRun:
@@ -73,7 +74,7 @@ class SinkRun:
             with throwaway_definitions(self.schema, self.statements(), [self.stream], self.postgres):
                 try:
                     if self.with_sink:
-                        env = pipeline_env(self.postgres, self.kafka)
+                        env = pipeline_env(self.postgres, self.kafka, application_name=RELAY_APPLICATION)
                         log_path = Path(tempfile.gettempdir()) / f"streamviews-{self.sink}-relay.log"
                         self.relay = ServiceProcess(
                             "relay", "pipelines.cv.relay", ["--group", self.group], env=env, log_path=log_path
@@ -89,6 +90,7 @@ class SinkRun:
                     self.runner.also_sampled["kafka"] = find_pid(b"kafka.Kafka")
                     if self.relay is not None:
                         self.runner.also_sampled["relay"] = self.relay.process.pid
+                        self.runner.also_backends["relay_postgres"] = RELAY_APPLICATION
                     yield self
                 finally:
                     for process in (self.runner, self.relay):
