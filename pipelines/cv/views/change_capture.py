@@ -30,7 +30,7 @@ from pipelines.cv.model import Aggregate, StreamDef, ViewDef, call_placeholder
 from pipelines.cv.views import stream_sql
 from pipelines.cv.views.compiler import refs_table, storage_table
 from pipelines.cv.views.read_views import output_columns
-from pipelines.cv.views.sql_text import columns_of, comma_list, ident
+from pipelines.cv.views.sql_text import comma_list, found_by_key, ident
 from pipelines.cv.views.view_types import ViewTypes
 
 # The trigger names on a storage table, by the statement they follow.
@@ -171,19 +171,13 @@ def current_row(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: 
     """
     storage = storage_table(view)
     names = [g.name for g in view.groups if g != GLOBAL_GROUP]
-    groups = [ident(name) for name in names]
-    keyed = sql.SQL(
-        "SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, c.key) AS k WHERE c.current"
-    ).format(storage=storage)
-    found = keyed
-    if groups:
-        equal = sql.SQL(" AND ").join(sql.SQL("s.{0} = k.{0}").format(g) for g in groups)
-        # On the outer key alone, so that PostgreSQL skips the branch for a key without NULL.
+    keyed = sql.SQL("SELECT s.* FROM {storage} AS s, jsonb_populate_record(NULL::{storage}, c.key) AS k").format(
+        storage=storage
+    )
+    found = sql.SQL("{} WHERE c.current").format(keyed)
+    if names:
         has_null = sql.SQL(" OR ").join(sql.SQL("c.key ->> {} IS NULL").format(sql.Literal(name)) for name in names)
-        same = sql.SQL("({}) IS NOT DISTINCT FROM ({})").format(columns_of("s", names), columns_of("k", names))
-        found = sql.SQL("{keyed} AND {equal} UNION ALL {keyed} AND ({has_null}) AND {same}").format(
-            keyed=keyed, equal=equal, has_null=has_null, same=same
-        )
+        found = found_by_key(keyed, "s", "k", names, has_null, where=sql.SQL("c.current"))
     return sql.SQL("(WITH cv_rows AS ({found}) SELECT n.row FROM ({projection}) AS n)").format(
         found=found, projection=sql.SQL(projection(view, types, states=states, sets=sets))
     )

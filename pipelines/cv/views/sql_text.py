@@ -35,3 +35,28 @@ def comma_list(items: list[sql.Composable]) -> sql.Composed:
 def columns_of(row: str, names: Sequence[str]) -> sql.Composed:
     """`row.a, row.b`: the named columns of relation `row`, or of a composite value (`(new)`)."""
     return comma_list([sql.SQL("{}.{}").format(sql.SQL(row), ident(n)) for n in names])
+
+
+def found_by_key(
+    select: sql.Composable,
+    row: str,
+    probe: str,
+    names: Sequence[str],
+    null_in_probe: sql.Composable,
+    where: sql.Composable | None = None,
+) -> sql.Composed:
+    """`select` (SELECT ... FROM, no WHERE) for the row `row` whose key columns `names` are the probe's.
+
+    Two branches, UNION ALL: by `=`, which the relation's unique index answers; and, for a probe key
+    with a NULL (a group kept under UNIQUE NULLS NOT DISTINCT, which `=` cannot find), by IS NOT
+    DISTINCT FROM. `null_in_probe` says the probe key has a NULL, on the outer query alone, so that
+    PostgreSQL skips the second branch for a key without one. `where`: a condition both branches add.
+    """
+    equal = sql.SQL(" AND ").join(
+        sql.SQL("{}.{} = {}.{}").format(sql.SQL(row), ident(n), sql.SQL(probe), ident(n)) for n in names
+    )
+    same = sql.SQL("({}) IS NOT DISTINCT FROM ({})").format(columns_of(row, names), columns_of(probe, names))
+    given = sql.SQL("") if where is None else sql.SQL("{} AND ").format(where)
+    return sql.SQL("{select} WHERE {given}{equal} UNION ALL {select} WHERE {given}({null}) AND {same}").format(
+        select=select, given=given, equal=equal, null=null_in_probe, same=same
+    )

@@ -18,7 +18,7 @@ from pipelines.cv.frontend.combine import NEW_STATES, OLD_STATES, STATES_KEY, is
 from pipelines.cv.model import Column, StreamDef, ViewDef, state_table_name
 from pipelines.cv.sqltext.parsing import walk
 from pipelines.cv.sqltext.types import INPUT, INPUT_SQL
-from pipelines.cv.views.sql_text import CV_SCHEMA, columns_of, comma_list, ident, raw
+from pipelines.cv.views.sql_text import CV_SCHEMA, columns_of, comma_list, found_by_key, ident, raw
 
 
 def state_table(stream: StreamDef) -> sql.Identifier:
@@ -331,22 +331,11 @@ def _row_changed(columns: Sequence[Column]) -> sql.Composed:
 def _row_by_key(relation: sql.Composable, keys: list[str], found: str) -> sql.Composed:
     """A LATERAL subquery: `relation`'s row (column `row`, and `found`) whose key is the page key `page`'s.
 
-    Found by equality, which the relation's unique index answers; a key with a NULL (rare: a group of
-    the rows whose url is NULL) by IS NOT DISTINCT FROM, in a branch gated on the page key alone, so
-    that PostgreSQL skips it for a key without NULL.
+    A key with a NULL (rare: a group of the rows whose url is NULL) is found apart (`found_by_key`).
     """
-    return sql.SQL(
-        "(SELECT {found}, r AS row FROM {rel} AS r WHERE {equal}"
-        " UNION ALL SELECT {found}, r AS row FROM {rel} AS r"
-        " WHERE ({has_null}) AND ({r_key}) IS NOT DISTINCT FROM ({k_key}))"
-    ).format(
-        found=sql.SQL(found),
-        rel=relation,
-        equal=sql.SQL(" AND ").join(sql.SQL("r.{0} = page.{0}").format(ident(k)) for k in keys),
-        has_null=sql.SQL(" OR ").join(sql.SQL("page.{} IS NULL").format(ident(k)) for k in keys),
-        r_key=columns_of("r", keys),
-        k_key=columns_of("page", keys),
-    )
+    select = sql.SQL("SELECT {found}, r AS row FROM {rel} AS r").format(found=sql.SQL(found), rel=relation)
+    has_null = sql.SQL(" OR ").join(sql.SQL("page.{} IS NULL").format(ident(k)) for k in keys)
+    return sql.SQL("({})").format(found_by_key(select, "r", "page", keys, has_null))
 
 
 def appends_source(stream: StreamDef) -> sql.Composed:
