@@ -118,6 +118,16 @@ def test_a_delivery_kafka_fails_for_its_own_sake_fails_the_page():
         Publisher(producer).publish("s", "public.v", "t", [record(1, "a"), record(2, "b")])
 
 
+def test_a_refused_report_that_names_no_record_of_the_page_fails_the_page_instead_of_raising_in_the_callback():
+    class ReportsOtherBytes(FakeProducer):
+        def produce(self, topic, value=None, key=None, headers=None, on_delivery=None):
+            super().produce(topic, b"not what was produced", key, headers, on_delivery)
+
+    producer = ReportsOtherBytes(refuse={b"big": KafkaError.MSG_SIZE_TOO_LARGE})
+    with pytest.raises(DeliveryError, match="1 records not delivered"):
+        Publisher(producer).publish("s", "public.v", "t", [record(1, "big"), record(2, "ok")])
+
+
 def test_the_page_rows_give_the_records_that_passed_and_the_last_position_read():
     rows = [
         (4, True, '{"k": 1}', '{"n": 1}', 1.0),

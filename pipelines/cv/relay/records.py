@@ -85,7 +85,7 @@ def _shaped(state: SinkState, page: sql.Composable, *, last_per_key: bool = Fals
     With `last_per_key`, of each key's passing changes only the last one (an upsert page). The
     page's rows say whether they are `current` (read now: at most one per key, `_CURRENT_PAGE`); a
     page of those alone is kept as it is, since hashing every key again to find its last change
-    cost a third of such a page's time (`python -m loadgen.sink`, docs/performance.md).
+    cost about a sixth of such a page's time (one page of 10,000 groups, docs/performance.md).
     Columns: position, passes, key text, value text, committed_at in epoch seconds.
     """
     k = "SELECT f.*, passes AS kept FROM f"
