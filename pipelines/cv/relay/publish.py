@@ -80,7 +80,9 @@ class _Page:
     records: list[Record] = field(default_factory=list)
     refused: list[tuple[Record, str]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
-    _by_content: dict[tuple[bytes | None, bytes | None], list[Record]] | None = None
+    _by_content: dict[tuple[bytes | None, bytes | None], list[Record]] | None = field(
+        default=None, init=False, repr=False
+    )
 
     def report(self, err: KafkaError | None, msg: Message) -> None:
         """A record's delivery report: refused for what it is (dead-lettered), or Kafka's failure.
