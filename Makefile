@@ -22,7 +22,7 @@ demo: up ## the main job: stream likes and follows through Kafka, then read coun
 
 test: $(STAMP) ## start the stack if needed, then run every test (unit and integration)
 	$(PY) -m stack up
-	$(PY) -m pytest tests
+	$(PY) -m pytest --durations=15 tests
 
 test-unit: $(STAMP) ## only the tests that need no services
 	$(PY) -m pytest tests/unit
