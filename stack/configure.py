@@ -161,6 +161,11 @@ def pipeline_env(context: dict[str, object], name: str) -> str:
         "PIPELINE_INSTANCE_ID": f"local-{name}",
         # Its own metrics port (STREAMS_METRICS_PORT, ...), which the local Prometheus scrapes.
         "METRICS_PORT": str(context[f"{name}_metrics_port"]),
+        # A fault fixed while trying things out (a GRANT given back, a view's table restored) shows
+        # within seconds: held streams and quarantined views are tried again after 5 s here, where
+        # production's default waits 30 s (both doubling up to 10 minutes: docs/isolation.md).
+        "PIPELINE_HOLD_RETRY_S": "5",
+        "PIPELINE_VIEW_RETRY_S": "5",
         "LOG_FORMAT": "json",
         "PYTHONUNBUFFERED": "1",
     }

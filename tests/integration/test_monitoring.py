@@ -134,7 +134,7 @@ def test_a_streams_lag_rises_while_its_view_refuses_writes_then_returns_to_zero_
         with pg("sv_owner", autocommit=True) as conn:
             conn.execute(f"GRANT INSERT ON {state.as_string(conn)} TO {ROLE_WRITER}")
 
-    # The held stream is read again after PIPELINE_HOLD_RETRY_S (30 s).
+    # The held stream is read again after PIPELINE_HOLD_RETRY_S (5 s in the local stack: stack/configure.py).
     wait_for(lambda: value(stack, lag) == 0, timeout=150, what="the lag back at 0 in Prometheus")
     assert value(stack, events) == 201
     with pg("sv_reader") as conn:
