@@ -211,6 +211,10 @@ class PipelineSettings(_Settings):
     # Seconds between checks of the stream catalog's version (the stream runner): how soon a stream
     # defined or dropped on a running system starts or stops flowing.
     catalog_poll_s: float = Field(1.0, gt=0)
+    # Times a definition (`streamviews define`, drop, ...) is tried while locks block it, pausing
+    # 0.25 s, 0.5 s, 1 s, ... between (pipelines.cv.catalog.locks): 5 gives up after about 9 s; a
+    # deploy script on a busy system may wait longer, a test fail sooner.
+    definition_attempts: int = Field(5, gt=0)
     # Seconds between retention sweeps of views with a TTL.
     expire_interval_s: float = Field(60.0, gt=0)
     # Seconds a view's recorded changes are kept (views WITH (changes = true), migration 0020):

@@ -24,7 +24,8 @@ only for later-named views' rows, taken in the same order, so they cannot deadlo
 that writes such a view takes its row at its own commit, after the stream's lock, like a batch.
 
 A lock not had in time raises `DefinitionBlocked` naming what holds it; `changing` runs a change in
-a transaction of its own and tries it again after a growing pause (`ATTEMPTS` times in all).
+a transaction of its own and tries it again after a growing pause (`PIPELINE_DEFINITION_ATTEMPTS` times
+in all, `ATTEMPTS` by default).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from psycopg import errors, pq, sql
 
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
+from pipelines.settings import PipelineSettings
 
 log = get_logger("cv.catalog")
 
@@ -49,7 +51,8 @@ DEFINITIONS_LOCK = 0x4344  # "CD"
 # The longest a definition waits for any one lock. Pipelines queue behind a definition that waits for
 # their stream's lock, so this bounds how long a definition can hold ingestion up while it waits.
 LOCK_TIMEOUT_MS = 1000
-# A change blocked by a lock is tried this many times in all, pausing 0.25 s, 0.5 s, 1 s, ... between.
+# A change blocked by a lock is tried this many times in all (unless PIPELINE_DEFINITION_ATTEMPTS
+# says otherwise), pausing 0.25 s, 0.5 s, 1 s, ... between.
 ATTEMPTS = 5
 FIRST_PAUSE_S = 0.25
 # The streams this transaction holds exclusively, for step 3 (a transaction-local setting).
@@ -77,10 +80,11 @@ def changing(conn: psycopg.Connection, what: str, change: Callable[[], T]) -> T:
     the caller: a retry must start the whole transaction again, which only its owner can do.
 
     Raises:
-        DefinitionBlocked: Still blocked after ATTEMPTS tries; the message names what held the lock.
+        DefinitionBlocked: Still blocked after `attempts()` tries; the message names what held the lock.
     """
     owner = conn.info.transaction_status == pq.TransactionStatus.IDLE
-    for attempt in range(1, ATTEMPTS + 1):
+    tries = attempts() if owner else 1
+    for attempt in range(1, tries + 1):
         try:
             with conn.transaction():
                 return change()
@@ -91,12 +95,18 @@ def changing(conn: psycopg.Connection, what: str, change: Callable[[], T]) -> T:
             blocked.__cause__ = e
         if not owner:
             raise blocked
-        if attempt == ATTEMPTS:
-            raise DefinitionBlocked(f"{blocked} (tried {ATTEMPTS} times); retry later") from blocked
+        if attempt == tries:
+            times = f"{tries} times" if tries > 1 else "once"
+            raise DefinitionBlocked(f"{blocked} (tried {times}); retry later") from blocked
         pause = FIRST_PAUSE_S * 2 ** (attempt - 1)
         log.info("definition blocked; trying again", reason=str(blocked), attempt=attempt, pause_s=pause)
         time.sleep(pause)
     raise AssertionError("unreachable")
+
+
+def attempts() -> int:
+    """How many times a blocked definition is tried: PIPELINE_DEFINITION_ATTEMPTS, read at each definition."""
+    return PipelineSettings().definition_attempts
 
 
 def begin_change(conn: psycopg.Connection, what: str) -> None:
