@@ -41,33 +41,12 @@ from loadgen.common.postgres import owner_conninfo
 from loadgen.common.processes import PipelineWorkers
 from loadgen.common.report import BenchResult, Comparison, Results, machine_line
 from loadgen.common.throwaway import create_topic, delete_topic, forget_group, throwaway_definitions
+from loadgen.rollup.queries import DAY, DAY_COMBINE, HOUR, HOUR_COMBINE, MINUTE
 from loadgen.workloads.pageviews import page_views
 from pipelines.logs import get_logger
 from pipelines.settings import KafkaSettings, PostgresSettings
 
 log = get_logger("loadgen.rollup")
-
-MINUTE = (
-    "SELECT date_trunc('minute', ts) AS minute, url, count(*) AS n, sum(latency) AS total, max(latency) AS peak"
-    " FROM {src} GROUP BY 1, 2"
-)
-HOUR = (
-    "SELECT date_trunc('hour', minute) AS hour, url, sum(n) AS n, sum(total) AS total, max(peak) AS peak,"
-    " count(*) AS minutes FROM {src} GROUP BY 1, 2"
-)
-DAY = (
-    "SELECT date_trunc('day', hour) AS day, sum(n) AS n, max(peak) AS peak, count(*) AS url_hours FROM {src} GROUP BY 1"
-)
-# --combine: the same chain with combine() (the levels merge the minute view's stored states, which its
-# changes then carry: migration 0033), for the capture cost the states add.
-HOUR_COMBINE = (
-    "SELECT date_trunc('hour', minute) AS hour, url, combine(n) AS n, combine(total) AS total,"
-    " combine(peak) AS peak, count(*) AS minutes FROM {src} GROUP BY 1, 2"
-)
-DAY_COMBINE = (
-    "SELECT date_trunc('day', hour) AS day, combine(n) AS n, combine(peak) AS peak, count(*) AS url_hours"
-    " FROM {src} GROUP BY 1"
-)
 
 
 def definitions(schema: str, stream: str, topic: str, group: str, chain: bool, combine: bool = False) -> list[str]:

@@ -122,6 +122,13 @@ SUITE = (
         minutes=4,
     ),
     Benchmark(
+        "rollup_floor",
+        "The same chain in PostgreSQL alone: as feeds today, and the floor of applying it in the batch",
+        "loadgen.rollup.floor",
+        quick="--events 5000 --batches 3 --rounds 1",
+        minutes=2.5,
+    ),
+    Benchmark(
         "likes_at_size",
         "Likes per second as the state grows",
         "loadgen.likes_at_size",
