@@ -1,1 +1,1 @@
-"""The rollup chain in PostgreSQL alone: as feeds today, against the floor of applying it in the batch."""
+"""The rollup chain in PostgreSQL alone: as feeds today, against two emulated designs."""
