@@ -10,7 +10,6 @@ The names below are the catalog's interface; callers import them from here.
 """
 
 from pipelines.cv.catalog.locks import (
-    ATTEMPTS,
     LOCK_TIMEOUT_MS,
     DefinitionBlocked,
     changing,
@@ -20,7 +19,6 @@ from pipelines.cv.catalog.script import StatementFailed, apply, define, drop
 from pipelines.cv.catalog.store import CompiledView, catalog_version, load_streams, load_views, scope
 
 __all__ = [
-    "ATTEMPTS",
     "LOCK_TIMEOUT_MS",
     "CompiledView",
     "DefinitionBlocked",

@@ -25,7 +25,7 @@ that writes such a view takes its row at its own commit, after the stream's lock
 
 A lock not had in time raises `DefinitionBlocked` naming what holds it; `changing` runs a change in
 a transaction of its own and tries it again after a growing pause (`PIPELINE_DEFINITION_ATTEMPTS` times
-in all, `ATTEMPTS` by default).
+in all, 5 by default).
 """
 
 from __future__ import annotations
@@ -51,9 +51,7 @@ DEFINITIONS_LOCK = 0x4344  # "CD"
 # The longest a definition waits for any one lock. Pipelines queue behind a definition that waits for
 # their stream's lock, so this bounds how long a definition can hold ingestion up while it waits.
 LOCK_TIMEOUT_MS = 1000
-# A change blocked by a lock is tried this many times in all (unless PIPELINE_DEFINITION_ATTEMPTS
-# says otherwise), pausing 0.25 s, 0.5 s, 1 s, ... between.
-ATTEMPTS = 5
+# A change blocked by a lock is tried `attempts()` times in all, pausing 0.25 s, 0.5 s, 1 s, ... between.
 FIRST_PAUSE_S = 0.25
 # The streams this transaction holds exclusively, for step 3 (a transaction-local setting).
 _LOCKED_STREAMS = "cv.streams_locked"
