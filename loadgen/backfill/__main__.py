@@ -22,6 +22,8 @@ Issue 27's benchmark: a view defined today over a stream whose topic holds `--ev
    default rate is half what the live view sustains with this producer on the same machine: on two
    cores, at half the drain figure its p99 was 1.2 s with no backfill at all (it sustains about that
    much, the producer taking the rest), so a quarter of the drain figure.
+   The cores each process used under the load, before the backfill and during it, are printed
+   in the notes (the backfill process comes and goes: its share is in the machine's figure).
 5. Stop producing, wait until the runner has read everything, and check that `loaded_stats` equals
    `live_stats` row for row (it saw the history by the backfill, the rest live: nothing twice,
    nothing missed), and `live_stats` what was produced.
@@ -45,12 +47,12 @@ from confluent_kafka.admin import AdminClient
 from psycopg import sql
 
 from loadgen.common import cli
-from loadgen.common.drain import Drain, high_watermarks, wait_drained
+from loadgen.common.drain import CpuSample, Drain, cores_text, high_watermarks, wait_drained
 from loadgen.common.errors import BenchmarkError
 from loadgen.common.freshness import MARKER_INTERVAL_S, Probe, percentile
 from loadgen.common.kafka import Sender, produce_all
 from loadgen.common.postgres import owner_conninfo
-from loadgen.common.processes import PipelineWorkers
+from loadgen.common.processes import PipelineWorkers, find_pid
 from loadgen.common.report import BenchResult, Comparison, Results, machine_line
 from loadgen.common.throwaway import create_topic, delete_topic, forget_group, throwaway_definitions
 from loadgen.pageviews.views import VIEWS
@@ -214,6 +216,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
     steady: SteadyProducer | None = None
     drain: Drain | None = None
     markers = 0
+    cpu_notes: list[str] = []  # cores busy per process under the steady load, before and during the backfill
     try:
         results.measure("producer", lambda: produce_all(topic, range(args.events), views.encode, kafka))
         with throwaway_definitions(schema, definitions(schema, stream, topic, group, "live_stats"), [stream], postgres):
@@ -251,11 +254,21 @@ def measure(args: argparse.Namespace) -> BenchResult:
                     steady.limit_s = args.baseline_s + args.load_s
                     steady.start()
                     quiet = time.monotonic()  # the same load without a backfill first: the baseline
+                    runner.also_sampled["kafka"] = find_pid(b"kafka.Kafka")  # the broker serving both consumers
+                    cpu_quiet = CpuSample.take(runner.pids)
                     time.sleep(args.baseline_s)
                     define = definitions(schema, stream, topic, group, "loaded_stats")[1]
                     started = time.monotonic()
+                    cpu_started = CpuSample.take(runner.pids)
                     rate, _ = backfill_rate(conn, define, f"{schema}.loaded_stats", runner, args.timeout)
                     ended = time.monotonic()
+                    # The backfill process comes and goes, so it is not sampled: its share is in "machine".
+                    cpu_ended = CpuSample.take(runner.pids)
+                    before, during = cpu_started.cores_since(cpu_quiet), cpu_ended.cores_since(cpu_started)
+                    cpu_notes = [
+                        f"cores busy (of 2) under the load, before the backfill: {cores_text(before)}",
+                        f"  during it, until it completed: {cores_text(during)}",
+                    ]
                     results.values["backfill_loaded"] = rate
                     steady.halt.set()
                     steady.join(60)
@@ -311,6 +324,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
         ("live_stats freshness p99 during that backfill (ms)", "freshness_p99"),
     ]
     notes = [f"{markers} markers in all; live drain: {drain.describe(args.events, 'events')}"] if drain else []
+    notes += cpu_notes
     return BenchResult.of(
         "backfill",
         results,
