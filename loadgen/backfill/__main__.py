@@ -35,6 +35,7 @@ Targets (issue 27): backfill events/s >= 0.8 x the live runner's, and the live v
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -266,7 +267,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
                     cpu_ended = CpuSample.take(runner.pids)
                     before, during = cpu_started.cores_since(cpu_quiet), cpu_ended.cores_since(cpu_started)
                     cpu_notes = [
-                        f"cores busy (of 2) under the load, before the backfill: {cores_text(before)}",
+                        f"cores busy (of {os.cpu_count()}) under the load, before the backfill: {cores_text(before)}",
                         f"  during it, until it completed: {cores_text(during)}",
                     ]
                     results.values["backfill_loaded"] = rate
