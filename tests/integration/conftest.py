@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from elasticsearch import Elasticsearch
 
@@ -239,9 +239,7 @@ def topic_records(kafka: KafkaSettings, topic: str, *, transactional: bool = Fal
         }
     )
     try:
-        metadata = consumer.list_topics(timeout=10).topics.get(topic)
-        numbers = sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in numbers}
+        ends = _partition_ends(consumer, topic)
         left = {p: end for p, end in ends.items() if end > 0}
         consumer.assign([TopicPartition(topic, p, 0) for p in left])
         out: list[Message] = []
@@ -257,6 +255,24 @@ def topic_records(kafka: KafkaSettings, topic: str, *, transactional: bool = Fal
         return out
     finally:
         consumer.close()
+
+
+# What a topic created a moment ago can answer while its partitions' leader is being elected.
+_NOT_READY = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def _partition_ends(consumer: Consumer, topic: str, timeout_s: float = 30) -> dict[int, int]:
+    """Each partition's end offset (none when the topic does not exist), asked again while it is not ready."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        metadata = consumer.list_topics(timeout=10).topics.get(topic)
+        numbers = sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
+        try:
+            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in numbers}
+        except KafkaException as e:
+            if e.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
+                raise
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
