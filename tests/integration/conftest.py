@@ -261,18 +261,20 @@ def topic_records(kafka: KafkaSettings, topic: str, *, transactional: bool = Fal
 _NOT_READY = (KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
-def _partition_ends(consumer: Consumer, topic: str, timeout_s: float = 30) -> dict[int, int]:
+def _partition_ends(consumer: Consumer, topic: str) -> dict[int, int]:
     """Each partition's end offset (none when the topic does not exist), asked again while it is not ready."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def ends() -> tuple[dict[int, int]] | None:  # in a tuple: a topic that does not exist is an answer too
         metadata = consumer.list_topics(timeout=10).topics.get(topic)
         numbers = sorted(metadata.partitions) if metadata is not None and metadata.error is None else []
         try:
-            return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in numbers}
+            return ({p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in numbers},)
         except KafkaException as e:
-            if e.args[0].code() not in _NOT_READY or time.monotonic() > deadline:
+            if e.args[0].code() not in _NOT_READY:
                 raise
-        time.sleep(0.2)
+            return None
+
+    return wait_for(ends, timeout=30, what=f"a leader for each partition of {topic}")[0]  # type: ignore[index]
 
 
 @pytest.fixture(scope="module")
