@@ -124,13 +124,19 @@ VARIANTS = ("a", "b", "a_floor", "c_floor", "d_floor")
 Batch = tuple[list[str], list[float], list[datetime]]  # url, latency, ts (aware UTC, as the decoder passes it)
 
 
-def batches(args: argparse.Namespace, day: int) -> list[Batch]:
-    """`--batches` batches of `--events` page views in time order over two minutes, `day` days after a fixed start."""
+def page_views(args: argparse.Namespace) -> tuple[list[str], list[float]]:
+    """A round's `--batches` x `--events` page views (url, latency), the same every round."""
     rng = random.Random(args.seed)  # noqa: S311 (load generation, not cryptography)
     total = args.events * args.batches
-    start = datetime(2026, 1, 1, 10, 59, 20, tzinfo=UTC) + timedelta(days=day)
     urls = [f"/page/{int(rng.random() * args.urls)}" for _ in range(total)]
-    latencies = [round(rng.expovariate(1 / 80), 2) for _ in range(total)]
+    return urls, [round(rng.expovariate(1 / 80), 2) for _ in range(total)]
+
+
+def batches(args: argparse.Namespace, views: tuple[list[str], list[float]], day: int) -> list[Batch]:
+    """The page views in batches of `--events`, in time order over two minutes, `day` days after a fixed start."""
+    urls, latencies = views
+    total = len(urls)
+    start = datetime(2026, 1, 1, 10, 59, 20, tzinfo=UTC) + timedelta(days=day)
     times = [start + timedelta(seconds=120 * i / total) for i in range(total)]
     return [
         (urls[i : i + args.events], latencies[i : i + args.events], times[i : i + args.events])
@@ -228,6 +234,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
     off_path: dict[str, list[float]] = {variant: [] for variant in VARIANTS}
     writer_info = postgres.conninfo(user=ROLE_WRITER, application_name="streamviews-bench")
     feeds = ViewFeeds(writer_info, roots=lambda stream: stream == chained)
+    views = page_views(args)  # drawn once; each round gives them its own day
     with (
         throwaway_definitions(schema, statements, [alone, chained], postgres),
         psycopg.connect(writer_info) as writer,
@@ -237,7 +244,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
         for order in (VARIANTS, VARIANTS[::-1]) * args.rounds:
             for variant in order:
                 day += 1
-                rounds = batches(args, day)
+                rounds = batches(args, views, day)
                 if variant in ("a", "b"):
                     stream = alone if variant == "a" else chained
                     ms = engine_round(writer, stream, rounds, feeds if variant == "b" else None)
