@@ -27,7 +27,7 @@ from pipelines.cv.catalog.transforms import load_transforms
 from pipelines.cv.frontend.combine import is_states_feed
 from pipelines.cv.model import StreamDef, ViewDef
 from pipelines.cv.sqltext import arrays
-from pipelines.cv.views import change_capture, compiler, refs, stream_sql
+from pipelines.cv.views import change_capture, compiler, growth, refs, stream_sql
 from pipelines.cv.views import transforms as transform_sql
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
@@ -122,6 +122,9 @@ class _Plan:
     clear_tables: tuple[sql.Composed, ...] = ()  # empty the batch's temporary tables (before a next apply)
     quarantined: frozenset[str] = frozenset()  # views left out (cv.view_failures)
     transforms: tuple[tuple[str, sql.Composed], ...] = ()  # (name, its statement), in name order
+    # A rows feed's views whose min/max rely on the upstream's rows only growing (views.growth): a
+    # page that breaks that (to_deltas counts it) rebuilds them from the feed's state instead.
+    grown: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -201,13 +204,21 @@ class StreamMaintainer:
     ) -> int:
         """The batch into deltas (keyed streams: `delta_params`), then each view's maintenance over them."""
         keyed = delta_params is not None
+        rebuilt: frozenset[str] = frozenset()
         if keyed:
             previous = conn.execute(SORTED_AGGREGATION).fetchone()[0]
-            deltas = conn.execute(plan.to_deltas, delta_params).rowcount
+            if plan.stream.is_feed:
+                deltas, broken = conn.execute(plan.to_deltas, delta_params).fetchone()
+                if broken and plan.grown:
+                    rebuilt = self._rebuild_grown(conn, plan, broken)
+            else:
+                deltas = conn.execute(plan.to_deltas, delta_params).rowcount
         spent: list[tuple[str, float]] = []  # (view, milliseconds), in name order
         if deltas:
             for statements in plan.per_view:
                 if only is not None and statements.view.qualified_name not in only:
+                    continue
+                if statements.view.qualified_name in rebuilt:
                     continue
                 started = time.perf_counter()
                 try:
@@ -227,6 +238,27 @@ class StreamMaintainer:
             conn.execute("SELECT set_config('enable_hashagg', %s, true)", (previous,))
         _count(conn, self.stream_name, deltas, spent)
         return deltas
+
+    def _rebuild_grown(self, conn: psycopg.Connection, plan: _Plan, broken: int) -> frozenset[str]:
+        """The views that relied on the upstream's rows only growing, rebuilt from the feed's state.
+
+        The state already holds the page's rows (to_deltas wrote them), so the rebuilt views are
+        exact as of the page's end: its deltas are not applied to them again.
+        """
+        for compiled in plan.views:
+            if compiled.view.qualified_name in plan.grown:
+                try:
+                    rebuild_from_state(conn, compiled, plan.stream)
+                except psycopg.Error as e:
+                    raise ViewApplyError(compiled.view.qualified_name, e) from e
+        log.warning(
+            "views rebuilt: the rows they read moved back",
+            feed=plan.stream.name,
+            upstream=plan.stream.feed_of,
+            groups=broken,
+            views=sorted(plan.grown),
+        )
+        return plan.grown
 
     def clear_batch(self, conn: psycopg.Connection) -> None:
         """Empty the batch's temporary tables, so that another apply in this transaction starts clean.
@@ -319,9 +351,11 @@ class StreamMaintainer:
             transforms=[name for name, _ in recorded],
         )
         to_deltas = None
+        grown = frozenset(c.view.qualified_name for c in views if growth.grown_extremes(c.view, stream))
         if stream.key is not None:  # a view's rows read as a stream: its changes are already effective
+            guarded = growth.guarded_columns([c.view for c in views], stream)
             to_deltas = (
-                stream_sql.feed_to_deltas(stream, _states_now(conn, stream))
+                stream_sql.feed_to_deltas(stream, _states_now(conn, stream), guarded)
                 if stream.is_feed
                 else stream_sql.batch_to_deltas(stream)
             )
@@ -336,6 +370,7 @@ class StreamMaintainer:
             tuple(clear_tables),
             quarantined,
             recorded,
+            grown,
         )
 
 

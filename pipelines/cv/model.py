@@ -166,6 +166,9 @@ class StreamDef:
     # A view read as a stream (pipelines.cv.frontend.view_sources): the view whose change stream feeds
     # it; such a stream has no topic of its own, the runner's feeds (pipelines.cv.feeds) apply it.
     feed_of: str | None = None
+    # A view's rows read as a stream whose rows only grow (pipelines.cv.views.growth): (column, way)
+    # for each of its columns that moves one way only; empty when the upstream's rows may be deleted.
+    grows: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_feed(self) -> bool:

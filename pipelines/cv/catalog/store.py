@@ -194,13 +194,10 @@ class _ReadableViews(dict):
         ).fetchone()
         if row is None or (not changes and (rows is None or rows.key is None)):
             return None
-        # Its stream as it is in this transaction (a script's earlier statement may have made it):
-        # load_streams keeps the streams of the catalog version, which moves once the script is done.
-        reads, topic, definition = row[2:]
-        stream = from_definition(reads, topic, definition) if is_feed_topic(topic) else parse(definition, NO_SCOPE)
-        assert isinstance(stream, StreamDef)
+        stream = stream_now(self._conn, row[2])
+        assert stream is not None
         in_scope = Scope(
-            {**load_streams(self._conn, skip_broken=True), reads: stream}, general.user_aggregates(self._conn)
+            {**load_streams(self._conn, skip_broken=True), stream.name: stream}, general.user_aggregates(self._conn)
         )
         compiled = stored_view(row[0], row[1], in_scope)
         distinct_set = compiled.types.distinct_arg if keeps_refs(self._conn, compiled.view) else None
@@ -208,6 +205,21 @@ class _ReadableViews(dict):
             return combine.changes_states_stream(compiled.view, compiled.types.aggregates, distinct_set)
         assert rows is not None
         return combine.rows_states_stream(rows, compiled.view, compiled.types.aggregates, distinct_set)
+
+
+def stream_now(conn: psycopg.Connection, name: str) -> StreamDef | None:
+    """Stream `name` as it is in this transaction (None: not defined).
+
+    `load_streams` keeps the streams of the catalog version, which a script moves once it is done:
+    a script's earlier statement may have made or changed this one.
+    """
+    row = conn.execute("SELECT topic, definition FROM cv.streams WHERE name = %s", (name,)).fetchone()
+    if row is None:
+        return None
+    topic, definition = row
+    stream = from_definition(name, topic, definition) if is_feed_topic(topic) else parse(definition, NO_SCOPE)
+    assert isinstance(stream, StreamDef)
+    return stream
 
 
 def keeps_refs(conn: psycopg.Connection, view: ViewDef) -> bool:

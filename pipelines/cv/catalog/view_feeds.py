@@ -33,9 +33,9 @@ from pipelines.cv.catalog import change_streams, store
 from pipelines.cv.catalog.locks import lock_stream_for_change, lock_tables
 from pipelines.cv.frontend import combine
 from pipelines.cv.frontend.combine import is_states_feed
-from pipelines.cv.frontend.view_sources import FEED_TOPIC_PREFIX, from_definition, is_feed_topic
+from pipelines.cv.frontend.view_sources import FEED_TOPIC_PREFIX, from_definition, is_feed_topic, with_growth
 from pipelines.cv.model import DefinitionError, Scope, StreamDef, ViewDef
-from pipelines.cv.views import change_capture, compiler, read_views, stream_sql
+from pipelines.cv.views import change_capture, compiler, growth, read_views, stream_sql
 from pipelines.cv.views.sql_text import comma_list, ident
 from pipelines.logs import get_logger
 from pipelines.settings import ROLE_WRITER
@@ -48,8 +48,11 @@ def reader_name(feed: str) -> str:
     return f"stream {feed}"
 
 
-def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Scope) -> None:
-    """Before `view` over a feed stream is created or replaced: no cycle, and the feed exists (made if not)."""
+def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Scope) -> StreamDef:
+    """Before `view` over a feed stream is created or replaced: no cycle, and the feed exists (made if not).
+
+    Returns the feed as stored, which says how its rows grow (the view is compiled against it).
+    """
     what = f"continuous view {view.qualified_name}"
     assert feed.feed_of is not None
     chain = _upstreams(conn, feed.feed_of)
@@ -57,6 +60,9 @@ def prepare(conn: psycopg.Connection, view: ViewDef, feed: StreamDef, scope: Sco
         path = " -> ".join([view.qualified_name, *chain[: chain.index(view.qualified_name) + 1]])
         raise DefinitionError(f"{what}: it would read itself ({path}): a cycle")
     ensure(conn, feed, scope, what)
+    stored = store.stream_now(conn, feed.name)
+    assert stored is not None
+    return stored
 
 
 def ensure(conn: psycopg.Connection, feed: StreamDef, scope: Scope, what: str) -> None:
@@ -69,6 +75,8 @@ def ensure(conn: psycopg.Connection, feed: StreamDef, scope: Scope, what: str) -
         raise DefinitionError(f"no continuous view or transform named {feed.feed_of}")
     for name in sorted({upstream.stream, feed.name}):
         lock_stream_for_change(conn, name, what)
+    if feed.key is not None and not is_states_feed(feed):  # how the rows grow, under the upstream's lock
+        feed = with_growth(feed, _growth_of(conn, upstream))
     conn.execute(
         "INSERT INTO cv.streams (name, topic, definition) VALUES (%s, %s, %s)", (feed.name, feed.topic, feed.definition)
     )
@@ -92,6 +100,43 @@ def ensure(conn: psycopg.Connection, feed: StreamDef, scope: Scope, what: str) -
                 )
             )
     log.info("view feed created", feed=feed.name, upstream=feed.feed_of, start_position=start)
+
+
+def _growth_of(conn: psycopg.Connection, upstream: change_streams.Source) -> dict[str, str]:
+    """How the rows of view `upstream` move now (pipelines.cv.views.growth); {} for a transform's."""
+    stream = store.stream_now(conn, upstream.stream)
+    if upstream.view is None or stream is None:
+        return {}
+    return growth.directions(upstream.view.view, stream)
+
+
+def follow_growth(conn: psycopg.Connection, view: str, scope: Scope) -> None:
+    """After view `view` was replaced or altered: its rows feeds say how its rows grow now.
+
+    A reader whose min/max relied on more than the feed now says (the upstream took a ttl, say) is
+    rebuilt from the feed's state, its value counts with it; a reader that relies on less simply
+    stops keeping them. Then the readers' own feeds follow, down the chain.
+    """
+    upstream = change_streams.source_of(conn, view, scope)
+    if upstream is None:
+        return
+    ways = _growth_of(conn, upstream)
+    for feed in feeds_of(conn, view):
+        if feed.key is None or is_states_feed(feed) or dict(feed.grows) == ways:
+            continue
+        now = with_growth(feed, ways)
+        lock_stream_for_change(conn, feed.name, f"the feed {feed.name} of {view}")
+        conn.execute("UPDATE cv.streams SET definition = %s WHERE name = %s", (now.definition, feed.name))
+        for reader in store.load_views(conn, {**scope.streams, feed.name: now}, feed.name):
+            if set(growth.grown_extremes(reader.view, feed)) - set(growth.grown_extremes(reader.view, now)):
+                for statement in compiler.reset_storage(reader.view, now):
+                    conn.execute(statement)
+                for statement in compiler.backfill_from_state(reader.view, now, reader.types):
+                    conn.execute(statement, ())
+                name = reader.view.qualified_name
+                log.info("view rebuilt: the rows it reads may shrink now", view=name, feed=feed.name)
+            follow_growth(conn, reader.view.qualified_name, scope)
+        log.info("view feed growth changed", feed=feed.name, upstream=view, grows=ways)
 
 
 def _states_fill(conn: psycopg.Connection, feed: StreamDef, upstream: store.CompiledView) -> sql.Composed:

@@ -61,8 +61,8 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> Outcom
             f"{view.qualified_name} already exists with another definition; CREATE OR REPLACE CONTINUOUS VIEW "
             "rebuilds it, or drop it first"
         )
-    if stream.is_feed:  # a view over a view: no cycle, and its feed stream made
-        view_feeds.prepare(conn, view, stream, scope)
+    if stream.is_feed:  # a view over a view: no cycle, and its feed stream made (as stored: how its rows grow)
+        stream = view_feeds.prepare(conn, view, stream, scope)
     check_ttl(conn, view)
     check_window(conn, view)
     check_units(conn, view, stream)
@@ -84,6 +84,7 @@ def define_view(conn: psycopg.Connection, view: ViewDef, scope: Scope) -> Outcom
             "UPDATE cv.views SET definition = %s, types = %s WHERE name = %s",
             (view.definition, Jsonb(types.to_json()), view.qualified_name),
         )
+        view_feeds.follow_growth(conn, view.qualified_name, scope)
         general.drop_unused(conn)
     log.info("view defined", view=view.qualified_name, stream=stream.name, outcome=outcome)
     return Outcome(outcome)
@@ -103,7 +104,7 @@ def _create(conn: psycopg.Connection, view: ViewDef, stream: StreamDef, types: V
     conn.execute(write.format(storage, writer))
     for index in compiler.refs_indexes(view, stream):
         conn.execute(write.format(compiler.refs_table(view, index), writer))
-    for index, _ in extremes.kept_extremes(view, stream):
+    for index, _ in extremes.counted_extremes(view, stream):
         conn.execute(write.format(extremes.counts_table(view, index), writer))
     if view.join is not None:  # the pipelines read the joined table's rows at ingest
         tables = sql.SQL(", ").join(sql.SQL(t.table) for t in view.join.tables)
@@ -219,6 +220,7 @@ def alter_view(conn: psycopg.Connection, change: AlterView, scope: Scope) -> Out
         )
     conn.execute("UPDATE cv.views SET definition = %s WHERE name = %s", (view.definition, change.name))
     change_streams.follow_option(conn, view, old.types)
+    view_feeds.follow_growth(conn, change.name, scope)  # a ttl deletes rows: readers may not rely on growth
     log.info("view altered", view=change.name, ttl=view.ttl, changes=view.records_changes)
     ttl = f"ttl {view.ttl!r}" if view.ttl else "no ttl"
     return Outcome(f"view {change.name} altered: {ttl}" + (", changes recorded" if view.records_changes else ""))

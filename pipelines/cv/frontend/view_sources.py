@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 
 from pglast import ast
 from pglast.stream import RawStream
@@ -69,11 +70,21 @@ def _feed(name: str, view: str, columns: tuple[Column, ...], key: tuple[str, ...
 
 
 def to_definition(stream: StreamDef) -> str:
-    """What cv.streams keeps of a feed stream: its upstream view, columns and key, as JSON."""
-    return json.dumps(
-        {"feed_of": stream.feed_of, "columns": [[c.name, c.type] for c in stream.columns], "key": stream.key},
-        separators=(", ", ": "),
-    )
+    """What cv.streams keeps of a feed stream: its upstream view, columns and key, and how its rows grow, as JSON."""
+    shape: dict[str, object] = {
+        "feed_of": stream.feed_of,
+        "columns": [[c.name, c.type] for c in stream.columns],
+        "key": stream.key,
+    }
+    if stream.grows:  # left out otherwise: a feed stored before growth was known reads back the same
+        shape["grows"] = dict(stream.grows)
+    return json.dumps(shape, separators=(", ", ": "))
+
+
+def with_growth(stream: StreamDef, grows: Mapping[str, str]) -> StreamDef:
+    """The rows feed `stream` stating how its rows grow now (pipelines.cv.views.growth), its definition with it."""
+    grown = replace(stream, grows=tuple(sorted(grows.items())))
+    return replace(grown, definition=to_definition(grown))
 
 
 def stream_named(name: str, streams: Mapping[str, StreamDef], views: Mapping[str, StreamDef]) -> StreamDef:
@@ -97,7 +108,8 @@ def from_definition(name: str, topic: str, definition: str) -> StreamDef:
         shape = json.loads(definition)
         columns = tuple(Column(n, t) for n, t in shape["columns"])
         key = tuple(shape["key"]) if shape["key"] is not None else None
-        return StreamDef(name, topic, columns, key, definition, feed_of=shape["feed_of"])
+        grows = tuple(sorted((str(c), str(way)) for c, way in shape.get("grows", {}).items()))
+        return StreamDef(name, topic, columns, key, definition, feed_of=shape["feed_of"], grows=grows)
     except (ValueError, KeyError, TypeError) as e:
         raise DefinitionError(f"stream {name}: its stored feed definition does not read back ({e})") from e
 

@@ -74,7 +74,7 @@ def create_view_tables(view: ViewDef, stream: StreamDef, types: ViewTypes) -> li
     expired_by = view.bucket.name if view.ttl and view.bucket else windows.STEP_COLUMN if view.window else None
     if expired_by:  # retention deletes by time
         statements.append(sql.SQL("CREATE INDEX ON {} ({})").format(storage_table(view), ident(expired_by)))
-    for index, _ in extremes.kept_extremes(view, stream):
+    for index, _ in extremes.counted_extremes(view, stream):
         statements += extremes.create_counts_table(view, index, types.groups, types.aggregates[index])
     for index in refs_indexes(view, stream):
         statements.append(
@@ -418,5 +418,5 @@ def reset_storage(view: ViewDef, stream: StreamDef) -> list[sql.Composed]:
     """Empty a view's storage: its rows, reference counts and min/max value counts."""
     tables = [storage_table(view)]
     tables += [refs_table(view, index) for index in refs_indexes(view, stream)]
-    tables += [extremes.counts_table(view, index) for index, _ in extremes.kept_extremes(view, stream)]
+    tables += [extremes.counts_table(view, index) for index, _ in extremes.counted_extremes(view, stream)]
     return [sql.SQL("DELETE FROM {}").format(table) for table in tables]

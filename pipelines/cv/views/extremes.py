@@ -5,7 +5,9 @@ So the view keeps, for each such aggregate, a table `cv.<storage>__m<i>` countin
 every (group, value); a batch moves the counts first (forgetting values whose count reaches 0), and
 then, after the upsert, each changed group reads its extreme from the first entry of that table's
 index (pipelines.cv.views.compiler.fix_extremes). An
-append-only stream needs none of this: least()/greatest() of the stored and the batch's are exact.
+append-only stream needs none of this: least()/greatest() of the stored and the batch's are exact;
+nor does a view over a view's rows that only grow (pipelines.cv.views.growth), whose counts table
+is made all the same, empty, so that the view's tables stay the same when its upstream changes.
 """
 
 from __future__ import annotations
@@ -13,14 +15,21 @@ from __future__ import annotations
 from psycopg import sql
 
 from pipelines.cv.model import Aggregate, StreamDef, ViewDef
+from pipelines.cv.views import growth
 from pipelines.cv.views.sql_text import CV_SCHEMA, comma_list, ident, raw
 
 
-def kept_extremes(view: ViewDef, stream: StreamDef) -> list[tuple[int, Aggregate]]:
-    """The view's min/max aggregates that need value counts (their position among the view's aggregates)."""
+def counted_extremes(view: ViewDef, stream: StreamDef) -> list[tuple[int, Aggregate]]:
+    """The view's min/max aggregates that have a value counts table (their position among the view's aggregates)."""
     if stream.key is None:
         return []
     return [(i, a) for i, a in enumerate(view.aggregates) if a.kind in {"min", "max"}]
+
+
+def kept_extremes(view: ViewDef, stream: StreamDef) -> list[tuple[int, Aggregate]]:
+    """Of `counted_extremes`, those whose counts are kept: every one, but over a view's rows that only grow."""
+    grown = growth.grown_extremes(view, stream)
+    return [(i, a) for i, a in counted_extremes(view, stream) if a.name not in grown]
 
 
 def counts_table(view: ViewDef, index: int) -> sql.Identifier:

@@ -8,7 +8,7 @@ its array parameters. Either way the views (pipelines.cv.views.compiler) read ro
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pglast
 from pglast import ast
@@ -250,7 +250,9 @@ _PAGE_KEYS = (
 )
 
 
-def feed_to_deltas(stream: StreamDef, states_now: sql.Composable | None = None) -> sql.Composed:
+def feed_to_deltas(
+    stream: StreamDef, states_now: sql.Composable | None = None, guarded: Mapping[str, str] | None = None
+) -> sql.Composed:
     """A keyed feed stream's page into deltas: each changed group's row the feed last saw leaving, its row now entering.
 
     The page says only which groups its commits changed (`_PAGE_KEYS`). The row each group had is the
@@ -270,6 +272,10 @@ def feed_to_deltas(stream: StreamDef, states_now: sql.Composable | None = None) 
     A combine() reader's feed (pipelines.cv.frontend.combine) holds the upstream's stored states too,
     which its read view does not show: `states_now` reads each group's row and states from the
     upstream's storage (pipelines.cv.views.change_capture.states_now).
+
+    Returns one row: the deltas written, and how many groups broke the way `guarded` says their
+    columns move (column -> "up" or "down", pipelines.cv.views.growth): a group gone, or such a
+    column moved back. Views whose min/max relied on it are then rebuilt (pipelines.cv.engine).
     """
     assert stream.key is not None
     assert stream.feed_of is not None
@@ -286,10 +292,12 @@ def feed_to_deltas(stream: StreamDef, states_now: sql.Composable | None = None) 
         " d AS MATERIALIZED (SELECT * FROM c WHERE NOT (had AND has) OR {changed}),"
         " gone AS (DELETE FROM {state} AS st USING d WHERE d.had AND NOT d.has AND st.ctid = d.at),"
         " moved AS (UPDATE {state} AS st SET {sets} FROM d WHERE d.had AND d.has AND st.ctid = d.at),"
-        " added AS (INSERT INTO {state} ({names}) SELECT {new} FROM d WHERE has AND NOT had)"
-        " INSERT INTO {delta} (_cv_sign, {names})"
-        " SELECT -1, {old} FROM d WHERE had UNION ALL SELECT 1, {new} FROM d WHERE has"
+        " added AS (INSERT INTO {state} ({names}) SELECT {new} FROM d WHERE has AND NOT had),"
+        " deltas AS (INSERT INTO {delta} (_cv_sign, {names})"
+        " SELECT -1, {old} FROM d WHERE had UNION ALL SELECT 1, {new} FROM d WHERE has RETURNING 1)"
+        " SELECT (SELECT count(*) FROM deltas), {broken}"
     ).format(
+        broken=_broken(guarded or {}),
         page_keys=sql.SQL(_PAGE_KEYS).format(
             keys=columns_of("t", keys), changes=sql.SQL(_CHANGES), state=state_table(stream)
         ),
@@ -303,6 +311,21 @@ def feed_to_deltas(stream: StreamDef, states_now: sql.Composable | None = None) 
         had_row=_row_by_key(state_table(stream), keys, found="r.ctid AS at"),
         has_row=_row_by_key(raw(stream.feed_of), keys, found="true AS found") if states_now is None else states_now,
     )
+
+
+def _broken(guarded: Mapping[str, str]) -> sql.Composable:
+    """How many of a keyed feed's changed groups `d` went against `guarded`: gone, or a column moved back."""
+    if not guarded:
+        return sql.SQL("0")
+    back = [
+        sql.SQL("(new).{0} {1} (old).{0} OR ((new).{0} IS NULL AND (old).{0} IS NOT NULL)").format(
+            ident(column), sql.SQL("<" if way == "up" else ">")
+        )
+        for column, way in sorted(guarded.items())
+        if way in {"up", "down"}
+    ]
+    moved = sql.SQL(" OR ").join(back) if back else sql.SQL("false")
+    return sql.SQL("(SELECT count(*) FROM d WHERE had AND (NOT has OR {}))").format(moved)
 
 
 # Types whose `=` is their values' equality (a float's NaN equals NaN in PostgreSQL). Any other column
