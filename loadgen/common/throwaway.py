@@ -75,18 +75,28 @@ def drop_definitions(schema: str, streams: Sequence[str], settings: PostgresSett
     """Drop every view of `schema` or of `streams`, each of `streams`, then `schema` with CASCADE.
 
     Views and streams go through the catalog, so `cv.views`/`cv.streams` keep no trace; a failed
-    step is logged and the rest still runs.
+    step is logged and the rest still runs. A view read by another is refused until its readers are
+    gone, so the views are dropped in passes until a pass drops none.
     """
     ident = sql.Identifier(schema)
     with psycopg.connect(owner_conninfo(settings), autocommit=True) as conn:
-        for (name,) in conn.execute(
+        views = conn.execute(
             "SELECT name FROM cv.views WHERE name LIKE %s OR stream = ANY(%s) ORDER BY name",
             (f"{schema}.%", list(streams)),
-        ).fetchall():
-            try:
-                catalog.drop(conn, [name], "view")
-            except Exception:
-                log.exception("could not drop bench view", view=name)
+        ).fetchall()
+        pending = [name for (name,) in views]
+        while pending:
+            refused: dict[str, Exception] = {}
+            for name in pending:
+                try:
+                    catalog.drop(conn, [name], "view")
+                except Exception as e:  # read by a view not dropped yet, or a real failure: the next pass tells
+                    refused[name] = e
+            if len(refused) == len(pending):
+                for name, error in refused.items():
+                    log.error("could not drop bench view", view=name, error=str(error))
+                break
+            pending = list(refused)
         for stream in streams:
             if conn.execute("SELECT 1 FROM cv.streams WHERE name = %s", (stream,)).fetchone():
                 try:
