@@ -11,6 +11,7 @@ from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.frontend.view_sources import changes_stream, from_definition, rows_stream, to_definition
 from pipelines.cv.model import DefinitionError, Scope
 from pipelines.cv.status import feeds_table
+from pipelines.cv.views.stream_sql import feed_to_deltas
 
 CLICKS = parse("CREATE STREAM clicks (url text, ms int, ts timestamptz) WITH (topic = 'clicks')", NO_SCOPE)
 PER_MINUTE = rows_stream(
@@ -115,3 +116,11 @@ def test_status_lists_each_feed_with_its_lag_and_views():
     row = ["web.per_minute", "web.per_minute", "2", "2026-11-26", "20:00:00", "web.hourly", "1", "0"]
     assert lines[-1].split() == row  # ... quarantined views, dead letters
     assert feeds_table([]) == ""
+
+
+def test_a_feed_types_its_page_keys_from_json_text_unless_a_key_is_no_json_scalar():
+    scalar = feed_to_deltas(PER_MINUTE).as_string(None)
+    assert "(u.key ->> 'minute')::timestamp with time zone" in scalar
+    assert "jsonb_populate_record" not in scalar
+    tagged = rows_stream("web.per_tags", (("tags", "text[]"), ("n", "bigint")), ("tags",))
+    assert 'jsonb_populate_record(NULL::"cv"."state_web.per_tags", u.key)' in feed_to_deltas(tagged).as_string(None)

@@ -247,12 +247,21 @@ def states_row(stream: StreamDef, json: str) -> sql.Composed:
 # A keyed feed's page as the keys of the groups it changed, typed as the feed's state types them (and
 # as JSON, `_cv_key`, which change_capture.states_now finds the storage's row by; a group column may
 # be named `key`): a change recorded keys only (migration 0047) names its commit's groups in `keys`;
-# one recorded with its rows (for another reader that wants them) names its group in `key`.
+# one recorded with its rows (for another reader that wants them) names its group in `key`. `{typed}`
+# types the JSON key `u.key` as the columns `t.<key>` (`_typed_keys`).
 _PAGE_KEYS = (
     "SELECT DISTINCT ON ({keys}) {keys}, u.key AS _cv_key"
     " FROM (SELECT CASE WHEN v.keys IS NULL THEN ARRAY[v.key] ELSE v.keys END AS keys {changes}) AS v"
     " CROSS JOIN LATERAL unnest(v.keys) AS u(key)"
-    " CROSS JOIN LATERAL jsonb_populate_record(NULL::{state}, u.key) AS t ORDER BY {keys}"
+    " CROSS JOIN LATERAL {typed} AS t ORDER BY {keys}"
+)
+# Key types whose input reads the text of their JSON scalar back to the same value (to_jsonb writes
+# them as a JSON string, number or boolean): `(key ->> 'c')::type` is then what jsonb_populate_record
+# makes of it, at a fraction of the cost (it looks up every column of the state's row type). Arrays,
+# json and composite types are not scalars in JSON: a key with one of those is populated.
+_SCALAR_KEY_TYPES = frozenset(
+    {"smallint", "integer", "bigint", "numeric", "real", "double precision", "text", "character varying"}
+    | {"boolean", "date", "uuid", "interval", "timestamp with time zone", "timestamp without time zone"}
 )
 
 
@@ -268,6 +277,9 @@ def feed_to_deltas(
     The state then takes the rows now, for the next page, a new view's backfill and a quarantined
     view's rebuild; its rows are written where the same statement found them (by ctid, measured 17%
     cheaper than an upsert by key), since only the feed's transaction, past its fence, writes them.
+    Both rows are carried as columns (`_o<i>`, `_n<i>`: the feed's i-th column), not as records: each
+    field read out of a record deforms it again, and the flat columns made the statement about a
+    fifth cheaper (docs/performance.md).
 
     A row read now may be newer than the page's last position (a commit after it changed the group):
     that is still right, since the state keeps that row and the later commit's page retracts it.
@@ -287,13 +299,19 @@ def feed_to_deltas(
     assert stream.feed_of is not None
     names = [c.name for c in stream.columns]
     keys = list(stream.key)
-    others = [n for n in names if n not in keys]
+    old, new = _flat(stream, "_o"), _flat(stream, "_n")
     sets = comma_list(
-        [sql.SQL("{0} = (d.new).{0}").format(ident(o)) for o in others] or [sql.SQL("{0} = {0}").format(ident(keys[0]))]
+        [sql.SQL("{} = d.{}").format(ident(n), new[n]) for n in names if n not in keys]
+        or [sql.SQL("{0} = {0}").format(ident(keys[0]))]
     )
+    if states_now is None:
+        has_row = _row_by_key(raw(stream.feed_of), keys, "true AS found", new)
+    else:  # a combine() reader's: a subquery of `found` and `row`, the state's row type
+        fields = comma_list([sql.SQL("(s.row).{} AS {}").format(ident(n), new[n]) for n in names])
+        has_row = sql.SQL("(SELECT s.found, {} FROM {} AS s)").format(fields, states_now)
     return sql.SQL(
         "WITH page AS MATERIALIZED ({page_keys}),"
-        " c AS (SELECT o.at, o.row AS old, n.row AS new, o.at IS NOT NULL AS had, n.found IS NOT NULL AS has"
+        " c AS (SELECT o.*, n.*, o.at IS NOT NULL AS had, n.found IS NOT NULL AS has"
         " FROM page LEFT JOIN LATERAL {had_row} AS o ON true LEFT JOIN LATERAL {has_row} AS n ON true),"
         " d AS MATERIALIZED (SELECT * FROM c WHERE NOT (had AND has) OR {changed}),"
         " gone AS (DELETE FROM {state} AS st USING d WHERE d.had AND NOT d.has AND st.ctid = d.at),"
@@ -303,29 +321,54 @@ def feed_to_deltas(
         " SELECT -1, {old} FROM d WHERE had UNION ALL SELECT 1, {new} FROM d WHERE has RETURNING 1)"
         " SELECT (SELECT count(*) FROM deltas), {broken}"
     ).format(
-        broken=_broken(guarded or {}),
+        broken=_broken(guarded or {}, old, new),
         page_keys=sql.SQL(_PAGE_KEYS).format(
-            keys=columns_of("t", keys), changes=sql.SQL(_CHANGES), state=state_table(stream)
+            keys=columns_of("t", keys), changes=sql.SQL(_CHANGES), typed=_typed_keys(stream)
         ),
-        old=columns_of("(old)", names),
-        new=columns_of("(new)", names),
-        changed=_row_changed(stream.columns),
+        old=comma_list([old[n] for n in names]),
+        new=comma_list([new[n] for n in names]),
+        changed=_row_changed(stream.columns, old, new),
         state=state_table(stream),
         names=comma_list([ident(n) for n in names]),
         sets=sets,
         delta=delta_table(stream),
-        had_row=_row_by_key(state_table(stream), keys, found="r.ctid AS at"),
-        has_row=_row_by_key(raw(stream.feed_of), keys, found="true AS found") if states_now is None else states_now,
+        had_row=_row_by_key(state_table(stream), keys, "r.ctid AS at", old),
+        has_row=has_row,
     )
 
 
-def _broken(guarded: Mapping[str, str]) -> sql.Composable:
+def _flat(stream: StreamDef, prefix: str) -> dict[str, sql.Identifier]:
+    """Each feed column's name as a flat column of the feed's statement: `<prefix><position>`.
+
+    By position, not by name: a prefixed name of 63 bytes would be cut to PostgreSQL's limit and
+    might then name another column.
+    """
+    return {c.name: ident(f"{prefix}{i}") for i, c in enumerate(stream.columns)}
+
+
+def _typed_keys(stream: StreamDef) -> sql.Composed:
+    """A LATERAL subquery typing the page's JSON key `u.key` as the feed's key columns (`_SCALAR_KEY_TYPES`)."""
+    assert stream.key is not None
+    types = {c.name: c.type.split("(")[0].strip() for c in stream.columns}
+    if not all(types[k] in _SCALAR_KEY_TYPES for k in stream.key):
+        return sql.SQL("jsonb_populate_record(NULL::{}, u.key)").format(state_table(stream))
+    columns = {c.name: c.type for c in stream.columns}
+    return sql.SQL("(SELECT {})").format(
+        comma_list(
+            [sql.SQL("(u.key ->> {})::{} AS {}").format(sql.Literal(k), raw(columns[k]), ident(k)) for k in stream.key]
+        )
+    )
+
+
+def _broken(
+    guarded: Mapping[str, str], old: Mapping[str, sql.Identifier], new: Mapping[str, sql.Identifier]
+) -> sql.Composable:
     """How many of a keyed feed's changed groups `d` went against `guarded`: gone, or a column moved back."""
     if not guarded:
         return sql.SQL("0")
     back = [
-        sql.SQL("(new).{0} {1} (old).{0} OR ((new).{0} IS NULL AND (old).{0} IS NOT NULL)").format(
-            ident(column), sql.SQL("<" if way == "up" else ">")
+        sql.SQL("{1} {2} {0} OR ({1} IS NULL AND {0} IS NOT NULL)").format(
+            old[column], new[column], sql.SQL("<" if way == "up" else ">")
         )
         for column, way in sorted(guarded.items())
         if way in {"up", "down"}
@@ -343,26 +386,32 @@ _EQUALITY_TYPES = frozenset(
 )
 
 
-def _row_changed(columns: Sequence[Column]) -> sql.Composed:
-    """True when the `old` and `new` rows of a keyed feed's group differ in any column."""
+def _row_changed(
+    columns: Sequence[Column], old: Mapping[str, sql.Identifier], new: Mapping[str, sql.Identifier]
+) -> sql.Composed:
+    """True when the old and new rows of a keyed feed's group differ in any column."""
     return sql.SQL("({})").format(
         sql.SQL(" OR ").join(
             sql.SQL(
-                "(old).{0} IS DISTINCT FROM (new).{0}"
-                if c.type in _EQUALITY_TYPES
-                else "(old).{0}::text IS DISTINCT FROM (new).{0}::text"
-            ).format(ident(c.name))
+                "{0} IS DISTINCT FROM {1}" if c.type in _EQUALITY_TYPES else "{0}::text IS DISTINCT FROM {1}::text"
+            ).format(old[c.name], new[c.name])
             for c in columns
         )
     )
 
 
-def _row_by_key(relation: sql.Composable, keys: list[str], found: str) -> sql.Composed:
-    """A LATERAL subquery: `relation`'s row (column `row`, and `found`) whose key is the page key `page`'s.
+def _row_by_key(
+    relation: sql.Composable, keys: list[str], found: str, columns: Mapping[str, sql.Identifier]
+) -> sql.Composed:
+    """A LATERAL subquery: `relation`'s row whose key is the page key `page`'s, as `found` and `columns`.
 
     A key with a NULL (rare: a group of the rows whose url is NULL) is found apart (`found_by_key`).
     """
-    select = sql.SQL("SELECT {found}, r AS row FROM {rel} AS r").format(found=sql.SQL(found), rel=relation)
+    select = sql.SQL("SELECT {found}, {columns} FROM {rel} AS r").format(
+        found=sql.SQL(found),
+        columns=comma_list([sql.SQL("r.{} AS {}").format(ident(name), flat) for name, flat in columns.items()]),
+        rel=relation,
+    )
     has_null = sql.SQL(" OR ").join(sql.SQL("page.{} IS NULL").format(ident(k)) for k in keys)
     return sql.SQL("({})").format(found_by_key(select, "r", "page", keys, has_null))
 
