@@ -33,7 +33,7 @@ from loadgen.common.processes import stack_env
 from loadgen.common.report import REPO_ROOT
 
 PLAIN_DRAIN_EVERY_S = 10.0  # drain lines when the output is not a terminal
-STOP_GRACE_S = 60.0  # after SIGINT (its cleanup: throwaway topics, schemas, child pipelines), then SIGKILL
+STOP_GRACE_S = 60.0  # after SIGTERM (its cleanup: throwaway topics, schemas, child pipelines), then SIGKILL
 _QUALIFIED = re.compile(r"\b(?:[a-z_]\w*\.)+([A-Z]\w*(?:Error|Exception))")  # psycopg.errors.X -> X
 _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)(: .*)?$")  # a traceback's last line
 
@@ -164,9 +164,14 @@ def _pump(stream: IO[bytes], log: IO[bytes], lines: queue.Queue[str | None]) -> 
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    """SIGINT the benchmark (it cleans up on KeyboardInterrupt), then SIGKILL its whole session if it lingers."""
+    """SIGTERM the benchmark, then SIGKILL its whole session if it lingers.
+
+    Every benchmark turns SIGTERM into KeyboardInterrupt and cleans up (loadgen.common.cli). SIGTERM,
+    not SIGINT: a child of a process started in the background inherits SIGINT ignored, and then
+    waited out the whole grace period (a test of this function took 61 s in CI).
+    """
     with contextlib.suppress(ProcessLookupError):
-        os.kill(process.pid, signal.SIGINT)
+        os.kill(process.pid, signal.SIGTERM)
     try:
         process.wait(STOP_GRACE_S)
     except subprocess.TimeoutExpired:
@@ -181,7 +186,7 @@ def run_child(
     """Run `argv` (a `python -m ...` command) to its end or `timeout`, showing its progress; its Outcome.
 
     The child has a session of its own, so a Ctrl-C at the terminal reaches only this process, which
-    passes it on as SIGINT and waits for the benchmark's cleanup before re-raising.
+    passes it on (as SIGTERM, `_stop`) and waits for the benchmark's cleanup before re-raising.
     """
     started = time.monotonic()
     results.mkdir(parents=True, exist_ok=True)

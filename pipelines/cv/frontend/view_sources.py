@@ -110,7 +110,7 @@ def from_definition(name: str, topic: str, definition: str) -> StreamDef:
         key = tuple(shape["key"]) if shape["key"] is not None else None
         grows = tuple(sorted((str(c), str(way)) for c, way in shape.get("grows", {}).items()))
         return StreamDef(name, topic, columns, key, definition, feed_of=shape["feed_of"], grows=grows)
-    except (ValueError, KeyError, TypeError) as e:
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise DefinitionError(f"stream {name}: its stored feed definition does not read back ({e})") from e
 
 
