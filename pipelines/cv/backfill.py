@@ -44,8 +44,9 @@ from pipelines.cv.catalog import replays
 from pipelines.cv.catalog.backfills import live_group
 from pipelines.cv.catalog.stream_types import PostgresInputCheck
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
-from pipelines.cv.engine import StreamMaintainer, declared_streams
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.frontend.backfill import rule_ms
+from pipelines.cv.plans import declared_streams
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 from pipelines.runtime.checkpoint import ApplyOutcome, Batch, Checkpoint

@@ -36,7 +36,7 @@ import psycopg
 
 from pipelines.cv.backfill import Backfiller
 from pipelines.cv.backfill_priority import BackendPriority
-from pipelines.cv.engine import declared_streams
+from pipelines.cv.plans import declared_streams
 from pipelines.cv.stream_choice import StreamChoice
 from pipelines.logs import configure_logging, get_logger
 from pipelines.runtime.interpreter import tune_for_batches

@@ -6,7 +6,8 @@ append-only stream has no state to check against: each view's upsert aggregates 
 from its array parameters, and only the columns some view reads are sent.
 
 The caller (the Checkpoint) owns the transaction, so the view updates commit together with the Kafka
-offsets they came from, or not at all.
+offsets they came from, or not at all. What the batch runs is the stream's plan (pipelines.cv.plans),
+compiled again whenever the stream's plan version moves.
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv import catalog
-from pipelines.cv.catalog import change_streams
-from pipelines.cv.catalog.transforms import load_transforms
-from pipelines.cv.frontend.combine import is_states_feed
-from pipelines.cv.model import StreamDef, ViewDef
+from pipelines.cv.apply_errors import (
+    StreamDropped,
+    StreamRedefined,
+    TransformApplyError,
+    ViewApplyError,
+)
+from pipelines.cv.model import StreamDef
+from pipelines.cv.plans import Plan, ViewStatements, compile_plan, view_statements
 from pipelines.cv.sqltext import arrays
-from pipelines.cv.views import change_capture, compiler, growth, refs, stream_sql
-from pipelines.cv.views import transforms as transform_sql
-from pipelines.errors import StreamviewsError
+from pipelines.cv.views import compiler, stream_sql
 from pipelines.logs import get_logger
 
 log = get_logger("cv.engine")
@@ -48,91 +51,12 @@ log = get_logger("cv.engine")
 SORTED_AGGREGATION = "SELECT current_setting('enable_hashagg'), set_config('enable_hashagg', 'off', true)"
 
 
-class StreamDropped(StreamviewsError):
-    """The stream is no longer in the catalog: a batch read before its DROP has nowhere to go."""
-
-
-class StreamRedefined(StreamviewsError):
-    """The batch was decoded for other columns than the stream has now (ALTER STREAM ADD/DROP COLUMN).
-
-    Transient: the batch is rolled back and read again once the runner decodes with the new declaration.
-    """
-
-    transient = True
-
-
-class ViewApplyError(StreamviewsError):
-    """One view's maintenance failed: which view, and the error (PostgreSQL's, as `__cause__`)."""
-
-    def __init__(self, view: str, error: Exception) -> None:
-        super().__init__(f"view {view}: {describe_error(error)}")
-        self.view = view
-        self.error = error
-        self.__cause__ = error
-
-
-class TransformApplyError(StreamviewsError):
-    """A transform's statement failed: which transform, and PostgreSQL's error (as `__cause__`).
-
-    Not a ViewApplyError: a transform is never quarantined. Its output is a stream others read
-    exactly once, so when it cannot run whatever the events (a table gone) isolation holds its
-    stream back; an event it fails on (a division by zero) is dead-lettered.
-    """
-
-    def __init__(self, transform: str, error: psycopg.Error) -> None:
-        super().__init__(f"transform {transform}: {describe_error(error)}")
-        self.sqlstate = error.sqlstate
-        self.__cause__ = error
-
-
-def describe_error(error: BaseException) -> str:
-    """An error in one line: PostgreSQL's SQLSTATE and primary message, or the Python exception."""
-    state = getattr(error, "sqlstate", None)
-    if state:
-        diag = getattr(error, "diag", None)
-        message = (diag.message_primary if diag is not None else None) or str(error)
-        return f"SQLSTATE {state}: {message.strip()}"
-    return f"{type(error).__name__}: {str(error).strip()}"
-
-
-@dataclass(frozen=True)
-class _ViewStatements:
-    """One view's maintenance: reference counts first, then the upsert, then cleanup."""
-
-    view: ViewDef
-    before: tuple[sql.Composed, ...]
-    apply: sql.Composed
-    after: tuple[sql.Composed, ...]
-    delete_rows: sql.Composed
-    returns_rows: bool  # apply returns (emptied, kept) ctids
-    fix_extremes: sql.Composed | None  # min/max over a keyed stream, for the kept rows
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """The compiled statements for one stream at one catalog version."""
-
-    version: int
-    stream: StreamDef
-    views: tuple[catalog.CompiledView, ...]
-    to_deltas: sql.Composed | None  # keyed streams; None: the views read the batch itself
-    per_view: tuple[_ViewStatements, ...]
-    temp_tables: tuple[sql.Composed, ...]
-    shipped: tuple[int, ...] = ()  # append-only streams: the columns the views read, by position
-    clear_tables: tuple[sql.Composed, ...] = ()  # empty the batch's temporary tables (before a next apply)
-    quarantined: frozenset[str] = frozenset()  # views left out (cv.view_failures)
-    transforms: tuple[tuple[str, sql.Composed], ...] = ()  # (name, its statement), in name order
-    # A rows feed's views whose min/max rely on the upstream's rows only growing (views.growth): a
-    # page that breaks that (to_deltas counts it) rebuilds them from the feed's state instead.
-    grown: frozenset[str] = frozenset()
-
-
 @dataclass
 class StreamMaintainer:
     """Keeps one stream's views up to date, batch by batch."""
 
     stream_name: str
-    _plan: _Plan | None = None
+    _plan: Plan | None = None
     _plan_created: datetime | None = None  # the stream's created_at when the plan was compiled
     _sessions_ready: set[int] = field(default_factory=set)
 
@@ -182,7 +106,7 @@ class StreamMaintainer:
             return self._run(conn, plan, params, [])
         return self._run(conn, plan, None, params, upto - after)
 
-    def _begin(self, conn: psycopg.Connection) -> _Plan:
+    def _begin(self, conn: psycopg.Connection) -> Plan:
         """The stream's lock (shared), its plan, and the session's temporary tables."""
         catalog.lock_stream(conn, self.stream_name, shared=True)
         plan = self._current_plan(conn)
@@ -196,7 +120,7 @@ class StreamMaintainer:
     def _run(
         self,
         conn: psycopg.Connection,
-        plan: _Plan,
+        plan: Plan,
         delta_params: list[object] | None,
         params: list[object],
         deltas: int = 0,
@@ -239,7 +163,7 @@ class StreamMaintainer:
         _count(conn, self.stream_name, deltas, spent)
         return deltas
 
-    def _rebuild_grown(self, conn: psycopg.Connection, plan: _Plan, broken: int) -> frozenset[str]:
+    def _rebuild_grown(self, conn: psycopg.Connection, plan: Plan, broken: int) -> frozenset[str]:
         """The views that relied on the upstream's rows only growing, rebuilt from the feed's state.
 
         The state already holds the page's rows (to_deltas wrote them), so the rebuilt views are
@@ -287,7 +211,7 @@ class StreamMaintainer:
                 deleted += conn.execute(statement).rowcount
         return deleted
 
-    def _current_plan(self, conn: psycopg.Connection) -> _Plan:
+    def _current_plan(self, conn: psycopg.Connection) -> Plan:
         # The stream's own version (migration 0018): another stream's definition leaves this plan be.
         # With its creation time: a stream dropped and declared again starts its versions at 0 anew.
         row = conn.execute(
@@ -296,118 +220,10 @@ class StreamMaintainer:
         if row is None:
             raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
         if self._plan is None or (self._plan.version, self._plan_created) != (row[0], row[1]):
-            self._plan = self._compile(conn, row[0])
+            self._plan = compile_plan(conn, self.stream_name, row[0])
             self._plan_created = row[1]
             self._sessions_ready.clear()
         return self._plan
-
-    def _compile(self, conn: psycopg.Connection, version: int) -> _Plan:
-        streams = declared_streams(conn)
-        stream = streams.get(self.stream_name)
-        if stream is None:
-            raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
-        quarantined = frozenset(
-            name for (name,) in conn.execute("SELECT view FROM cv.view_failures WHERE stream = %s", (stream.name,))
-        )
-        loaded = catalog.load_views(conn, streams, stream.name)
-        views = tuple(c for c in loaded if c.view.qualified_name not in quarantined)
-        shipped: tuple[int, ...] = ()
-        if stream.key is None:
-            transforms = load_transforms(conn, streams, stream.name)  # append-only streams only (0026)
-            read = set().union(
-                *(stream_sql.referenced_columns(c.view) for c in views),
-                *(transform_sql.referenced_columns(t) for t in transforms),
-            )
-            shipped = tuple(i for i, c in enumerate(stream.columns) if c.name in read) or (0,)
-            source = stream_sql.batch_source(stream, tuple(stream.columns[i].name for i in shipped))
-            if stream.feeds_changes:  # output_of: the views read the upstream's changes where they are recorded
-                source = stream_sql.changes_source(stream)
-            elif stream.feeds_appends:  # a transform's rows, read where they are recorded
-                source = stream_sql.appends_source(stream)
-            recorded = tuple(
-                (t.qualified_name, transform_sql.record(t, stream, tuple(stream.columns[i].name for i in shipped)))
-                for t in transforms
-            )
-            temp_tables = []
-            clear_tables = []
-        else:
-            recorded = ()
-            source = stream_sql.delta_table(stream)
-            # Made again with each plan: after ADD/DROP COLUMN the session's table has the old columns.
-            temp_tables = [sql.SQL("DROP TABLE IF EXISTS {}").format(source), stream_sql.create_delta_table(stream)]
-            clear_tables = [sql.SQL("DELETE FROM {}").format(source)]
-        per_view = []
-        for compiled in views:
-            view = compiled.view
-            temp_tables += compiler.create_transitions_tables(view, stream, compiled.types)
-            clear_tables += [sql.SQL("DELETE FROM {}").format(t) for t in refs.transitions_tables(view, stream)]
-            per_view.append(_view_statements(compiled, stream, source))
-        log.info(
-            "stream plan loaded",
-            stream=stream.name,
-            plan_version=version,
-            views=[c.view.qualified_name for c in views],
-            quarantined=sorted(quarantined),
-            transforms=[name for name, _ in recorded],
-        )
-        to_deltas = None
-        grown = frozenset(c.view.qualified_name for c in views if growth.grown_extremes(c.view, stream))
-        if stream.key is not None:  # a view's rows read as a stream: its changes are already effective
-            guarded = growth.guarded_columns([c.view for c in views], stream)
-            to_deltas = (
-                stream_sql.feed_to_deltas(stream, _states_now(conn, stream), guarded)
-                if stream.is_feed
-                else stream_sql.batch_to_deltas(stream)
-            )
-        return _Plan(
-            version,
-            stream,
-            views,
-            to_deltas,
-            tuple(per_view),
-            tuple(temp_tables),
-            shipped,
-            tuple(clear_tables),
-            quarantined,
-            recorded,
-            grown,
-        )
-
-
-def _states_now(conn: psycopg.Connection, stream: StreamDef) -> sql.Composed | None:
-    """A combine() reader's feed: how it reads its upstream's rows with their stored states (None: another feed)."""
-    if not is_states_feed(stream):
-        return None
-    assert stream.feed_of is not None
-    upstream = change_streams.source_of(conn, stream.feed_of, catalog.store.scope(conn))
-    if upstream is None or upstream.view is None:
-        raise StreamDropped(f"stream {stream.name}: the view it reads, {stream.feed_of}, is not defined")
-    view, types = upstream.view.view, upstream.view.types
-    return change_capture.states_now(stream, view, types, catalog.store.keeps_refs(conn, view))
-
-
-def declared_streams(conn: psycopg.Connection) -> dict[str, StreamDef]:
-    """Every declared stream, parsed once per catalog state for the whole process (catalog.load_streams).
-
-    A stored definition that no longer parses is that stream's problem: it is left out.
-    """
-    return catalog.load_streams(conn, skip_broken=True)
-
-
-def _view_statements(compiled: catalog.CompiledView, stream: StreamDef, source: sql.Composable) -> _ViewStatements:
-    view = compiled.view
-    return _ViewStatements(
-        view=view,
-        before=(
-            *compiler.update_extreme_counts(view, stream, source),
-            *compiler.update_all_refs(view, stream, source),
-        ),
-        apply=compiler.apply_deltas(view, stream, source, compiled.types.states),
-        after=tuple(refs.drop_all_dead_refs(view, stream)),
-        delete_rows=compiler.delete_rows(view),
-        returns_rows=compiler.returns_rows(view, stream),
-        fix_extremes=compiler.fix_extremes(view, stream),
-    )
 
 
 def probe_view(conn: psycopg.Connection, compiled: catalog.CompiledView, stream: StreamDef) -> None:
@@ -425,7 +241,7 @@ def probe_view(conn: psycopg.Connection, compiled: catalog.CompiledView, stream:
         source, params = stream_sql.delta_table(stream), []
     for statement in compiler.create_transitions_tables(view, stream, compiled.types):
         conn.execute(statement)
-    _maintain(conn, _view_statements(compiled, stream, source), params)
+    _maintain(conn, view_statements(compiled, stream, source), params)
 
 
 def rebuild_from_state(conn: psycopg.Connection, compiled: catalog.CompiledView, stream: StreamDef) -> None:
@@ -440,7 +256,7 @@ def rebuild_from_state(conn: psycopg.Connection, compiled: catalog.CompiledView,
         conn.execute(statement, ())
 
 
-def _maintain(conn: psycopg.Connection, statements: _ViewStatements, params: list[object]) -> None:
+def _maintain(conn: psycopg.Connection, statements: ViewStatements, params: list[object]) -> None:
     """One view's statements over the batch: reference counts, the upsert, emptied rows, extremes."""
     for statement in statements.before:
         conn.execute(statement, params)

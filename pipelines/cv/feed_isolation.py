@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 import psycopg
 
-from pipelines.cv.engine import StreamDropped, StreamMaintainer, TransformApplyError, ViewApplyError, describe_error
+from pipelines.cv.apply_errors import StreamDropped, TransformApplyError, ViewApplyError, describe_error
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.isolation import ViewBroken, broken_definition
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger

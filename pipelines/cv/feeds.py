@@ -39,8 +39,9 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pipelines.cv import catalog, feed_isolation, isolation
+from pipelines.cv.apply_errors import StreamDropped, ViewApplyError, describe_error
 from pipelines.cv.catalog import change_streams
-from pipelines.cv.engine import StreamDropped, StreamMaintainer, ViewApplyError, describe_error
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.feed_isolation import FeedIsolation
 from pipelines.cv.frontend.view_sources import FEED_TOPIC_PREFIX
 from pipelines.cv.isolation import ViewBroken

@@ -36,14 +36,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pipelines.cv import catalog
-from pipelines.cv.engine import (
-    StreamDropped,
-    StreamMaintainer,
-    ViewApplyError,
-    describe_error,
-    probe_view,
-    rebuild_from_state,
-)
+from pipelines.cv.apply_errors import StreamDropped, ViewApplyError, describe_error
+from pipelines.cv.engine import StreamMaintainer, probe_view, rebuild_from_state
 from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
 from pipelines.runtime.checkpoint import ApplyOutcome, is_transient

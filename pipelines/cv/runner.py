@@ -38,9 +38,9 @@ from pipelines.cv.backfill_process import BackfillProcess
 from pipelines.cv.catalog.stream_types import PostgresInputCheck
 from pipelines.cv.catalog.streams import declared_topic_configs
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
-from pipelines.cv.engine import declared_streams
 from pipelines.cv.feeds import ViewFeeds
 from pipelines.cv.model import DefinitionError, StreamDef
+from pipelines.cv.plans import declared_streams
 from pipelines.cv.sink import Origin, StreamChanges, ViewChanges, ViewSink
 from pipelines.cv.stream_choice import StreamChoice
 from pipelines.errors import StreamviewsError

@@ -9,7 +9,8 @@ import psycopg
 from psycopg import sql
 
 from pipelines.cv import isolation
-from pipelines.cv.engine import StreamDropped, StreamMaintainer
+from pipelines.cv.apply_errors import StreamDropped
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.logs import get_logger
 from pipelines.runtime.checkpoint import ApplyOutcome
 

@@ -26,8 +26,9 @@ from hypothesis import strategies as st
 from pipelines.cv import catalog
 from pipelines.cv.catalog.stream_types import PostgresInputCheck
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
-from pipelines.cv.engine import StreamMaintainer, declared_streams
+from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.model import DefinitionError
+from pipelines.cv.plans import declared_streams
 from tests.integration.conftest import start_runner, stop_runner, throwaway_views, unique, wait_for
 
 pytestmark = pytest.mark.integration
