@@ -133,6 +133,12 @@ def storage_name(schema: str, view: str) -> str:
     return f"{schema}__{view}"
 
 
+# How a column of a view whose rows only grow moves (StreamDef.grows, pipelines.cv.views.growth).
+GROWS_UP = "up"  # never decreases: a count, a max
+GROWS_DOWN = "down"  # never increases: a min
+FIXED = "fixed"  # a group column: the row's key
+
+
 def state_table_name(stream: str) -> str:
     """Where a keyed stream keeps its current rows: `cv.state_<stream>`."""
     return f"state_{stream}"
@@ -167,7 +173,8 @@ class StreamDef:
     # it; such a stream has no topic of its own, the runner's feeds (pipelines.cv.feeds) apply it.
     feed_of: str | None = None
     # A view's rows read as a stream whose rows only grow (pipelines.cv.views.growth): (column, way)
-    # for each of its columns that moves one way only; empty when the upstream's rows may be deleted.
+    # for each of its columns that moves one way only (GROWS_UP, GROWS_DOWN, FIXED); empty when the
+    # upstream's rows may be deleted.
     grows: tuple[tuple[str, str], ...] = ()
 
     @property

@@ -6,9 +6,9 @@ import pytest
 
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.frontend.view_sources import from_definition, rows_stream, to_definition, with_growth
-from pipelines.cv.model import Scope
+from pipelines.cv.model import FIXED, GROWS_DOWN, GROWS_UP, Scope
 from pipelines.cv.views import extremes, stream_sql
-from pipelines.cv.views.growth import DOWN, FIXED, UP, directions, grown_extremes, guarded_columns, plain_column
+from pipelines.cv.views.growth import directions, grown_extremes, guarded_columns, plain_column
 
 CLICKS = parse("CREATE STREAM clicks (url text, ms int, ts timestamptz) WITH (topic = 'clicks')", NO_SCOPE)
 LIKES = parse(
@@ -50,9 +50,9 @@ def test_over_an_append_only_stream_groups_are_fixed_counts_and_maxes_go_up_mins
     assert directions(view(MINUTE_SQL), CLICKS) == {
         "minute": FIXED,
         "url": FIXED,
-        "n": UP,
-        "peak": UP,
-        "fastest": DOWN,
+        "n": GROWS_UP,
+        "peak": GROWS_UP,
+        "fastest": GROWS_DOWN,
     }  # total: a sum of ints may go down
 
 
@@ -73,11 +73,11 @@ def test_a_view_over_growing_rows_grouped_by_their_key_grows_too():
     assert directions(hourly, growing()) == {
         "hour": FIXED,
         "url": FIXED,
-        "peak": UP,
-        "fastest": DOWN,
-        "minutes": UP,
+        "peak": GROWS_UP,
+        "fastest": GROWS_DOWN,
+        "minutes": GROWS_UP,
     }
-    assert grown_extremes(hourly, growing()) == {"peak": ("peak", UP), "fastest": ("fastest", DOWN)}
+    assert grown_extremes(hourly, growing()) == {"peak": ("peak", GROWS_UP), "fastest": ("fastest", GROWS_DOWN)}
 
 
 def test_grown_extremes_keep_no_value_counts_and_their_columns_are_guarded():
@@ -85,7 +85,7 @@ def test_grown_extremes_keep_no_value_counts_and_their_columns_are_guarded():
     assert [a.name for _, a in extremes.counted_extremes(hourly, growing())] == ["peak", "fastest"]
     assert extremes.kept_extremes(hourly, growing()) == []
     assert [a.name for _, a in extremes.kept_extremes(hourly, PER_MINUTE)] == ["peak", "fastest"]
-    assert guarded_columns([hourly], growing()) == {"peak": UP, "fastest": DOWN}
+    assert guarded_columns([hourly], growing()) == {"peak": GROWS_UP, "fastest": GROWS_DOWN}
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_a_min_or_max_keeps_its_counts_unless_it_reads_a_column_moving_its_way_g
 
 def test_a_max_of_a_key_column_or_of_a_count_needs_no_counts():
     select = "SELECT url, max(minute) AS last, max(n) AS busiest FROM web.per_minute GROUP BY 1"
-    assert grown_extremes(view(select), growing()) == {"last": ("minute", FIXED), "busiest": ("n", UP)}
+    assert grown_extremes(view(select), growing()) == {"last": ("minute", FIXED), "busiest": ("n", GROWS_UP)}
 
 
 def test_a_feed_whose_upstream_may_shrink_states_nothing():
@@ -129,7 +129,7 @@ def test_a_plain_column_is_one_column_and_nothing_else(expression, column):
 
 
 def test_the_feed_statement_counts_the_groups_that_break_the_guarded_ways():
-    statement = stream_sql.feed_to_deltas(growing(), None, {"peak": UP, "fastest": DOWN}).as_string(None)
+    statement = stream_sql.feed_to_deltas(growing(), None, {"peak": GROWS_UP, "fastest": GROWS_DOWN}).as_string(None)
     columns = [c.name for c in growing().columns]
     peak, fastest = columns.index("peak"), columns.index("fastest")
     assert f'"_n{peak}" < "_o{peak}"' in statement

@@ -33,14 +33,11 @@ from collections.abc import Mapping
 import pglast
 from pglast import ast
 
-from pipelines.cv.model import Aggregate, StreamDef, ViewDef, call_placeholder
+from pipelines.cv.model import FIXED, GROWS_DOWN, GROWS_UP, Aggregate, StreamDef, ViewDef, call_placeholder
 from pipelines.cv.views.stream_sql import referenced_names
 
-UP = "up"  # never decreases: a count, a max
-DOWN = "down"  # never increases: a min
-FIXED = "fixed"  # a group column: the row's key
 # The way each aggregate kind moves when rows are only added, and the way its argument must move.
-_WAYS = {"max": UP, "min": DOWN}
+_WAYS = {"max": GROWS_UP, "min": GROWS_DOWN}
 
 
 def directions(view: ViewDef, stream: StreamDef) -> dict[str, str]:
@@ -69,7 +66,7 @@ def directions(view: ViewDef, stream: StreamDef) -> dict[str, str]:
             continue
         if aggregate.kind == "count":
             if stream.key is None or _counts_rows(aggregate, stream):
-                ways[output.name] = UP
+                ways[output.name] = GROWS_UP
         elif stream.key is None or _reads_one_way(aggregate, stream, grows):
             ways[output.name] = _WAYS[aggregate.kind]
     return ways

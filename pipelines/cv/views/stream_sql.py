@@ -15,7 +15,7 @@ from pglast import ast
 from psycopg import sql
 
 from pipelines.cv.frontend.combine import NEW_STATES, OLD_STATES, STATES_KEY, is_states_feed
-from pipelines.cv.model import Column, StreamDef, ViewDef, state_table_name
+from pipelines.cv.model import GROWS_DOWN, GROWS_UP, Column, StreamDef, ViewDef, state_table_name
 from pipelines.cv.sqltext.parsing import walk
 from pipelines.cv.sqltext.types import INPUT, INPUT_SQL
 from pipelines.cv.views.sql_text import CV_SCHEMA, columns_of, comma_list, found_by_key, ident, raw
@@ -292,7 +292,7 @@ def feed_to_deltas(
     upstream's storage (pipelines.cv.views.change_capture.states_now).
 
     Returns one row: the deltas written, and how many groups broke the way `guarded` says their
-    columns move (column -> "up" or "down", pipelines.cv.views.growth): a group gone, or such a
+    columns move (column -> GROWS_UP or GROWS_DOWN, pipelines.cv.views.growth): a group gone, or such a
     column moved back. Views whose min/max relied on it are then rebuilt (pipelines.cv.engine).
     """
     assert stream.key is not None
@@ -368,10 +368,10 @@ def _broken(
         return sql.SQL("0")
     back = [
         sql.SQL("{1} {2} {0} OR ({1} IS NULL AND {0} IS NOT NULL)").format(
-            old[column], new[column], sql.SQL("<" if way == "up" else ">")
+            old[column], new[column], sql.SQL("<" if way == GROWS_UP else ">")
         )
         for column, way in sorted(guarded.items())
-        if way in {"up", "down"}
+        if way in {GROWS_UP, GROWS_DOWN}
     ]
     moved = sql.SQL(" OR ").join(back) if back else sql.SQL("false")
     return sql.SQL("(SELECT count(*) FROM d WHERE had AND (NOT has OR {}))").format(moved)
