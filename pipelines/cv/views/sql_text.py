@@ -37,6 +37,30 @@ def columns_of(row: str, names: Sequence[str]) -> sql.Composed:
     return comma_list([sql.SQL("{}.{}").format(sql.SQL(row), ident(n)) for n in names])
 
 
+# Types whose input reads the text of their JSON scalar back to the same value (to_jsonb writes them
+# as a JSON string, number or boolean): `(key ->> 'c')::type` is then what jsonb_populate_record
+# makes of the field, at a fraction of the cost (it looks up every column of the row type it fills).
+# Arrays, json and composite types are not scalars in JSON: a key with one of those is populated.
+SCALAR_JSON_TYPES = frozenset(
+    {"smallint", "integer", "bigint", "numeric", "real", "double precision", "text", "character varying"}
+    | {"boolean", "date", "uuid", "interval", "timestamp with time zone", "timestamp without time zone"}
+)
+
+
+def typed_from_json(json: sql.Composable, columns: Sequence[tuple[str, str]], row_type: sql.Composable) -> sql.Composed:
+    """A FROM item of one row: the fields `columns` (name, type) of the JSON object `json`, typed.
+
+    Each field is cast from its text when every type is in SCALAR_JSON_TYPES; otherwise the object
+    is populated as `row_type`, a composite type holding those columns (a table's row type). Both
+    read what to_jsonb wrote back to the same values; the cast is the cheaper by far
+    (docs/performance.md: a feed's statement and the relay's page, both typing their pages' keys).
+    """
+    if not all(type_.split("(")[0].strip() in SCALAR_JSON_TYPES for _, type_ in columns):
+        return sql.SQL("jsonb_populate_record(NULL::{}, {})").format(row_type, json)
+    fields = [sql.SQL("({} ->> {})::{} AS {}").format(json, sql.Literal(n), raw(t), ident(n)) for n, t in columns]
+    return sql.SQL("(SELECT {})").format(comma_list(fields))
+
+
 def found_by_key(
     select: sql.Composable,
     row: str,

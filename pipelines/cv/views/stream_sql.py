@@ -18,7 +18,7 @@ from pipelines.cv.frontend.combine import NEW_STATES, OLD_STATES, STATES_KEY, is
 from pipelines.cv.model import GROWS_DOWN, GROWS_UP, Column, StreamDef, ViewDef, state_table_name
 from pipelines.cv.sqltext.parsing import walk
 from pipelines.cv.sqltext.types import INPUT, INPUT_SQL
-from pipelines.cv.views.sql_text import CV_SCHEMA, columns_of, comma_list, found_by_key, ident, raw
+from pipelines.cv.views.sql_text import CV_SCHEMA, columns_of, comma_list, found_by_key, ident, raw, typed_from_json
 
 
 def state_table(stream: StreamDef) -> sql.Identifier:
@@ -255,14 +255,6 @@ _PAGE_KEYS = (
     " CROSS JOIN LATERAL unnest(v.keys) AS u(key)"
     " CROSS JOIN LATERAL {typed} AS t ORDER BY {keys}"
 )
-# Key types whose input reads the text of their JSON scalar back to the same value (to_jsonb writes
-# them as a JSON string, number or boolean): `(key ->> 'c')::type` is then what jsonb_populate_record
-# makes of it, at a fraction of the cost (it looks up every column of the state's row type). Arrays,
-# json and composite types are not scalars in JSON: a key with one of those is populated.
-_SCALAR_KEY_TYPES = frozenset(
-    {"smallint", "integer", "bigint", "numeric", "real", "double precision", "text", "character varying"}
-    | {"boolean", "date", "uuid", "interval", "timestamp with time zone", "timestamp without time zone"}
-)
 
 
 def feed_to_deltas(
@@ -347,17 +339,10 @@ def _flat(stream: StreamDef, prefix: str) -> dict[str, sql.Identifier]:
 
 
 def _typed_keys(stream: StreamDef) -> sql.Composed:
-    """A LATERAL subquery typing the page's JSON key `u.key` as the feed's key columns (`_SCALAR_KEY_TYPES`)."""
+    """A LATERAL subquery typing the page's JSON key `u.key` as the feed's key columns."""
     assert stream.key is not None
-    types = {c.name: c.type.split("(")[0].strip() for c in stream.columns}
-    if not all(types[k] in _SCALAR_KEY_TYPES for k in stream.key):
-        return sql.SQL("jsonb_populate_record(NULL::{}, u.key)").format(state_table(stream))
-    columns = {c.name: c.type for c in stream.columns}
-    return sql.SQL("(SELECT {})").format(
-        comma_list(
-            [sql.SQL("(u.key ->> {})::{} AS {}").format(sql.Literal(k), raw(columns[k]), ident(k)) for k in stream.key]
-        )
-    )
+    types = {c.name: c.type for c in stream.columns}
+    return typed_from_json(sql.SQL("u.key"), [(k, types[k]) for k in stream.key], state_table(stream))
 
 
 def _broken(
