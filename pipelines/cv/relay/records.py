@@ -106,7 +106,7 @@ def _shaped(state: SinkState, page: sql.Composable, *, last_per_key: bool = Fals
         " k AS ({k})"
         " SELECT position, kept, key::text, CASE WHEN kept THEN {value} END,"
         " extract(epoch FROM committed_at)::float8"
-        " FROM k WHERE kept OR position = (SELECT max(position) FROM page) ORDER BY position"
+        " FROM k WHERE kept OR position = (SELECT max(position) FROM f) ORDER BY position"
     ).format(page=page, passes=change_filter(state.view, state.where), k=sql.SQL(k), value=value_sql(state))
 
 
@@ -117,7 +117,7 @@ def _shaped(state: SinkState, page: sql.Composable, *, last_per_key: bool = Fals
 # row is the same whichever change of the group names it, only each group's last such entry is
 # looked up (with the latest commit time of the group's entries), and the rest are left out before
 # the lookup, grouped by hashing the keys (sorting 50,000 jsonb keys cost 100 ms of a 300 ms page).
-# The page's last position is a last entry.
+# The page's last position is a last entry. Its entries are put in position order by `_shaped`.
 _CURRENT_PAGE = """
 WITH r AS (SELECT * FROM cv.view_changes WHERE view = %(view)s AND position > %(after)s
             ORDER BY position LIMIT %(page)s),
@@ -136,7 +136,6 @@ WITH r AS (SELECT * FROM cv.view_changes WHERE view = %(view)s AND position > %(
 SELECT c.view, c.position, c.key, c.before, CASE WHEN c.current THEN n.row ELSE c.after END AS after, c.delta,
        c.committed_at, false AS snapshot, c.current
   FROM d AS c LEFT JOIN LATERAL {current} AS n ON true
- ORDER BY c.position
 """
 
 
