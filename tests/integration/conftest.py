@@ -43,17 +43,25 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 60, interval: float = 0.2, what: str = "") -> object:
-    """Poll until `condition()` returns something truthy; fail after `timeout` seconds."""
+def poll(condition: Callable[[], object], timeout: float, interval: float = 0.2) -> object:
+    """`condition()`'s first truthy result, polled every `interval` seconds; None after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         result = condition()
         if result:
             return result
         if time.monotonic() > deadline:
-            logs = logs_of_started()
-            pytest.fail(f"timed out after {timeout}s waiting for {what or condition}" + (f"\n{logs}" if logs else ""))
+            return None
         time.sleep(interval)
+
+
+def wait_for(condition: Callable[[], object], timeout: float = 60, interval: float = 0.2, what: str = "") -> object:
+    """Poll until `condition()` returns something truthy; fail after `timeout` seconds."""
+    result = poll(condition, timeout, interval)
+    if not result:
+        logs = logs_of_started()
+        pytest.fail(f"timed out after {timeout}s waiting for {what or condition}" + (f"\n{logs}" if logs else ""))
+    return result
 
 
 @pytest.fixture(autouse=True)

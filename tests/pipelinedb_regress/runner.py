@@ -41,7 +41,7 @@ from pipelines.errors import StreamviewsError
 from pipelines.settings import PostgresSettings
 from stack.configure import client_settings
 from stack.settings import StackSettings
-from tests.integration.conftest import drop_in_dependency_order
+from tests.integration.conftest import drop_in_dependency_order, poll
 from tests.pipelinedb_regress.compare import TEXT_TYPES, Outcome, compare, sort_keys
 from tests.pipelinedb_regress.translator import Names, Step, load, translate
 
@@ -220,14 +220,17 @@ class _Case:
         """
         self.unread.discard(stream)
         topic = self.conn.execute("SELECT topic FROM cv.streams WHERE name = %s", (stream,)).fetchone()
+        if topic is None:
+            return
         admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{self.stack.kafka_port}"})
-        deadline = time.monotonic() + APPLY_TIMEOUT_S
-        while topic and time.monotonic() < deadline:
+
+        def assigned() -> bool:
             with contextlib.suppress(KafkaException):
                 group = admin.describe_consumer_groups([self.names.group])[self.names.group].result(5)
-                if any(tp.topic == topic[0] for m in group.members for tp in m.assignment.topic_partitions):
-                    break
-            time.sleep(0.1)
+                return any(tp.topic == topic[0] for m in group.members for tp in m.assignment.topic_partitions)
+            return False
+
+        poll(assigned, APPLY_TIMEOUT_S, 0.1)  # past it, the case goes on and its reads say what is missing
 
     def expire(self, step: Step) -> Outcome:
         """PipelineDB's ttl_expire(view): the expiry the runner runs every second, run now on the view's stream."""
@@ -290,12 +293,7 @@ class _Case:
     def wait_applied(self) -> None:
         """Until the case's rows left the outbox and the runner's offsets reached the topics' ends."""
         streams = list(self.names.streams.values())
-        deadline = time.monotonic() + APPLY_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.applied(streams):
-                break
-            time.sleep(0.1)
-        else:
+        if not poll(lambda: self.applied(streams), APPLY_TIMEOUT_S, 0.1):
             self.timeouts += 1
         self.inserted = False
 
