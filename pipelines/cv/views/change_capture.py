@@ -177,7 +177,7 @@ def current_row(view: ViewDef, types: ViewTypes, *, states: bool = False, sets: 
     The row is the capture's own projection (with the stored states: `states`, `sets`), so it is
     what a change's after would have been. The rows found are projected as a subquery, not a WITH:
     a CTE in a LATERAL subquery is set up again for every change, and with the keys typed from
-    their text the relay's page of 10,000 groups took a sixth less (docs/performance.md).
+    their text the relay's page of 10,000 groups took about a seventh less (docs/performance.md).
     """
     storage = storage_table(view)
     groups = [(g.name, t) for g, t in zip(view.groups, types.groups, strict=True) if g != GLOBAL_GROUP]
