@@ -1,18 +1,26 @@
-"""The catch-up of a view's backfill: its stream's retained history, up to the switch point, into that view alone.
+"""The catch-up of a view's backfill: its stream's retained history into that view alone, then the switch to live.
 
-When a view over an append-only stream is created or rebuilt, the catalog records its switch point
-(pipelines/cv/catalog/backfills.py): where the live runner stood in each partition. The live runner
-maintains the view from there; this catch-up reads [start, switch) of each partition (start: the
-earliest retained offset, or Kafka's offsets-for-times of the `backfill` timestamp) and applies it to
-the view only (StreamMaintainer.apply with `only`). Every stored aggregate merges in any order
-(pipelines/cv/frontend/backfill.py), so history applied after live batches gives the same result.
+When a view over an append-only stream is created or rebuilt, the catalog records the partitions
+the live runner reads (pipelines/cv/catalog/backfills.py). The live runner leaves the view out of
+its batches until the catch-up has caught up with it (pipelines.cv.plans), so the live views pay
+nothing for the new view meanwhile. The catch-up reads from its start in each partition (the
+earliest retained offset, or Kafka's offsets-for-times of the `backfill` timestamp) and applies to
+the view only (StreamMaintainer.apply with `only`), in rounds: each round reads up to where the live
+group stood when the round began. When a round leaves it within one batch of the live group, or
+gains no more on it (the live stream grows as fast as the catch-up reads), it joins: under the
+stream's exclusive lock, the switch points are fixed at the live group's offsets and the runner's
+next batch is the view's first live one (`backfills.join`). The last round reads up to the switch
+points. Every stored aggregate merges in any order (pipelines/cv/frontend/backfill.py), so that
+tail applied after the first live batches gives the same result.
 
 Exactly once, as the live runner: the catch-up is a consumer group of its own (`streamviews-
 backfill/<view>/<id>`) whose positions are ops.kafka_offsets rows, and each batch commits through a
-`Checkpoint` with them in one PostgreSQL transaction; the batch that reaches the switch point in
-every partition marks the backfill done in that same transaction. A kill -9 anywhere resumes from the
-stored positions. A view dropped or rebuilt meanwhile: its backfill row is gone (or another's), the
-batch in flight finds that under the stream's lock, rolls back, and the catch-up moves on.
+`Checkpoint` with them in one PostgreSQL transaction. A round never reads past the live group's
+stored offsets, which only grow, so the switch points are never behind the catch-up; the batch that
+reaches the switch point in every partition marks the backfill done in that same transaction. A
+kill -9 anywhere resumes from the stored positions (before or after the join). A view dropped or
+rebuilt meanwhile: its backfill row is gone (or another's), the batch in flight finds that under
+the stream's lock, rolls back, and the catch-up moves on.
 
 Where it runs: a child process of the stream runner (`PIPELINE_BACKFILL`; pipelines/cv/backfill_process.py),
 niced below the live loop, started while a backfill of the runner's streams waits and stopped with
@@ -24,6 +32,7 @@ batches (`PIPELINE_BACKFILL_PAUSE_S`) that lets the live loop take the database 
 Records the stream's decoder rejects are skipped: the live runner dead-lettered them already.
 One backfill at a time, oldest first; a quarantined view's waits until it is maintained again.
 A replay's shadow view (pipelines.cv.catalog.replays) is swapped in by the batch that finishes its catch-up.
+Each batch is applied by pipelines/cv/backfill_sink.py.
 """
 
 from __future__ import annotations
@@ -32,7 +41,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -40,104 +48,34 @@ from confluent_kafka import Consumer, TopicPartition
 
 from pipelines.cv import catalog
 from pipelines.cv.backfill_priority import BackendPriority, NicedOffsets
-from pipelines.cv.catalog import replays
+from pipelines.cv.backfill_sink import BackfillSink, BackfillStopped, HistoryBatch, Partition, Pending
+from pipelines.cv.catalog import backfills, replays
 from pipelines.cv.catalog.backfills import live_group
 from pipelines.cv.catalog.stream_types import PostgresInputCheck
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
-from pipelines.cv.engine import StreamMaintainer
 from pipelines.cv.frontend.backfill import rule_ms
 from pipelines.cv.plans import declared_streams
-from pipelines.errors import StreamviewsError
 from pipelines.logs import get_logger
-from pipelines.runtime.checkpoint import ApplyOutcome, Batch, Checkpoint
+from pipelines.runtime.checkpoint import Batch, Checkpoint
 from pipelines.runtime.clients import consumer_config
 from pipelines.settings import KafkaSettings, PipelineSettings
 
 log = get_logger("cv.backfill")
 
-Partition = tuple[str, int]
 BACKFILL_LOCK = 0x62666C6C  # the advisory lock class of backfills ('bfll'), keyed by the backfill's group
+# A round before the join lasts at most this long: then the catch-up looks again how far behind the
+# live group it is, and whether it still gains on it (`should_join`), also when the history is long.
+ROUND_S = 10.0
 
 
-class BackfillStopped(StreamviewsError):
-    """The backfill is gone (its view dropped or rebuilt) or done: the batch rolls back, the catch-up moves on."""
+def should_join(behind: int, before: int | None, batch_max: int) -> bool:
+    """Whether the catch-up, `behind` records short of the live group now, joins it rather than read another round.
 
-    transient = True  # not the batch's fault: the checkpoint raises it as it is, no isolation
-
-
-class ViewNotMaintained(StreamviewsError):
-    """The view is quarantined: the history waits until it is maintained again."""
-
-    transient = True
-
-
-@dataclass
-class Pending:
-    """A backfill to catch up: its view and stream, its group, rule, and switch point per partition."""
-
-    view: str
-    stream: str
-    group_id: str
-    rule: str
-    switch: dict[Partition, int]
-
-
-@dataclass
-class HistoryBatch:
-    """One batch of history for one view: its stream's changes (inserts), and whether it reaches the switch."""
-
-    backfill: Pending
-    ops: list[int] = field(default_factory=list)
-    columns: list[list[Any]] = field(default_factory=list)
-    finishing: bool = False
-
-    def extend(self, ops: list[int], columns: list[list[Any]]) -> None:
-        """Append another topic's decoded changes (a stream fed `into` the view's stream)."""
-        if not self.ops:
-            self.ops, self.columns = list(ops), [list(c) for c in columns]
-            return
-        self.ops.extend(ops)
-        for mine, theirs in zip(self.columns, columns, strict=True):
-            mine.extend(theirs)
-
-
-class BackfillSink:
-    """Applies history to one view in the checkpoint's transaction; marks the backfill done with its last batch."""
-
-    def __init__(self) -> None:
-        self.maintainers: dict[str, StreamMaintainer] = {}
-
-    def apply(self, conn: psycopg.Connection, payload: HistoryBatch, outcome: ApplyOutcome) -> int:
-        """Under the stream's lock (then the backfill's row: the catalog's order): check, apply, maybe finish.
-
-        A replay's last batch holds the lock exclusively: no live batch is in flight, so the view and
-        its shadow have seen the same live events, and the shadow is swapped in with it.
-        """
-        backfill = payload.backfill
-        swap = payload.finishing and replays.is_shadow(backfill.view)
-        catalog.lock_stream(conn, backfill.stream, shared=not swap)
-        row = conn.execute("SELECT done_at FROM cv.backfills WHERE group_id = %s", (backfill.group_id,)).fetchone()
-        if row is None or row[0] is not None:
-            raise BackfillStopped(f"backfill of {backfill.view}: dropped, rebuilt or done meanwhile")
-        maintainer = self.maintainers.setdefault(backfill.stream, StreamMaintainer(backfill.stream))
-        if backfill.view not in maintainer.planned_views(conn):
-            raise ViewNotMaintained(f"backfill of {backfill.view}: the view is quarantined; history waits")
-        changed = 0
-        if payload.ops:
-            changed = maintainer.apply(conn, payload.ops, payload.columns, only=frozenset({backfill.view}))
-        if payload.finishing:
-            conn.execute("UPDATE cv.backfills SET done_at = now() WHERE group_id = %s", (backfill.group_id,))
-        if swap:
-            replays.swap_in(conn, backfill.view)
-        return changed
-
-    def reset(self) -> None:
-        """After a rollback: temporary tables and plans are gone with it."""
-        for maintainer in self.maintainers.values():
-            maintainer.forget_sessions()
-
-    def housekeeping(self, conn: psycopg.Connection) -> None:
-        """Nothing: the live runner keeps the views."""
+    It joins within one batch (then the tail it reads once the live runner keeps the view too is one
+    batch), or when the last round gained nothing (`before`: how far behind it was when that round
+    began): the live stream grows as fast as the catch-up reads, and another round would only repeat it.
+    """
+    return behind <= batch_max or (before is not None and behind >= before)
 
 
 class Backfiller:
@@ -194,23 +132,30 @@ class Backfiller:
         """The backfills not done whose stream this runner runs and whose view is maintained, oldest first."""
         rows = conn.execute(
             "SELECT b.view, b.stream, b.group_id, b.rule, array_agg(p.topic), array_agg(p.partition),"
-            " array_agg(p.switch_offset) FROM cv.backfills AS b JOIN cv.backfill_partitions AS p ON p.view = b.view"
+            " array_agg(p.switch_offset), b.joined_at IS NOT NULL"
+            " FROM cv.backfills AS b JOIN cv.backfill_partitions AS p ON p.view = b.view"
             " WHERE b.done_at IS NULL AND NOT EXISTS (SELECT FROM cv.view_failures AS f WHERE f.view = b.view)"
             " GROUP BY b.view ORDER BY b.id"
         ).fetchall()
         return [
-            Pending(view, stream, group_id, rule, dict(zip(zip(topics, partitions, strict=True), offsets, strict=True)))
-            for view, stream, group_id, rule, topics, partitions, offsets in rows
+            Pending(
+                view,
+                stream,
+                group_id,
+                rule,
+                dict(zip(zip(topics, partitions, strict=True), offsets, strict=True)),
+                joined,
+            )
+            for view, stream, group_id, rule, topics, partitions, offsets, joined in rows
             if self.runs(stream)
         ]
 
     def catch_up(self, backfill: Pending, stop: threading.Event) -> None:
-        """Read [start, switch) of each partition into the view, batch by batch, until done, stopped or gone.
+        """Read the history into the view, round after round, until done, stopped or gone; join the live runner.
 
-        Reading and committing overlap, as in the live pipeline: batch N+1 is read and decoded while N
-        commits (the database works, this thread waits on its socket), and handed over only once N
-        has committed; N+1 starts where N ends, so a failure of N fails N+1's claim too, and the
-        catch-up starts again from the stored positions.
+        Before the join, each round reads up to the live group's stored offsets as they stood when
+        it began, for at most ROUND_S; when `should_join` says so, the view joins (`_join`), and
+        the last round reads up to its switch points and is done.
         """
         streams = declared_streams(self._connection())
         sources = [s for s in streams.values() if s.name == backfill.stream or s.into == backfill.stream]
@@ -224,41 +169,113 @@ class Backfiller:
         consumer = Consumer(consumer_config(self.kafka, "backfill", backfill.group_id))
         committer = ThreadPoolExecutor(1, thread_name_prefix="backfill-commit")
         try:
-            position = self._starts(consumer, checkpoint, backfill)
-            todo = {tp for tp, offset in position.items() if offset < backfill.switch[tp]}
-            log.info("backfill catching up", view=backfill.view, rule=backfill.rule, partitions=len(todo))
-            if not todo:
-                self._finish_empty(backfill)
-                return
-            consumer.assign([TopicPartition(t, p, position[(t, p)]) for t, p in sorted(todo)])
-            spent = {"read_s": 0.0, "waited_s": 0.0, "batches": 0, "records": 0}  # for the "done" line
-            inflight: Future[int] | None = None
-            while todo and not stop.is_set():
-                started = time.perf_counter()
-                batch = self._read(consumer, backfill, position, todo, decoders)
-                read = time.perf_counter()
-                spent["read_s"] += read - started
-                if batch is not None:  # read on from its end, while it commits
-                    position.update(batch.end)
-                    finished = [tp for tp in todo if position[tp] >= backfill.switch[tp]]
-                    if finished:
-                        consumer.pause([TopicPartition(t, p) for t, p in finished])
-                        todo.difference_update(finished)
-                    spent["batches"] += 1
-                    spent["records"] += len(batch.payload.ops) if batch.payload is not None else 0
-                if inflight is not None and not self._committed(inflight, backfill):
+            target = self._target(backfill, live)
+            position = self._starts(consumer, checkpoint, backfill, target)
+            log.info("backfill catching up", view=backfill.view, rule=backfill.rule, joined=backfill.joined)
+            before: int | None = None
+            while not stop.is_set():
+                if not backfill.joined:
+                    behind = sum(max(0, target[tp] - position[tp]) for tp in target)
+                    if should_join(behind, before, self.settings.backfill_batch_max):
+                        joined = self._join(backfill, live, behind)
+                        if joined is None:
+                            return  # dropped, rebuilt or quarantined meanwhile
+                        backfill, target = joined, self._target(joined, live)
+                        position = self._starts(consumer, checkpoint, backfill, target)  # partitions new to it too
+                        continue
+                    before = behind
+                until = None if backfill.joined else time.monotonic() + ROUND_S
+                if not self._round(
+                    consumer, checkpoint, committer, backfill, position, target, decoders, live, stop, until
+                ):
                     return
-                spent["waited_s"] += time.perf_counter() - read
-                inflight = committer.submit(checkpoint.commit, batch) if batch is not None else None
-                self._yield_to_live(consumer, live, stop)
-            if inflight is not None and not self._committed(inflight, backfill):
-                return
-            if not todo:
-                log.info("backfill done", view=backfill.view, **{k: round(v, 3) for k, v in spent.items()})
+                if backfill.joined:
+                    return
+                target = self._target(backfill, live)
         finally:
             committer.shutdown(wait=True)
             consumer.close()
             checkpoint.close()
+
+    def _target(self, backfill: Pending, live: set[tuple[str, str]]) -> dict[Partition, int]:
+        """Where a round reads up to, per partition: the switch points, or (not joined yet) the live group's offsets."""
+        if backfill.joined:
+            return {tp: offset or 0 for tp, offset in backfill.switch.items()}
+        stored = self._stored_live(live)
+        return {tp: stored.get(tp, 0) for tp in backfill.switch}
+
+    def _round(
+        self,
+        consumer: Consumer,
+        checkpoint: Checkpoint[psycopg.Connection, HistoryBatch],
+        committer: ThreadPoolExecutor,
+        backfill: Pending,
+        position: dict[Partition, int],
+        target: dict[Partition, int],
+        decoders: dict[str, StreamDecoder],
+        live: set[tuple[str, str]],
+        stop: threading.Event,
+        until: float | None = None,
+    ) -> bool:
+        """Read [position, target) of each partition into the view (or until `until`); False when stopped or gone.
+
+        Reading and committing overlap, as in the live pipeline: batch N+1 is read and decoded while N
+        commits (the database works, this thread waits on its socket), and handed over only once N
+        has committed; N+1 starts where N ends, so a failure of N fails N+1's claim too, and the
+        catch-up starts again from the stored positions. A joined backfill's round is its last: the
+        batch that reaches the switch points marks it done.
+        """
+        todo = {tp for tp, offset in position.items() if offset < target[tp]}
+        if not todo:
+            if backfill.joined:
+                self._finish_empty(backfill)
+            return True
+        consumer.assign([TopicPartition(t, p, position[(t, p)]) for t, p in sorted(todo)])
+        consumer.resume([TopicPartition(t, p) for t, p in sorted(todo)])  # paused at the end of a round before
+        spent = {"read_s": 0.0, "waited_s": 0.0, "batches": 0, "records": 0}  # for the "done" line
+        inflight: Future[int] | None = None
+        while todo and not stop.is_set() and (until is None or time.monotonic() < until):
+            started = time.perf_counter()
+            batch = self._read(consumer, backfill, position, target, todo, decoders)
+            read = time.perf_counter()
+            spent["read_s"] += read - started
+            if batch is not None:  # read on from its end, while it commits
+                position.update(batch.end)
+                finished = [tp for tp in todo if position[tp] >= target[tp]]
+                if finished:
+                    consumer.pause([TopicPartition(t, p) for t, p in finished])
+                    todo.difference_update(finished)
+                spent["batches"] += 1
+                spent["records"] += len(batch.payload.ops) if batch.payload is not None else 0
+            if inflight is not None and not self._committed(inflight, backfill):
+                return False
+            spent["waited_s"] += time.perf_counter() - read
+            inflight = committer.submit(checkpoint.commit, batch) if batch is not None else None
+            if todo:
+                self._yield_to_live(consumer, live, stop)
+        if inflight is not None and not self._committed(inflight, backfill):
+            return False
+        if todo and (stop.is_set() or until is None):
+            return False  # stopped
+        what = "backfill done" if backfill.joined else "backfill round ended"
+        log.info(what, view=backfill.view, **{k: round(v, 3) for k, v in spent.items()})
+        return True
+
+    def _join(self, backfill: Pending, live: set[tuple[str, str]], behind: int) -> Pending | None:
+        """The live runner takes the view in (catalog.backfills.join), under the stream's exclusive lock.
+
+        A live batch in flight holds the lock shared: the join waits for it to commit, and the next
+        one waits for the join, a short transaction that reads no record. Returns the backfill as
+        it is now, with its switch points; None when it is gone (the view dropped or rebuilt) or
+        waits (the view quarantined).
+        """
+        conn = self._connection()
+        with conn.transaction():
+            catalog.lock_stream(conn, backfill.stream, shared=False)
+            joined = backfills.join(conn, backfill.view, [(group, topic) for topic, group in sorted(live)])
+        if joined:
+            log.info("backfill joins the live runner", view=backfill.view, behind=behind)
+        return next((p for p in self.pending(conn) if p.group_id == backfill.group_id and p.joined), None)
 
     def _yield_to_live(self, consumer: Consumer, live: set[tuple[str, str]], stop: threading.Event) -> None:
         """Give way to a live runner that has records to read: pause, then wait while it is far behind.
@@ -288,18 +305,22 @@ class Backfiller:
     def _live_lag(self, consumer: Consumer, live: set[tuple[str, str]]) -> tuple[int, int]:
         """The records the live runner has yet to read on the stream's topics, and the offsets it has committed."""
         behind = committed = 0
-        for topic, group in live:
-            stored = dict(
-                self._connection().execute(
-                    "SELECT partition, next_offset FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s",
-                    (group, topic),
-                )
-            )
-            for partition, offset in stored.items():
-                high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)[1]
-                behind += max(0, high - offset)
-                committed += offset
+        for (topic, partition), offset in self._stored_live(live).items():
+            high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)[1]
+            behind += max(0, high - offset)
+            committed += offset
         return behind, committed
+
+    def _stored_live(self, live: set[tuple[str, str]]) -> dict[Partition, int]:
+        """The live groups' stored next offsets, per partition of the stream's topics."""
+        stored: dict[Partition, int] = {}
+        for topic, group in live:
+            rows = self._connection().execute(
+                "SELECT partition, next_offset FROM ops.kafka_offsets WHERE group_id = %s AND topic = %s",
+                (group, topic),
+            )
+            stored.update(((topic, partition), offset) for partition, offset in rows)
+        return stored
 
     @staticmethod
     def _committed(inflight: Future[int], backfill: Pending) -> bool:
@@ -311,8 +332,13 @@ class Backfiller:
             return False
         return True
 
-    def _starts(self, consumer: Consumer, checkpoint: Checkpoint[Any, Any], backfill: Pending) -> dict[Partition, int]:
-        """Each partition's stored position; those never started are resolved by the rule and stored first."""
+    def _starts(
+        self, consumer: Consumer, checkpoint: Checkpoint[Any, Any], backfill: Pending, target: dict[Partition, int]
+    ) -> dict[Partition, int]:
+        """Each partition's stored position; those never started are resolved by the rule and stored first.
+
+        Never past `target`: the live group has read no further, so the catch-up may not either.
+        """
         partitions = sorted(backfill.switch)
         position = checkpoint.stored_offsets(partitions)
         missing = [tp for tp in partitions if tp not in position]
@@ -324,9 +350,9 @@ class Backfiller:
                     resolved[(t, p)] = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)[0]
             else:
                 for tp in consumer.offsets_for_times([TopicPartition(t, p, at) for t, p in missing], timeout=10):
-                    offset = tp.offset if tp.offset >= 0 else backfill.switch[(tp.topic, tp.partition)]
+                    offset = tp.offset if tp.offset >= 0 else target[(tp.topic, tp.partition)]
                     resolved[(tp.topic, tp.partition)] = offset
-            resolved = {tp: min(offset, backfill.switch[tp]) for tp, offset in resolved.items()}
+            resolved = {tp: min(offset, target[tp]) for tp, offset in resolved.items()}
             position.update(checkpoint.begin(resolved))
         with self._connection().transaction():
             self._connection().execute(
@@ -346,10 +372,11 @@ class Backfiller:
         consumer: Consumer,
         backfill: Pending,
         position: dict[Partition, int],
+        target: dict[Partition, int],
         todo: set[Partition],
         decoders: dict[str, StreamDecoder],
     ) -> Batch[HistoryBatch] | None:
-        """One poll of history, cut at the switch points; None when it brought nothing to commit."""
+        """One poll of history, cut at the round's targets; None when it brought nothing to commit."""
         messages = consumer.consume(self.settings.backfill_batch_max, timeout=0.5)
         first: dict[Partition, int] = {}
         end: dict[Partition, int] = {}
@@ -358,18 +385,18 @@ class Backfiller:
             if message.error() is not None:
                 continue
             tp = (message.topic(), message.partition())
-            if tp not in todo or (tp in end and end[tp] >= backfill.switch[tp]):
+            if tp not in todo or (tp in end and end[tp] >= target[tp]):
                 continue
             offset = message.offset()
-            if offset >= backfill.switch[tp]:  # live from here: this partition is done
+            if offset >= target[tp]:  # the round's end in this partition (live from here, once joined)
                 first.setdefault(tp, position[tp])
-                end[tp] = backfill.switch[tp]
+                end[tp] = target[tp]
                 continue
             first.setdefault(tp, offset)
             end[tp] = offset + 1
             by_topic.setdefault(tp[0], []).append(message)
         if not messages:
-            self._gone_below_switch(consumer, backfill, todo, first, end)
+            self._gone_below_target(consumer, target, todo, first, end)
         if not end:
             return None
         payload = HistoryBatch(backfill)
@@ -379,26 +406,26 @@ class Backfiller:
             if decoded.ops:
                 payload.extend(decoded.ops, decoded.columns)
                 size += len(decoded.ops)
-        payload.finishing = all(end.get(tp, position[tp]) >= backfill.switch[tp] for tp in todo)
+        payload.finishing = backfill.joined and all(end.get(tp, position[tp]) >= target[tp] for tp in todo)
         start: dict[Partition, int | None] = {tp: position[tp] for tp in end}
         # A batch with nothing to apply but the end is still handed to the sink (size 1), to mark it done.
         size = size or (1 if payload.finishing else 0)
         return Batch(payload=payload, size=size, start=start, first=first, end=end)
 
-    def _gone_below_switch(
-        self,
+    @staticmethod
+    def _gone_below_target(
         consumer: Consumer,
-        backfill: Pending,
+        target: dict[Partition, int],
         todo: set[Partition],
         first: dict[Partition, int],
         end: dict[Partition, int],
     ) -> None:
-        """After an empty poll: partitions whose records up to the switch were all deleted (retention) are done."""
+        """After an empty poll: partitions whose records up to the target were all deleted (retention) are done."""
         for t, p in todo:
             low, _ = consumer.get_watermark_offsets(TopicPartition(t, p), timeout=10)
-            if low >= backfill.switch[(t, p)]:
-                first.setdefault((t, p), backfill.switch[(t, p)])
-                end[(t, p)] = backfill.switch[(t, p)]
+            if low >= target[(t, p)]:
+                first.setdefault((t, p), target[(t, p)])
+                end[(t, p)] = target[(t, p)]
 
     def _finish_empty(self, backfill: Pending) -> None:
         """Nothing to read (the rule starts at the switch point): done at once (a replay swapped in with it)."""
@@ -422,41 +449,3 @@ class Backfiller:
         if self._conn is not None:
             self._conn.close()
         self._conn = None
-
-
-@dataclass(frozen=True)
-class Progress:
-    """A backfill as `streamviews status` shows it: offsets done out of those to do, and when it may be done."""
-
-    view: str
-    stream: str
-    rule: str
-    done: int
-    total: int
-    complete: bool
-    eta_s: float | None  # at the rate so far; None before it started or when done
-
-    def as_json(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {k: getattr(self, k) for k in ("view", "rule", "done", "total", "complete", "eta_s")}
-
-    def row(self) -> tuple[object, ...]:
-        """Its row in the status table."""
-        eta = "done" if self.complete else "-" if self.eta_s is None else f"{self.eta_s:.0f} s"
-        return (self.view, self.stream, self.rule, f"{self.done}/{self.total}", eta)
-
-
-def progress(conn: psycopg.Connection) -> list[Progress]:
-    """Every backfill not done, with its progress (cv.backfill_status, migration 0029); replays as "V (replay)"."""
-    rows = conn.execute(
-        "SELECT coalesce(r.view || ' (replay)', s.view) AS shown, s.stream, s.rule, s.offsets_done, s.offsets_total,"
-        " s.complete, extract(epoch FROM now() - s.started_at) FROM cv.backfill_status AS s"
-        " LEFT JOIN cv.replays AS r ON r.shadow = s.view AND r.ended_at IS NULL WHERE NOT s.complete ORDER BY shown"
-    ).fetchall()
-    found = []
-    for view, stream, rule, done, total, complete, elapsed in rows:
-        eta = None
-        if done and elapsed and not complete:
-            eta = (total - done) * float(elapsed) / done
-        found.append(Progress(view, stream, rule, done, total, complete, eta))
-    return found

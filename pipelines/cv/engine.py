@@ -56,6 +56,7 @@ class StreamMaintainer:
     """Keeps one stream's views up to date, batch by batch."""
 
     stream_name: str
+    catching_up: bool = False  # a backfill's: its plan keeps the views not joined to the live runner yet
     _plan: Plan | None = None
     _plan_created: datetime | None = None  # the stream's created_at when the plan was compiled
     _sessions_ready: set[int] = field(default_factory=set)
@@ -220,7 +221,7 @@ class StreamMaintainer:
         if row is None:
             raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
         if self._plan is None or (self._plan.version, self._plan_created) != (row[0], row[1]):
-            self._plan = compile_plan(conn, self.stream_name, row[0])
+            self._plan = compile_plan(conn, self.stream_name, row[0], catching_up=self.catching_up)
             self._plan_created = row[1]
             self._sessions_ready.clear()
         return self._plan

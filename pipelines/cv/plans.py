@@ -59,8 +59,12 @@ class Plan:
     grown: frozenset[str] = frozenset()
 
 
-def compile_plan(conn: psycopg.Connection, stream_name: str, version: int) -> Plan:
-    """The plan of stream `stream_name` at its plan version `version`: its views' statements, compiled once."""
+def compile_plan(conn: psycopg.Connection, stream_name: str, version: int, *, catching_up: bool = False) -> Plan:
+    """The plan of stream `stream_name` at its plan version `version`: its views' statements, compiled once.
+
+    The views a backfill still catches up on alone (not joined to the live runner yet, migration
+    0050) are left out, as quarantined ones are, unless `catching_up` (the backfill's own plan).
+    """
     streams = declared_streams(conn)
     stream = streams.get(stream_name)
     if stream is None:
@@ -68,8 +72,17 @@ def compile_plan(conn: psycopg.Connection, stream_name: str, version: int) -> Pl
     quarantined = frozenset(
         name for (name,) in conn.execute("SELECT view FROM cv.view_failures WHERE stream = %s", (stream.name,))
     )
+    alone: frozenset[str] = frozenset()  # backfills catching up before the live runner takes their views in
+    if not catching_up:
+        alone = frozenset(
+            name
+            for (name,) in conn.execute(
+                "SELECT view FROM cv.backfills WHERE stream = %s AND joined_at IS NULL AND done_at IS NULL",
+                (stream.name,),
+            )
+        )
     loaded = catalog.load_views(conn, streams, stream.name)
-    views = tuple(c for c in loaded if c.view.qualified_name not in quarantined)
+    views = tuple(c for c in loaded if c.view.qualified_name not in quarantined | alone)
     shipped: tuple[int, ...] = ()
     if stream.key is None:
         transforms = load_transforms(conn, streams, stream.name)  # append-only streams only (0026)
@@ -107,6 +120,7 @@ def compile_plan(conn: psycopg.Connection, stream_name: str, version: int) -> Pl
         plan_version=version,
         views=[c.view.qualified_name for c in views],
         quarantined=sorted(quarantined),
+        catching_up_alone=sorted(alone),
         transforms=[name for name, _ in recorded],
     )
     to_deltas = None

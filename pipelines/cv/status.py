@@ -24,7 +24,7 @@ import psycopg
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from pipelines.cv import backfill
+from pipelines.cv.catalog import backfills
 from pipelines.cv.catalog.sinks import SinkState
 from pipelines.cv.cli_common import KAFKA_TIMEOUT_S, CommandError, kafka_message, kafka_topics, table
 from pipelines.cv.feeds import FeedState
@@ -54,7 +54,7 @@ class StreamStatus:
     transform_positions: dict[str, int] = field(default_factory=dict)  # its transforms: last position (0026)
     retained: int | None = None  # offsets the topic still holds (high - low watermark, summed)
     oldest_event: datetime | None = None  # the Kafka timestamp of its oldest retained record
-    backfills: list[backfill.Progress] = field(default_factory=list)  # its views catching up on history
+    backfills: list[backfills.Progress] = field(default_factory=list)  # its views catching up on history
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (times in ISO 8601)."""
@@ -232,7 +232,7 @@ def status_table(group: str, statuses: list[StreamStatus]) -> str:
         text += table(("STREAM", "TOPIC", "RETAINED OFFSETS", "OLDEST EVENT"), reach)
     if catching_up := [b.row() for s in statuses for b in s.backfills]:
         text += "\n\nviews catching up on history (incomplete until done)\n"
-        text += table(("VIEW", "STREAM", "FROM", "OFFSETS DONE", "ETA"), catching_up)
+        text += table(("VIEW", "STREAM", "FROM", "OFFSETS DONE", "LIVE", "ETA"), catching_up)
     return text
 
 
@@ -375,7 +375,7 @@ def runner_status(
     for stream, name, last in conn.execute(TRANSFORMS_SQL):
         if stream in by_name:
             by_name[stream].transform_positions[name] = last
-    for progress in backfill.progress(conn):
+    for progress in backfills.progress(conn):
         if progress.stream in by_name:
             by_name[progress.stream].backfills.append(progress)
     return statuses

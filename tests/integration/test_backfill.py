@@ -20,6 +20,8 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
 from pipelines.cv import catalog
+from pipelines.cv.catalog import backfills
+from pipelines.cv.engine import StreamMaintainer
 from tests.integration.conftest import delete_topics, start_runner, stop_runner, throwaway_views, unique, wait_for
 
 QUERY = (
@@ -146,8 +148,12 @@ def test_a_view_defined_mid_stream_equals_the_oracle_over_every_event_across_kil
             events.produce(6000)  # before the view exists: only the topic keeps them
             wait_for(lambda: live_offsets(pg, group, topic) == 6000, timeout=60, what="the live runner to read all")
             flowing = threading.Event()
-            producer = threading.Thread(target=lambda: [events.produce(50) for _ in iter(flowing.is_set, True)])
-            producer.start()  # while the view is defined and while its backfill runs
+            # About 1,000 events/s while the view is defined and while its backfill runs: the catch-up
+            # gains on the live group, round after round, and joins it with events still flowing.
+            producer = threading.Thread(
+                target=lambda: [events.produce(50) or flowing.wait(0.05) for _ in iter(flowing.is_set, True)]
+            )
+            producer.start()
             try:
                 define(pg, f"CREATE CONTINUOUS VIEW {schema}.v AS {QUERY.format(stream)}")
                 seen_progress = []
@@ -250,7 +256,20 @@ def test_a_replaced_view_whose_storage_changes_is_rebuilt_from_history_and_a_dro
         delete_topics([topic, f"{topic}.dlq"])
 
 
-def test_the_switch_point_is_where_the_live_group_stands_and_the_view_reads_as_incomplete_until_done(pg):
+def switch_points(pg, view: str) -> list[tuple]:
+    with pg("sv_owner") as conn:
+        return conn.execute(
+            "SELECT topic, partition, switch_offset FROM cv.backfill_partitions WHERE view = %s ORDER BY 2", (view,)
+        ).fetchall()
+
+
+def planned(pg, stream: str, *, catching_up: bool = False) -> frozenset[str]:
+    """The views a batch of `stream` would maintain now: the live runner's, or a backfill's (`catching_up`)."""
+    with pg("sv_owner") as conn, conn.transaction():
+        return StreamMaintainer(stream, catching_up=catching_up).planned_views(conn)
+
+
+def test_a_new_view_catches_up_alone_and_joins_the_live_runner_where_the_live_group_stands(pg):
     group, schema = unique("it-backfill"), unique("bf")
     stream, topic = f"{schema}_s", unique("it-backfill")  # no runner: the catalog alone, no Kafka
     with pg("sv_owner", autocommit=True) as conn:
@@ -268,18 +287,36 @@ def test_the_switch_point_is_where_the_live_group_stands_and_the_view_reads_as_i
         )
     try:
         [outcome] = define(pg, f"CREATE CONTINUOUS VIEW {schema}.v AS {QUERY.format(stream)}")
-        assert "backfilling from the earliest retained event" in outcome
+        assert "backfilling from the earliest retained event (200 offsets the runner has read so far)" in outcome
         [none] = define(pg, f"CREATE CONTINUOUS VIEW {schema}.n WITH (backfill = 'none') AS {QUERY.format(stream)}")
         assert "starts from now (backfill = 'none')" in none
         with pg("sv_owner") as conn:
-            switch = conn.execute(
-                "SELECT topic, partition, switch_offset FROM cv.backfill_partitions WHERE view = %s ORDER BY 2",
-                (f"{schema}.v",),
-            ).fetchall()
             first = conn.execute("SELECT group_id FROM cv.backfills WHERE view = %s", (f"{schema}.v",)).fetchone()
-        assert switch == [(topic, 0, 120), (topic, 1, 80)]
+        assert switch_points(pg, f"{schema}.v") == [(topic, 0, None), (topic, 1, None)]  # chasing the live group
         assert status(pg, f"{schema}.v") == (False, 0, 0)  # not started: nothing done of nothing resolved yet
         assert status(pg, f"{schema}.n") is None  # nothing to catch up
+        # Until it joins, the live runner's batches leave the view out; the backfill's plan has it.
+        assert planned(pg, stream) == {f"{schema}.n"}
+        assert planned(pg, stream, catching_up=True) == {f"{schema}.n", f"{schema}.v"}
+
+        with pg("sv_owner", autocommit=True) as conn:  # the live group reads on, and starts a new partition
+            conn.execute(
+                "UPDATE ops.kafka_offsets SET next_offset = 150 WHERE group_id = %s AND topic = %s AND partition = 0",
+                (group, topic),
+            )
+            conn.execute(
+                "INSERT INTO ops.kafka_offsets (group_id, topic, partition, next_offset) VALUES (%s, %s, 2, 30)",
+                (group, topic),
+            )
+        with pg("sv_writer") as conn, conn.transaction():  # as the backfill process joins
+            catalog.lock_stream(conn, stream, shared=False)
+            version = conn.execute("SELECT plan_version FROM cv.streams WHERE name = %s", (stream,)).fetchone()[0]
+            assert backfills.join(conn, f"{schema}.v", [(group, topic)])
+            assert not backfills.join(conn, f"{schema}.v", [(group, topic)])  # joined once
+            moved = conn.execute("SELECT plan_version FROM cv.streams WHERE name = %s", (stream,)).fetchone()[0]
+        assert moved == version + 1
+        assert switch_points(pg, f"{schema}.v") == [(topic, 0, 150), (topic, 1, 80), (topic, 2, 30)]
+        assert planned(pg, stream) == {f"{schema}.n", f"{schema}.v"}  # the live runner's next batch has it
 
         [rebuilt] = define(
             pg, f"CREATE OR REPLACE CONTINUOUS VIEW {schema}.v AS SELECT tag, count(*) AS n FROM {stream} GROUP BY tag"
@@ -288,6 +325,7 @@ def test_the_switch_point_is_where_the_live_group_stands_and_the_view_reads_as_i
         with pg("sv_owner") as conn:
             again = conn.execute("SELECT group_id FROM cv.backfills WHERE view = %s", (f"{schema}.v",)).fetchone()
         assert again != first  # a catch-up of its own: the old one's positions are never resumed
+        assert planned(pg, stream) == {f"{schema}.n"}  # and alone again until it joins
         with pg("sv_owner", autocommit=True) as conn:
             catalog.drop(conn, [f"{schema}.v"], "view")
             assert conn.execute(

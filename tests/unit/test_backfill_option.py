@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from pipelines.cv import status
-from pipelines.cv.backfill import Backfiller, Progress
+from pipelines.cv.backfill import Backfiller, should_join
+from pipelines.cv.catalog.backfills import Progress
 from pipelines.cv.frontend.backfill import backfill_rule, order_dependent, rule_ms
 from pipelines.cv.frontend.statements import NO_SCOPE, parse
 from pipelines.cv.model import DefinitionError, Scope
@@ -87,13 +88,22 @@ def test_a_user_aggregate_kept_as_its_state_starts_from_now_and_refuses_an_expli
 
 
 def test_status_shows_each_view_catching_up_with_its_offsets_done_and_eta():
-    progress = Progress("t.v", "clicks", "earliest", 2500, 10_000, False, 30.0)
+    progress = Progress("t.v", "clicks", "earliest", 2500, 10_000, False, 30.0, live=False)
     s = status.StreamStatus("clicks", "clicks", partitions=2, lag=0, backfills=[progress])
     text = status.status_table("g", [s])
     assert "views catching up on history (incomplete until done)" in text
-    assert ["t.v", "clicks", "earliest", "2500/10000", "30", "s"] in [line.split() for line in text.splitlines()]
+    lines = [line.split() for line in text.splitlines()]
+    assert ["t.v", "clicks", "earliest", "2500/10000", "not", "yet", "30", "s"] in lines  # not joined to live yet
     assert s.as_json()["backfills"] == [
-        {"view": "t.v", "rule": "earliest", "done": 2500, "total": 10_000, "complete": False, "eta_s": 30.0}
+        {
+            "view": "t.v",
+            "rule": "earliest",
+            "done": 2500,
+            "total": 10_000,
+            "complete": False,
+            "eta_s": 30.0,
+            "live": False,
+        }
     ]
 
 
@@ -124,18 +134,36 @@ def backfiller(monkeypatch, offsets, max_s):
     return b
 
 
+class Clock(threading.Event):
+    """A stop event whose waits move a clock of its own (the backfill's time.monotonic in these tests)."""
+
+    def __init__(self, monkeypatch):
+        super().__init__()
+        self.now = 0.0
+        monkeypatch.setattr("pipelines.cv.backfill.time", self)
+
+    def monotonic(self):
+        return self.now
+
+    def wait(self, timeout=None):
+        self.now += timeout or 0
+        return False
+
+
 def test_the_backfill_waits_while_the_live_runner_is_behind_and_moving(monkeypatch):
     consumer = FakeConsumer([150, 150, 150, 150, 150])
     # 50, 40, 30, 20 records behind: the live runner moves, longer than the cap, then it has caught up.
     backfiller(monkeypatch, [100, 110, 120, 130, 145], max_s=0.06)._yield_to_live(
-        consumer, {("t", "live")}, threading.Event()
+        consumer, {("t", "live")}, Clock(monkeypatch)
     )
     assert consumer.highs == [150]
 
 
 def test_a_live_runner_that_does_not_move_does_not_stop_the_backfill(monkeypatch):
     consumer = FakeConsumer([10_000])
-    backfiller(monkeypatch, [100], max_s=0.1)._yield_to_live(consumer, {("t", "live")}, threading.Event())  # returns
+    clock = Clock(monkeypatch)
+    backfiller(monkeypatch, [100], max_s=0.1)._yield_to_live(consumer, {("t", "live")}, clock)  # returns
+    assert clock.now == pytest.approx(PipelineSettings().backfill_pause_s + 0.1, abs=0.06)
 
 
 class RecordedWaits(threading.Event):
@@ -157,3 +185,11 @@ def test_a_live_runner_with_nothing_to_read_costs_the_backfill_no_pause(monkeypa
     busy = RecordedWaits()
     backfiller(monkeypatch, [145], max_s=1)._yield_to_live(FakeConsumer([150]), {("t", "live")}, busy)
     assert busy.waits == [PipelineSettings().backfill_pause_s]  # 5 behind: a pause, then within the lag
+
+
+def test_the_catch_up_joins_the_live_runner_within_a_batch_or_once_a_round_gains_nothing():
+    assert not should_join(behind=2_000_000, before=None, batch_max=50_000)  # the history: a first round
+    assert not should_join(behind=300_000, before=2_000_000, batch_max=50_000)  # gaining: another round
+    assert should_join(behind=50_000, before=300_000, batch_max=50_000)  # within a batch of the live group
+    assert should_join(behind=0, before=None, batch_max=50_000)  # nothing retained: at once
+    assert should_join(behind=300_000, before=280_000, batch_max=50_000)  # the stream grows as fast: join now

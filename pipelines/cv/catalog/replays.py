@@ -3,9 +3,9 @@
 `streamviews replay V --from T` recomputes an append-only view from T of its stream's retained
 history without readers ever seeing a partial result. One mechanism, the backfill's: the replay is a
 *shadow* view, `cv_replay.replay_<id>`, with V's definition and `backfill = T` (without V's change
-stream), created as a definition is (pipelines.cv.catalog.views). The live runner maintains it from
-its switch point and the runner's backfill process catches it up on the history before it, exactly as
-for a new view (pipelines.cv.catalog.backfills, pipelines/cv/backfill.py).
+stream), created as a definition is (pipelines.cv.catalog.views). The runner's backfill process
+catches it up on the history and the live runner takes it in once it is caught up, exactly as for a
+new view (pipelines.cv.catalog.backfills, pipelines/cv/backfill.py).
 
 The batch that finishes the shadow's catch-up swaps it in (`swap_in`, migration 0032's
 cv.swap_replay), in its own transaction, which holds the stream's lock exclusively: no live batch is
