@@ -55,9 +55,11 @@ from pipelines.cv.catalog.stream_types import PostgresInputCheck
 from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.frontend.backfill import rule_ms
 from pipelines.cv.plans import declared_streams
+from pipelines.cv.stream_changes import Origin
 from pipelines.logs import get_logger
 from pipelines.runtime.checkpoint import Batch, Checkpoint
-from pipelines.runtime.clients import consumer_config
+from pipelines.runtime.clients import ConfluentClients, consumer_config
+from pipelines.runtime.deadletter import DeadLetters
 from pipelines.settings import KafkaSettings, PipelineSettings
 
 log = get_logger("cv.backfill")
@@ -90,7 +92,8 @@ class Backfiller:
         priority: BackendPriority | None = None,
     ) -> None:
         self.conninfo, self.kafka, self.settings, self.runs = postgres_conninfo, kafka, settings, runs
-        self.sink = BackfillSink()
+        self.sink = BackfillSink(settings.poison_limit, settings.view_retry_s)
+        self._dead_letters: DeadLetters | None = None  # to the topics' dead-letter topics, as the live runner's
         self.priority = priority or BackendPriority(settings.backfill_nice)  # its backends too, not only its Python
         self._conn: psycopg.Connection | None = None
 
@@ -163,8 +166,14 @@ class Backfiller:
         check = PostgresInputCheck(self._connection)
         decoders = {s.topic: StreamDecoder(s, input_check=check) for s in sources}
         live = {(s.topic, live_group(s)) for s in sources}
+        clients = ConfluentClients(self.kafka)
+        if self._dead_letters is None:
+            self._dead_letters = DeadLetters(clients.producer("backfill"), "backfill")
         checkpoint: Checkpoint[psycopg.Connection, HistoryBatch] = Checkpoint(
-            NicedOffsets(self.conninfo, backfill.group_id, self.priority), self.sink
+            NicedOffsets(self.conninfo, backfill.group_id, self.priority),
+            self.sink,
+            self._dead_letters,
+            lambda ranges: clients.read_back("backfill", ranges),  # a batch isolated: its records read again
         )
         consumer = Consumer(consumer_config(self.kafka, "backfill", backfill.group_id))
         committer = ThreadPoolExecutor(1, thread_name_prefix="backfill-commit")
@@ -246,7 +255,7 @@ class Backfiller:
                     consumer.pause([TopicPartition(t, p) for t, p in finished])
                     todo.difference_update(finished)
                 spent["batches"] += 1
-                spent["records"] += len(batch.payload.ops) if batch.payload is not None else 0
+                spent["records"] += len(batch.payload.changes.ops) if batch.payload is not None else 0
             if inflight is not None and not self._committed(inflight, backfill):
                 return False
             spent["waited_s"] += time.perf_counter() - read
@@ -381,6 +390,7 @@ class Backfiller:
         first: dict[Partition, int] = {}
         end: dict[Partition, int] = {}
         by_topic: dict[str, list[Any]] = {}
+        payload = HistoryBatch(backfill)
         for message in messages:
             if message.error() is not None:
                 continue
@@ -399,12 +409,13 @@ class Backfiller:
             self._gone_below_target(consumer, target, todo, first, end)
         if not end:
             return None
-        payload = HistoryBatch(backfill)
         size = 0
         for topic, group in by_topic.items():
             decoded = decoders[topic].decode_batch(group)  # rejected ones: dead-lettered by the live runner
             if decoded.ops:
-                payload.extend(decoded.ops, decoded.columns)
+                payload.changes.extend(
+                    list(decoded.ops), [list(c) for c in decoded.columns], Origin(topic, decoders[topic])
+                )
                 size += len(decoded.ops)
         payload.finishing = backfill.joined and all(end.get(tp, position[tp]) >= target[tp] for tp in todo)
         start: dict[Partition, int | None] = {tp: position[tp] for tp in end}

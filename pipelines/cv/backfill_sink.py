@@ -8,13 +8,13 @@ first that the backfill is still the one it read for (a view dropped or rebuilt 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import psycopg
 
-from pipelines.cv import catalog
+from pipelines.cv import catalog, isolation
 from pipelines.cv.catalog import replays
 from pipelines.cv.engine import StreamMaintainer
+from pipelines.cv.stream_changes import StreamChanges
 from pipelines.errors import StreamviewsError
 from pipelines.runtime.checkpoint import ApplyOutcome
 
@@ -25,6 +25,12 @@ class BackfillStopped(StreamviewsError):
     """The backfill is gone (its view dropped or rebuilt) or done: the batch rolls back, the catch-up moves on."""
 
     transient = True  # not the batch's fault: the checkpoint raises it as it is, no isolation
+
+
+class BackfillHeld(StreamviewsError):
+    """The stream itself fails (its state or a type gone): the batch rolls back and is tried again later."""
+
+    transient = True
 
 
 class ViewNotMaintained(StreamviewsError):
@@ -50,27 +56,26 @@ class Pending:
 
 @dataclass
 class HistoryBatch:
-    """One batch of history for one view: its stream's changes (inserts), and whether it reaches the switch."""
+    """One batch of history for one view: its stream's changes, and whether it reaches the switch points."""
 
     backfill: Pending
-    ops: list[int] = field(default_factory=list)
-    columns: list[list[Any]] = field(default_factory=list)
+    changes: StreamChanges = field(default_factory=StreamChanges)
     finishing: bool = False
-
-    def extend(self, ops: list[int], columns: list[list[Any]]) -> None:
-        """Append another topic's decoded changes (a stream fed `into` the view's stream)."""
-        if not self.ops:
-            self.ops, self.columns = list(ops), [list(c) for c in columns]
-            return
-        self.ops.extend(ops)
-        for mine, theirs in zip(self.columns, columns, strict=True):
-            mine.extend(theirs)
 
 
 class BackfillSink:
-    """Applies history to one view in the checkpoint's transaction; marks the backfill done with its last batch."""
+    """Applies history to one view in the checkpoint's transaction; marks the backfill done with its last batch.
 
-    def __init__(self) -> None:
+    A batch the view fails on is applied again in isolation as a live batch is (pipelines/cv/isolation.py):
+    the records the view cannot take are dead-lettered (`view_error`, naming the view) and the rest
+    applied; a view that cannot run, or rejects more than PIPELINE_POISON_LIMIT records of a batch,
+    is quarantined, and the batch's offsets then wait with it, so its history is read again once it
+    is maintained again. A failure of the stream itself is raised (`BackfillHeld`): the catch-up
+    tries again later, and the live runner's streams are not held for it.
+    """
+
+    def __init__(self, poison_limit: int = 100, view_retry_s: float = 30.0) -> None:
+        self.poison_limit, self.view_retry_s = poison_limit, view_retry_s
         self.maintainers: dict[str, StreamMaintainer] = {}
 
     def apply(self, conn: psycopg.Connection, payload: HistoryBatch, outcome: ApplyOutcome) -> int:
@@ -85,17 +90,36 @@ class BackfillSink:
         row = conn.execute("SELECT done_at FROM cv.backfills WHERE group_id = %s", (backfill.group_id,)).fetchone()
         if row is None or row[0] is not None:
             raise BackfillStopped(f"backfill of {backfill.view}: dropped, rebuilt or done meanwhile")
-        maintainer = self.maintainers.setdefault(backfill.stream, StreamMaintainer(backfill.stream, catching_up=True))
+        maintainer = self.maintainers.get(backfill.view)
+        if maintainer is None:
+            maintainer = self.maintainers[backfill.view] = StreamMaintainer(backfill.stream, backfilling=backfill.view)
         if backfill.view not in maintainer.planned_views(conn):
             raise ViewNotMaintained(f"backfill of {backfill.view}: the view is quarantined; history waits")
+        changes = payload.changes
         changed = 0
-        if payload.ops:
-            changed = maintainer.apply(conn, payload.ops, payload.columns, only=frozenset({backfill.view}))
+        if changes.ops and not outcome.isolate:
+            changed = maintainer.apply(conn, changes.ops, changes.columns)
+        elif changes.ops:
+            changed = isolation.StreamIsolation(conn, maintainer, changes, outcome, self).apply()
+            if backfill.view not in maintainer.planned_views(conn):  # quarantined by it: its history waits too
+                outcome.held_topics.update(changes.topics)
+                return changed
         if payload.finishing:
             conn.execute("UPDATE cv.backfills SET done_at = now() WHERE group_id = %s", (backfill.group_id,))
         if swap:
             replays.swap_in(conn, backfill.view)
         return changed
+
+    def hold_stream(
+        self,
+        conn: psycopg.Connection,
+        stream: str,
+        broken: isolation.StreamBroken,
+        topics: list[str],
+        outcome: ApplyOutcome,
+    ) -> None:
+        """The stream's records cannot be applied at all: the batch rolls back, the catch-up tries again later."""
+        raise BackfillHeld(broken.reason)
 
     def reset(self) -> None:
         """After a rollback: temporary tables and plans are gone with it."""

@@ -56,7 +56,7 @@ class StreamMaintainer:
     """Keeps one stream's views up to date, batch by batch."""
 
     stream_name: str
-    catching_up: bool = False  # a backfill's: its plan keeps the views not joined to the live runner yet
+    backfilling: str | None = None  # a backfill's catch-up: its plan maintains that one view (plans.compile_plan)
     _plan: Plan | None = None
     _plan_created: datetime | None = None  # the stream's created_at when the plan was compiled
     _sessions_ready: set[int] = field(default_factory=set)
@@ -66,14 +66,12 @@ class StreamMaintainer:
         conn: psycopg.Connection,
         ops: Sequence[int],
         columns: Sequence[Sequence[object]],
-        only: frozenset[str] | None = None,
         decoded_as: tuple[str, ...] | None = None,
     ) -> int:
         """Apply a batch in the current transaction; returns the number of deltas (real changes).
 
         `ops` holds +1 (insert) or -1 (delete) per change, `columns` one sequence per stream column,
-        all in batch order: for one key, the last change wins. `only`: apply it to these views alone,
-        no transform (a view's backfill from history, pipelines/cv/backfill.py; append-only streams).
+        all in batch order: for one key, the last change wins.
         `decoded_as`: the column names the batch was decoded for, when known; a batch of other
         columns than the stream's now raises StreamRedefined.
         """
@@ -86,7 +84,7 @@ class StreamMaintainer:
             return self._run(conn, plan, literals, [])
         shipped, deltas = _inserts_only(ops, [columns[i] for i in plan.shipped])
         params = arrays.column_literals(shipped, [stream_columns[i] for i in plan.shipped])
-        return self._run(conn, plan, None, params, deltas, only)
+        return self._run(conn, plan, None, params, deltas)
 
     def planned_views(self, conn: psycopg.Connection) -> frozenset[str]:
         """The views a batch applied now would maintain (quarantined ones left out), under the stream's lock."""
@@ -125,7 +123,6 @@ class StreamMaintainer:
         delta_params: list[object] | None,
         params: list[object],
         deltas: int = 0,
-        only: frozenset[str] | None = None,
     ) -> int:
         """The batch into deltas (keyed streams: `delta_params`), then each view's maintenance over them."""
         keyed = delta_params is not None
@@ -141,8 +138,6 @@ class StreamMaintainer:
         spent: list[tuple[str, float]] = []  # (view, milliseconds), in name order
         if deltas:
             for statements in plan.per_view:
-                if only is not None and statements.view.qualified_name not in only:
-                    continue
                 if statements.view.qualified_name in rebuilt:
                     continue
                 started = time.perf_counter()
@@ -154,7 +149,7 @@ class StreamMaintainer:
             # Transforms after the views, in name order: every batch of the stream takes their position
             # rows in this one order, and only such batches take them, before any view's position row
             # at commit (which comes last in every writer's order): two runners cannot deadlock on them.
-            for name, statement in plan.transforms if only is None else ():
+            for name, statement in plan.transforms:
                 try:
                     conn.execute(statement, params)
                 except psycopg.Error as e:
@@ -221,7 +216,7 @@ class StreamMaintainer:
         if row is None:
             raise StreamDropped(f"stream {self.stream_name} is not defined (CREATE STREAM ...)")
         if self._plan is None or (self._plan.version, self._plan_created) != (row[0], row[1]):
-            self._plan = compile_plan(conn, self.stream_name, row[0], catching_up=self.catching_up)
+            self._plan = compile_plan(conn, self.stream_name, row[0], backfilling=self.backfilling)
             self._plan_created = row[1]
             self._sessions_ready.clear()
         return self._plan

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -44,7 +44,7 @@ from pipelines.runtime.checkpoint import ApplyOutcome, is_transient
 from pipelines.runtime.events import InvalidEvent
 
 if TYPE_CHECKING:
-    from pipelines.cv.sink import StreamChanges, ViewSink
+    from pipelines.cv.stream_changes import StreamChanges
 
 log = get_logger("cv.isolation")
 
@@ -114,6 +114,19 @@ def _joined(units: list[Unit]) -> tuple[list[int], list[list[Any]]]:
     return ops, columns
 
 
+class IsolatingSink(Protocol):
+    """What isolation needs of the sink it works for: the live views' (pipelines.cv.sink) or a backfill's."""
+
+    poison_limit: int  # a view rejecting more records of one batch is quarantined
+    view_retry_s: float  # a quarantined view's first retry
+
+    def hold_stream(
+        self, conn: psycopg.Connection, stream: str, broken: StreamBroken, topics: list[str], outcome: ApplyOutcome
+    ) -> None:
+        """Step 5: the stream's records cannot be applied at all (the live sink holds its topics back)."""
+        ...
+
+
 class StreamIsolation:
     """One stream's changes applied in isolation (steps 1 to 5 of the module's docstring)."""
 
@@ -123,7 +136,7 @@ class StreamIsolation:
         maintainer: StreamMaintainer,
         changes: StreamChanges,
         outcome: ApplyOutcome,
-        sink: ViewSink,
+        sink: IsolatingSink,
     ) -> None:
         self.conn, self.maintainer, self.changes, self.outcome, self.sink = conn, maintainer, changes, outcome, sink
         self.stream = maintainer.stream_name
@@ -149,14 +162,12 @@ class StreamIsolation:
                 continue  # the stream again, without the view
             except StreamBroken as e:
                 self.maintainer.forget_sessions()
-                hold(self.conn, self.stream, e, self.changes.topics, self.outcome)
-                self.sink.held_streams.add(self.stream)
+                self.sink.hold_stream(self.conn, self.stream, e, self.changes.topics, self.outcome)
                 return 0
             self.outcome.rejected.extend(self._rejected)
             return changed
         reason = f"stream {self.stream}: its views kept failing after {MAX_QUARANTINES_PER_BATCH} quarantines"
-        hold(self.conn, self.stream, StreamBroken(reason, None), self.changes.topics, self.outcome)
-        self.sink.held_streams.add(self.stream)
+        self.sink.hold_stream(self.conn, self.stream, StreamBroken(reason, None), self.changes.topics, self.outcome)
         return 0
 
     def _whole(self) -> int:
@@ -286,12 +297,16 @@ def release_stream(conn: psycopg.Connection, stream: str) -> None:
     log.info("held stream applies again", stream=stream)
 
 
+_CATCHING_UP_ALONE = "SELECT 1 FROM cv.backfills WHERE view = %s AND joined_at IS NULL AND done_at IS NULL"
+
+
 def retry_quarantined(conn: psycopg.Connection, streams: tuple[str, ...], group_id: str, retry_s: float) -> None:
     """Try the quarantined views of these streams whose retry is due; resume those that run.
 
     Each under a savepoint, holding its stream's lock exclusively (no batch of it runs meanwhile):
     the view's maintenance is run over an empty batch; when it passes, a view over a keyed stream
-    is rebuilt from the state, one over an append-only stream records the offsets it missed.
+    is rebuilt from the state, one over an append-only stream records the offsets it missed (none
+    for a backfill's view before its join: the live runner was not keeping it anyway).
     """
     if not streams:
         return
@@ -314,6 +329,8 @@ def retry_quarantined(conn: psycopg.Connection, streams: tuple[str, ...], group_
                 if stream.key is not None:
                     rebuild_from_state(conn, compiled, stream)
                     missed_to = None
+                elif conn.execute(_CATCHING_UP_ALONE, (view,)).fetchone():
+                    missed_to = None  # a backfill's before its join: its catch-up reads on from where it stood
                 else:
                     topics = [topic, *(s.topic for s in streams_now.values() if s.into == stream_name)]
                     missed_to = Jsonb(positions(conn, group_id, topics))

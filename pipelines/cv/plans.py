@@ -59,11 +59,12 @@ class Plan:
     grown: frozenset[str] = frozenset()
 
 
-def compile_plan(conn: psycopg.Connection, stream_name: str, version: int, *, catching_up: bool = False) -> Plan:
+def compile_plan(conn: psycopg.Connection, stream_name: str, version: int, *, backfilling: str | None = None) -> Plan:
     """The plan of stream `stream_name` at its plan version `version`: its views' statements, compiled once.
 
     The views a backfill still catches up on alone (not joined to the live runner yet, migration
-    0050) are left out, as quarantined ones are, unless `catching_up` (the backfill's own plan).
+    0050) are left out, as quarantined ones are. `backfilling`: the plan of that backfill's
+    catch-up instead, which maintains that one view (unless quarantined) and runs no transform.
     """
     streams = declared_streams(conn)
     stream = streams.get(stream_name)
@@ -72,20 +73,20 @@ def compile_plan(conn: psycopg.Connection, stream_name: str, version: int, *, ca
     quarantined = frozenset(
         name for (name,) in conn.execute("SELECT view FROM cv.view_failures WHERE stream = %s", (stream.name,))
     )
-    alone: frozenset[str] = frozenset()  # backfills catching up before the live runner takes their views in
-    if not catching_up:
-        alone = frozenset(
-            name
-            for (name,) in conn.execute(
-                "SELECT view FROM cv.backfills WHERE stream = %s AND joined_at IS NULL AND done_at IS NULL",
-                (stream.name,),
-            )
+    alone = frozenset(  # backfills catching up before the live runner takes their views in
+        name
+        for (name,) in conn.execute(
+            "SELECT view FROM cv.backfills WHERE stream = %s AND joined_at IS NULL AND done_at IS NULL", (stream.name,)
         )
+    )
     loaded = catalog.load_views(conn, streams, stream.name)
-    views = tuple(c for c in loaded if c.view.qualified_name not in quarantined | alone)
+    left_out = quarantined | alone
+    if backfilling is not None:  # every view but that one
+        left_out = quarantined | {c.view.qualified_name for c in loaded if c.view.qualified_name != backfilling}
+    views = tuple(c for c in loaded if c.view.qualified_name not in left_out)
     shipped: tuple[int, ...] = ()
     if stream.key is None:
-        transforms = load_transforms(conn, streams, stream.name)  # append-only streams only (0026)
+        transforms = load_transforms(conn, streams, stream.name) if backfilling is None else []  # append-only (0026)
         read = set().union(
             *(stream_sql.referenced_columns(c.view) for c in views),
             *(transform_sql.referenced_columns(t) for t in transforms),

@@ -41,7 +41,8 @@ from pipelines.cv.decoding.stream_decoder import StreamDecoder
 from pipelines.cv.feeds import ViewFeeds
 from pipelines.cv.model import DefinitionError, StreamDef
 from pipelines.cv.plans import declared_streams
-from pipelines.cv.sink import Origin, StreamChanges, ViewChanges, ViewSink
+from pipelines.cv.sink import ViewChanges, ViewSink
+from pipelines.cv.stream_changes import Origin, StreamChanges
 from pipelines.cv.stream_choice import StreamChoice
 from pipelines.errors import StreamviewsError
 from pipelines.logs import configure_logging, get_logger

@@ -2,56 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
-
 import psycopg
 from psycopg import sql
 
 from pipelines.cv import isolation
 from pipelines.cv.apply_errors import StreamDropped
 from pipelines.cv.engine import StreamMaintainer
+from pipelines.cv.stream_changes import StreamChanges
 from pipelines.logs import get_logger
 from pipelines.runtime.checkpoint import ApplyOutcome
 
 log = get_logger("cv.sink")
-
-
-@dataclass(frozen=True)
-class Origin:
-    """A topic whose records made some of a stream's changes, and the decoder that made them.
-
-    All isolation needs to tell the changes' records apart (pipelines/cv/isolation.py): it reads
-    the records again and decodes them one by one. The messages themselves are not kept.
-    """
-
-    topic: str
-    decoder: Any  # the StreamDecoder that made the changes
-
-
-@dataclass
-class StreamChanges:
-    """One stream's part of a batch, as parallel columns: an op (+1 insert, -1 delete) per change."""
-
-    ops: list[int] = field(default_factory=list)
-    columns: list[list[Any]] = field(default_factory=list)
-    origins: list[Origin] = field(default_factory=list)
-
-    def extend(self, ops: list[int], columns: list[list[Any]], origin: Origin | None = None) -> None:
-        """Append changes read after the ones already here (another topic feeding the same stream)."""
-        if origin is not None:
-            self.origins.append(origin)
-        if not self.ops:
-            self.ops, self.columns = ops, columns  # the common case, one topic per stream: no copy
-            return
-        self.ops.extend(ops)
-        for mine, theirs in zip(self.columns, columns, strict=True):
-            mine.extend(theirs)
-
-    @property
-    def topics(self) -> list[str]:
-        """The topics the changes were read from."""
-        return sorted({o.topic for o in self.origins})
 
 
 # The runner's payload: each target stream's changes, by stream name (what `StreamRunner.decode` makes).
@@ -109,6 +70,19 @@ class ViewSink:
                 isolation.release_stream(conn, name)
                 self.held_streams.discard(name)
         return changed
+
+    def hold_stream(
+        self,
+        conn: psycopg.Connection,
+        stream: str,
+        broken: isolation.StreamBroken,
+        topics: list[str],
+        outcome: ApplyOutcome,
+    ) -> None:
+        """Isolation's step 5: the stream's topics held back, released once it applies again."""
+        isolation.hold(conn, stream, broken, topics, outcome)
+        assert self.held_streams is not None
+        self.held_streams.add(stream)
 
     def reset(self) -> None:
         """Temporary tables created in a rolled-back transaction are gone with it."""

@@ -23,6 +23,7 @@ from pipelines.cv import catalog
 from pipelines.cv.catalog import backfills
 from pipelines.cv.engine import StreamMaintainer
 from tests.integration.conftest import delete_topics, start_runner, stop_runner, throwaway_views, unique, wait_for
+from tests.integration.test_isolation import dead_letters
 
 QUERY = (
     "SELECT tag, count(*) AS n, sum(v) AS total, min(v) AS lo, max(v) AS hi, count(DISTINCT v) AS d"
@@ -263,10 +264,10 @@ def switch_points(pg, view: str) -> list[tuple]:
         ).fetchall()
 
 
-def planned(pg, stream: str, *, catching_up: bool = False) -> frozenset[str]:
-    """The views a batch of `stream` would maintain now: the live runner's, or a backfill's (`catching_up`)."""
+def planned(pg, stream: str, *, backfilling: str | None = None) -> frozenset[str]:
+    """The views a batch of `stream` would maintain now: the live runner's, or a backfill's (`backfilling`)."""
     with pg("sv_owner") as conn, conn.transaction():
-        return StreamMaintainer(stream, catching_up=catching_up).planned_views(conn)
+        return StreamMaintainer(stream, backfilling=backfilling).planned_views(conn)
 
 
 def test_a_new_view_catches_up_alone_and_joins_the_live_runner_where_the_live_group_stands(pg):
@@ -297,7 +298,7 @@ def test_a_new_view_catches_up_alone_and_joins_the_live_runner_where_the_live_gr
         assert status(pg, f"{schema}.n") is None  # nothing to catch up
         # Until it joins, the live runner's batches leave the view out; the backfill's plan has it.
         assert planned(pg, stream) == {f"{schema}.n"}
-        assert planned(pg, stream, catching_up=True) == {f"{schema}.n", f"{schema}.v"}
+        assert planned(pg, stream, backfilling=f"{schema}.v") == {f"{schema}.v"}  # that view alone
 
         with pg("sv_owner", autocommit=True) as conn:  # the live group reads on, and starts a new partition
             conn.execute(
@@ -338,3 +339,37 @@ def test_a_new_view_catches_up_alone_and_joins_the_live_runner_where_the_live_gr
             catalog.drop(conn, [stream], "stream")
             conn.execute(f"DROP SCHEMA {schema} CASCADE")
             conn.execute("DELETE FROM ops.kafka_offsets WHERE group_id = %s", (group,))
+
+
+def test_history_events_the_new_view_fails_on_are_dead_lettered_and_the_rest_caught_up(stack, pg, kafka, admin):
+    group, schema = unique("it-backfill"), unique("bf")
+    stream, topic, views = setup(admin, pg, schema, group)
+    runner = start_runner(stack, group, PIPELINE_BACKFILL_BATCH_MAX="100")
+    events = Events(kafka, topic)
+    try:
+        with views:
+            events.produce(250)
+            zeros = [{"tag": "zero", "v": 0} for _ in range(3)]  # 100 / v divides by zero (22012)
+            for event in zeros:
+                events.producer.produce(topic, value=json.dumps(event))
+            events.produce(250)
+            wait_for(lambda: live_offsets(pg, group, topic) == 503, timeout=60, what="the live runner to read all")
+            query = f"SELECT tag, count(*) AS n, sum(100 / v) AS r FROM {stream} GROUP BY tag"
+            define(pg, f"CREATE CONTINUOUS VIEW {schema}.r AS {query}")
+            wait_for(lambda: status(pg, f"{schema}.r") and status(pg, f"{schema}.r")[0], timeout=90, what="done")
+            with pg("sv_owner") as conn:
+                expected = conn.execute(
+                    "SELECT tag, count(*), sum(100 / v) FROM unnest(%s::text[], %s::int[]) AS e (tag, v)"
+                    " WHERE v <> 0 GROUP BY tag ORDER BY tag",
+                    ([e["tag"] for e in events.sent], [e["v"] for e in events.sent]),
+                ).fetchall()
+                got = conn.execute(f"SELECT tag, n, r FROM {schema}.r ORDER BY tag").fetchall()
+                quarantined = conn.execute("SELECT count(*) FROM cv.view_failures WHERE view = %s", (f"{schema}.r",))
+                assert quarantined.fetchone() == (0,)
+            assert got == expected
+            letters = dead_letters(kafka, topic, expected=3)
+            assert {letter["dlq.reason"] for letter in letters} == {"view_error"}
+            assert all(letter["dlq.detail"].startswith(f"{schema}.r: SQLSTATE 22012") for letter in letters)
+    finally:
+        stop_runner(runner)
+        delete_topics([topic, f"{topic}.dlq"])

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from pipelines.cv import status
+from pipelines.cv import backfill, status
 from pipelines.cv.backfill import Backfiller, should_join
 from pipelines.cv.catalog.backfills import Progress
 from pipelines.cv.frontend.backfill import backfill_rule, order_dependent, rule_ms
@@ -140,7 +140,7 @@ class Clock(threading.Event):
     def __init__(self, monkeypatch):
         super().__init__()
         self.now = 0.0
-        monkeypatch.setattr("pipelines.cv.backfill.time", self)
+        monkeypatch.setattr(backfill, "time", self)
 
     def monotonic(self):
         return self.now

@@ -12,7 +12,7 @@ from psycopg import errors as pg_errors
 from pipelines.cv import status
 from pipelines.cv.apply_errors import ViewApplyError, describe_error
 from pipelines.cv.isolation import broken_definition, units_of
-from pipelines.cv.sink import Origin, StreamChanges
+from pipelines.cv.stream_changes import Origin, StreamChanges
 from pipelines.runtime.checkpoint import Fenced, is_transient
 from pipelines.runtime.deadletter import DeadLetterError
 
