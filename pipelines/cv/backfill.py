@@ -242,7 +242,7 @@ class Backfiller:
         consumer.assign([TopicPartition(t, p, position[(t, p)]) for t, p in sorted(todo)])
         consumer.resume([TopicPartition(t, p) for t, p in sorted(todo)])  # paused at the end of a round before
         spent = {"read_s": 0.0, "waited_s": 0.0, "batches": 0, "records": 0}  # for the "done" line
-        inflight: Future[int] | None = None
+        inflight: tuple[Future[int], Batch[HistoryBatch]] | None = None
         while todo and not stop.is_set() and (until is None or time.monotonic() < until):
             started = time.perf_counter()
             batch = self._read(consumer, backfill, position, target, todo, decoders)
@@ -259,7 +259,7 @@ class Backfiller:
             if inflight is not None and not self._committed(inflight, backfill):
                 return False
             spent["waited_s"] += time.perf_counter() - read
-            inflight = committer.submit(checkpoint.commit, batch) if batch is not None else None
+            inflight = (committer.submit(checkpoint.commit, batch), batch) if batch is not None else None
             if todo:
                 self._yield_to_live(consumer, live, stop)
         if inflight is not None and not self._committed(inflight, backfill):
@@ -332,12 +332,22 @@ class Backfiller:
         return stored
 
     @staticmethod
-    def _committed(inflight: Future[int], backfill: Pending) -> bool:
-        """Wait for a batch's commit: True once committed, False when the backfill stopped (raises on failure)."""
+    def _committed(inflight: tuple[Future[int], Batch[HistoryBatch]], backfill: Pending) -> bool:
+        """Wait for a batch's commit: True once committed, False when the backfill stopped (raises on failure).
+
+        It stops too when the batch, isolated, quarantined the view: its offsets were held, and the
+        history waits for the view to run again.
+        """
+        future, batch = inflight
         try:
-            inflight.result()
+            future.result()
         except BackfillStopped as e:
             log.info("backfill stopped", view=backfill.view, reason=str(e))
+            return False
+        if batch.held_topics:
+            log.warning(
+                "backfill waits: its view was quarantined", view=backfill.view, topics=sorted(batch.held_topics)
+            )
             return False
         return True
 

@@ -13,6 +13,7 @@ import os
 import random
 import signal
 import threading
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -373,3 +374,52 @@ def test_history_events_the_new_view_fails_on_are_dead_lettered_and_the_rest_cau
     finally:
         stop_runner(runner)
         delete_topics([topic, f"{topic}.dlq"])
+
+
+def test_a_new_view_rejecting_too_many_history_events_is_quarantined_and_its_catch_up_waits_there(
+    stack, pg, kafka, admin
+):
+    group, schema = unique("it-backfill"), unique("bf")
+    stream, topic, views = setup(admin, pg, schema, group)
+    # Two rejections a batch at most, and a retry far off: the view stays quarantined for the test.
+    runner = start_runner(stack, group, PIPELINE_POISON_LIMIT="2", PIPELINE_VIEW_RETRY_S="3600")
+    events = Events(kafka, topic)
+    try:
+        with views:
+            events.produce(100)
+            for zero in [{"tag": "zero", "v": 0}] * 5:
+                events.producer.produce(topic, value=json.dumps(zero))
+                events.sent.append(zero)
+            events.produce(100)
+            wait_for(lambda: live_offsets(pg, group, topic) == 205, timeout=60, what="the live runner to read all")
+            query = f"SELECT tag, count(*) AS n, sum(100 / v) AS r FROM {stream} GROUP BY tag"
+            define(pg, f"CREATE CONTINUOUS VIEW {schema}.r AS {query}")
+            define(pg, f"CREATE CONTINUOUS VIEW {schema}.n AS SELECT tag, count(*) AS n FROM {stream} GROUP BY tag")
+
+            def failure():
+                with pg("sv_owner") as conn:
+                    return conn.execute(
+                        "SELECT reason FROM cv.view_failures WHERE view = %s", (f"{schema}.r",)
+                    ).fetchone()
+
+            [reason] = wait_for(failure, timeout=60, what="the view quarantined")
+            assert "rejected over 2 records of one batch" in reason
+            # The other new view catches up and joins; the live stream is held by nothing.
+            wait_for(lambda: status(pg, f"{schema}.n")[0], timeout=60, what="the other view's backfill done")
+            events.produce(20)
+            counts = sorted(Counter(e["tag"] for e in events.sent).items())
+            wait_for(lambda: view_rows_n(pg, f"{schema}.n") == counts, timeout=60, what="the other view exact")
+            with pg("sv_owner") as conn:
+                held = conn.execute("SELECT count(*) FROM cv.stream_failures WHERE stream = %s", (stream,))
+                assert held.fetchone() == (0,)
+            complete, done, _ = status(pg, f"{schema}.r")
+            assert not complete
+            assert done < 205  # its history waits with it, not skipped
+    finally:
+        stop_runner(runner)
+        delete_topics([topic, f"{topic}.dlq"])
+
+
+def view_rows_n(pg, view: str) -> list[tuple]:
+    with pg("sv_owner") as conn:
+        return [(tag, int(n)) for tag, n in conn.execute(f"SELECT tag, n FROM {view} ORDER BY tag")]
