@@ -4,14 +4,15 @@ When a view over an append-only stream is created or rebuilt, the catalog record
 the live runner reads (pipelines/cv/catalog/backfills.py). The live runner leaves the view out of
 its batches until the catch-up has caught up with it (pipelines.cv.plans), so the live views pay
 nothing for the new view meanwhile. The catch-up reads from its start in each partition (the
-earliest retained offset, or Kafka's offsets-for-times of the `backfill` timestamp) and applies to
-the view only (StreamMaintainer.apply with `only`), in rounds: each round reads up to where the live
-group stood when the round began. When a round leaves it within one batch of the live group, or
-gains no more on it (the live stream grows as fast as the catch-up reads), it joins: under the
-stream's exclusive lock, the switch points are fixed at the live group's offsets and the runner's
-next batch is the view's first live one (`backfills.join`). The last round reads up to the switch
-points. Every stored aggregate merges in any order (pipelines/cv/frontend/backfill.py), so that
-tail applied after the first live batches gives the same result.
+earliest retained offset, or Kafka's offsets-for-times of the `backfill` timestamp) and applies it
+to the view only (a plan of that one view: compile_plan's `backfilling`), in rounds: each round
+reads up to where the live group stood when the round began. When a round leaves it within one
+batch of the live group, or gains no more on it (the live stream grows as fast as the catch-up
+reads), it joins: under the stream's exclusive lock, the switch points are fixed at the live
+group's offsets and the runner's next batch is the view's first live one (`backfills.join`). The
+last round reads up to the switch points. Every stored aggregate merges in any order
+(pipelines/cv/frontend/backfill.py), so that tail applied after the first live batches gives the
+same result.
 
 Exactly once, as the live runner: the catch-up is a consumer group of its own (`streamviews-
 backfill/<view>/<id>`) whose positions are ops.kafka_offsets rows, and each batch commits through a

@@ -91,8 +91,9 @@ class BackfillSink:
         if row is None or row[0] is not None:
             raise BackfillStopped(f"backfill of {backfill.view}: dropped, rebuilt or done meanwhile")
         maintainer = self.maintainers.get(backfill.view)
-        if maintainer is None:
-            maintainer = self.maintainers[backfill.view] = StreamMaintainer(backfill.stream, backfilling=backfill.view)
+        if maintainer is None:  # one backfill at a time: the last one's plan is not needed again
+            maintainer = StreamMaintainer(backfill.stream, backfilling=backfill.view)
+            self.maintainers = {backfill.view: maintainer}
         if backfill.view not in maintainer.planned_views(conn):
             raise ViewNotMaintained(f"backfill of {backfill.view}: the view is quarantined; history waits")
         changes = payload.changes
