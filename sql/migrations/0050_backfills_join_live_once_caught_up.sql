@@ -21,7 +21,6 @@ COMMENT ON COLUMN cv.backfill_partitions.switch_offset IS
     'The live group''s next offset when the view joined the live runner (the catch-up stops there); NULL before.';
 COMMENT ON COLUMN cv.backfill_partitions.live_group IS
     'The consumer group of the live runner reading the partition: the catch-up chases its offsets until it joins.';
-GRANT INSERT ON cv.backfill_partitions TO sv_writer;  -- partitions the live group starts reading before the join
 
 -- cv.join_backfill: the live runner takes view `p_view` in from its next batch. The caller holds the
 -- stream's lock exclusively (no batch in flight, so the live groups' stored offsets are exactly
