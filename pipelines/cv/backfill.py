@@ -7,12 +7,12 @@ nothing for the new view meanwhile. The catch-up reads from its start in each pa
 earliest retained offset, or Kafka's offsets-for-times of the `backfill` timestamp) and applies it
 to the view only (a plan of that one view: compile_plan's `backfilling`), in rounds: each round
 reads up to where the live group stood when the round began. When a round leaves it within one
-batch of the live group, or gains no more on it (the live stream grows as fast as the catch-up
-reads), it joins: under the stream's exclusive lock, the switch points are fixed at the live
-group's offsets and the runner's next batch is the view's first live one (`backfills.join`). The
-last round reads up to the switch points. Every stored aggregate merges in any order
-(pipelines/cv/frontend/backfill.py), so that tail applied after the first live batches gives the
-same result.
+batch (or about a second of its reading) of the live group, or gains too little on it to be worth
+chasing (`should_join`), it joins: under the stream's exclusive lock, the switch points are fixed
+at the live group's offsets and the runner's next batch is the view's first live one
+(`backfills.join`). The last round reads up to the switch points. Every stored aggregate merges in
+any order (pipelines/cv/frontend/backfill.py), so that tail applied after the first live batches
+gives the same result.
 
 Exactly once, as the live runner: the catch-up is a consumer group of its own (`streamviews-
 backfill/<view>/<id>`) whose positions are ops.kafka_offsets rows, and each batch commits through a
@@ -69,16 +69,24 @@ BACKFILL_LOCK = 0x62666C6C  # the advisory lock class of backfills ('bfll'), key
 # A round before the join lasts at most this long: then the catch-up looks again how far behind the
 # live group it is, and whether it still gains on it (`should_join`), also when the history is long.
 ROUND_S = 10.0
+JOIN_WITHIN_S = 1.0  # the catch-up joins once what is left takes about this long at its own rate
+JOIN_GAIN = 10  # ... or once a round gains less than 1/JOIN_GAIN of what it read on the live group
 
 
-def should_join(behind: int, before: int | None, batch_max: int) -> bool:
+def should_join(behind: int, before: int | None, read: int, batch_max: int, rate: float = 0.0) -> bool:
     """Whether the catch-up, `behind` records short of the live group now, joins it rather than read another round.
 
-    It joins within one batch (then the tail it reads once the live runner keeps the view too is one
-    batch), or when the last round gained nothing (`before`: how far behind it was when that round
-    began): the live stream grows as fast as the catch-up reads, and another round would only repeat it.
+    It joins when it would read the rest within one batch or about a second at its last round's
+    `rate` (records/s): that tail is read once the live runner keeps the view too, so it is kept
+    short. It joins too when the last round, which read `read` records and began `before` behind,
+    gained less than a tenth of them: the live stream grows at 90% of the catch-up's pace or more,
+    and chasing it would take over ten times as long as reading the rest beside the live runner (or
+    forever). Below that it chases: the live views' freshness comes first, the new view is complete
+    later.
     """
-    return behind <= batch_max or (before is not None and behind >= before)
+    if behind <= max(batch_max, rate * JOIN_WITHIN_S):
+        return True
+    return before is not None and (before - behind) * JOIN_GAIN < read
 
 
 class Backfiller:
@@ -183,10 +191,11 @@ class Backfiller:
             position = self._starts(consumer, checkpoint, backfill, target)
             log.info("backfill catching up", view=backfill.view, rule=backfill.rule, joined=backfill.joined)
             before: int | None = None
+            read, rate = 0, 0.0  # records read by the last round, and how fast
             while not stop.is_set():
                 if not backfill.joined:
                     behind = sum(max(0, target[tp] - position[tp]) for tp in target)
-                    if should_join(behind, before, self.settings.backfill_batch_max):
+                    if should_join(behind, before, read, self.settings.backfill_batch_max, rate):
                         joined = self._join(backfill, live, behind)
                         if joined is None:
                             return  # dropped, rebuilt or quarantined meanwhile
@@ -194,11 +203,14 @@ class Backfiller:
                         position = self._starts(consumer, checkpoint, backfill, target)  # partitions new to it too
                         continue
                     before = behind
-                until = None if backfill.joined else time.monotonic() + ROUND_S
+                began, offsets = time.monotonic(), sum(position.values())
+                until = None if backfill.joined else began + ROUND_S
                 if not self._round(
                     consumer, checkpoint, committer, backfill, position, target, decoders, live, stop, until
                 ):
                     return
+                read = sum(position.values()) - offsets
+                rate = read / max(time.monotonic() - began, 1e-3)
                 if backfill.joined:
                     return
                 target = self._target(backfill, live)

@@ -187,9 +187,15 @@ def test_a_live_runner_with_nothing_to_read_costs_the_backfill_no_pause(monkeypa
     assert busy.waits == [PipelineSettings().backfill_pause_s]  # 5 behind: a pause, then within the lag
 
 
-def test_the_catch_up_joins_the_live_runner_within_a_batch_or_once_a_round_gains_nothing():
-    assert not should_join(behind=2_000_000, before=None, batch_max=50_000)  # the history: a first round
-    assert not should_join(behind=300_000, before=2_000_000, batch_max=50_000)  # gaining: another round
-    assert should_join(behind=50_000, before=300_000, batch_max=50_000)  # within a batch of the live group
-    assert should_join(behind=0, before=None, batch_max=50_000)  # nothing retained: at once
-    assert should_join(behind=300_000, before=280_000, batch_max=50_000)  # the stream grows as fast: join now
+def test_the_catch_up_joins_the_live_runner_close_to_it_or_once_chasing_it_no_longer_pays():
+    first = {"before": None, "read": 0, "batch_max": 50_000}
+    assert not should_join(2_000_000, **first)  # the history: a first round
+    assert should_join(0, **first)  # nothing retained: at once
+    # 10 s rounds at 110,000 records/s under 71,000/s of live events: it gains, it goes on; at 85%, too.
+    assert not should_join(1_610_000, before=2_000_000, read=1_100_000, batch_max=50_000, rate=110_000)
+    assert not should_join(1_835_000, before=2_000_000, read=1_100_000, batch_max=50_000, rate=110_000)
+    assert should_join(90_000, before=300_000, read=330_000, batch_max=50_000, rate=110_000)  # within a second
+    assert should_join(50_000, before=300_000, read=10, batch_max=50_000)  # within a batch
+    # The stream grows at 95% of its pace (a catch-up of small batches): it joins rather than chase.
+    assert should_join(4_000, before=4_500, read=10_500, batch_max=150, rate=1_050)
+    assert should_join(300_000, before=280_000, read=100_000, batch_max=50_000)  # it fell behind
