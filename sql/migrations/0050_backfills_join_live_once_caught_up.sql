@@ -1,14 +1,15 @@
 -- why: a view's backfill fixed its switch point when the view was defined, so the live runner
 -- maintained the new view from that moment on, beside every view it already kept, for the whole
 -- catch-up. Measured with loadgen.backfill (docs/performance.md): that second view's maintenance,
--- not the catch-up itself, is what slowed the live views during a backfill (freshness p99 from
--- under 0.9 s to 1.0-1.5 s at half the sustained load). Now a backfill first catches up on its own,
--- up to where the live group stands, in rounds, and the live runner takes the view in only when the
--- catch-up is about one batch behind it (or no longer gains on it): then, in a short transaction
--- under the stream's exclusive lock, cv.join_backfill fixes the switch points at the live group's
--- offsets and moves the stream's plan version, so the runner's next batch is the view's first live
--- one. The catch-up then reads up to those switch points as before. Until the join, a partition's
--- switch_offset is NULL and its live_group says whose offsets the catch-up chases.
+-- not the catch-up itself, is what slowed the live views during a backfill (a second view with no
+-- backfill at all slowed them as much). Now a backfill first catches up on its own, up to where the
+-- live group stands, in rounds, and the live runner takes the view in only when the catch-up is
+-- close to it, or gains too little on it to be worth chasing (pipelines/cv/backfill.py,
+-- should_join): then, in a short transaction under the stream's exclusive lock, cv.join_backfill
+-- fixes the switch points at the live group's offsets and moves the stream's plan version, so the
+-- runner's next batch is the view's first live one. The catch-up then reads up to those switch
+-- points as before. Until the join, a partition's switch_offset is NULL and its live_group says
+-- whose offsets the catch-up chases.
 
 ALTER TABLE cv.backfills ADD COLUMN joined_at timestamptz;
 COMMENT ON COLUMN cv.backfills.joined_at IS
