@@ -436,9 +436,7 @@ class Backfiller:
         for topic, group in by_topic.items():
             decoded = decoders[topic].decode_batch(group)  # rejected ones: dead-lettered by the live runner
             if decoded.ops:
-                payload.changes.extend(
-                    list(decoded.ops), [list(c) for c in decoded.columns], Origin(topic, decoders[topic])
-                )
+                payload.changes.extend(decoded.ops, decoded.columns, Origin(topic, decoders[topic]))
                 size += len(decoded.ops)
         payload.finishing = backfill.joined and all(end.get(tp, position[tp]) >= target[tp] for tp in todo)
         start: dict[Partition, int | None] = {tp: position[tp] for tp in end}

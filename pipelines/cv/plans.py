@@ -73,15 +73,18 @@ def compile_plan(conn: psycopg.Connection, stream_name: str, version: int, *, ba
     quarantined = frozenset(
         name for (name,) in conn.execute("SELECT view FROM cv.view_failures WHERE stream = %s", (stream.name,))
     )
-    alone = frozenset(  # backfills catching up before the live runner takes their views in
-        name
-        for (name,) in conn.execute(
-            "SELECT view FROM cv.backfills WHERE stream = %s AND joined_at IS NULL AND done_at IS NULL", (stream.name,)
-        )
-    )
     loaded = catalog.load_views(conn, streams, stream.name)
-    left_out = quarantined | alone
-    if backfilling is not None:  # every view but that one
+    alone: frozenset[str] = frozenset()  # backfills catching up before the live runner takes their views in
+    if backfilling is None:
+        alone = frozenset(
+            name
+            for (name,) in conn.execute(
+                "SELECT view FROM cv.backfills WHERE stream = %s AND joined_at IS NULL AND done_at IS NULL",
+                (stream.name,),
+            )
+        )
+        left_out = quarantined | alone
+    else:  # every view but that one
         left_out = quarantined | {c.view.qualified_name for c in loaded if c.view.qualified_name != backfilling}
     views = tuple(c for c in loaded if c.view.qualified_name not in left_out)
     shipped: tuple[int, ...] = ()
