@@ -24,6 +24,9 @@ Issue 27's benchmark: a view defined today over a stream whose topic holds `--ev
    much, the producer taking the rest), so a quarter of the drain figure.
    The cores each process used under the load, before the backfill and during it, are printed
    in the notes (the backfill process comes and goes: its share is in the machine's figure).
+   The notes also give the p99 per 2 s window from the definition, the window of the join starred
+   (`--samples FILE` writes every marker). `--second-view-alone` defines the view WITH (backfill =
+   'none') instead: the live runner's cost of one more view, with no backfill at all.
 5. Stop producing, wait until the runner has read everything, and check that `loaded_stats` equals
    `live_stats` row for row (it saw the history by the backfill, the rest live: nothing twice,
    nothing missed), and `live_stats` what was produced.
@@ -61,6 +64,8 @@ from loadgen.workloads.pageviews import PageViews, page_views
 from pipelines.cv import catalog
 from pipelines.logs import get_logger
 from pipelines.settings import KafkaSettings, PostgresSettings
+
+TIMELINE_S = 2.0  # the freshness timeline's window, seconds
 
 log = get_logger("loadgen.backfill")
 
@@ -125,8 +130,8 @@ class SteadyProducer(threading.Thread):
             self.error = e
 
 
-def definitions(schema: str, stream: str, topic: str, group: str, view: str) -> list[str]:
-    """The page views stream of the bench runner's group, and view `view` of the basic SELECT."""
+def definitions(schema: str, stream: str, topic: str, group: str, view: str, options: str = "") -> list[str]:
+    """The page views stream of the bench runner's group, and view `view` of the basic SELECT (`WITH options`)."""
     names = {"stream": sql.Identifier(stream), "topic": sql.Literal(topic), "group": sql.Literal(group)}
     select = VIEWS["basic"].select  # its {stream} is filled in with the others
     return [
@@ -134,7 +139,7 @@ def definitions(schema: str, stream: str, topic: str, group: str, view: str) -> 
         for text in (
             "CREATE STREAM {stream} (url text NOT NULL, uid bigint, latency double precision NOT NULL, ts timestamptz)"
             " WITH (topic = {topic}, timestamp_column = 'ts', consumer_group = {group})",
-            "CREATE CONTINUOUS VIEW {view} AS " + select,
+            "CREATE CONTINUOUS VIEW {view}" + (f" WITH ({options})" if options else "") + " AS " + select,
         )
     ]
 
@@ -146,6 +151,7 @@ class Backfilled:
     offsets: int
     first_done: int = 0
     first_at: float | None = None
+    joined_at: float | None = None  # when it was seen joined to the live runner (cv.backfill_status.joined_at)
 
 
 def wait_backfilled(conn: psycopg.Connection, view: str, runner: PipelineWorkers, timeout_s: float) -> Backfilled:
@@ -154,12 +160,16 @@ def wait_backfilled(conn: psycopg.Connection, view: str, runner: PipelineWorkers
     seen = Backfilled(0)
     while time.monotonic() < deadline:
         row = conn.execute(
-            "SELECT complete, offsets_total, offsets_done FROM cv.backfill_status WHERE view = %s", (view,)
+            "SELECT complete, offsets_total, offsets_done, joined_at IS NOT NULL"
+            " FROM cv.backfill_status WHERE view = %s",
+            (view,),
         ).fetchone()
         if row is None:
             raise BenchmarkError(f"{view}: no backfill recorded")
         if seen.first_at is None and row[2] and not row[0]:
             seen.first_done, seen.first_at = int(row[2]), time.monotonic()
+        if seen.joined_at is None and row[3]:
+            seen.joined_at = time.monotonic()
         if row[0]:
             seen.offsets = int(row[1])
             return seen
@@ -185,7 +195,7 @@ def same_rows(conn: psycopg.Connection, a: sql.Identifier, b: sql.Identifier) ->
 
 def backfill_rate(
     conn: psycopg.Connection, define: str, view: str, runner: PipelineWorkers, timeout_s: float
-) -> tuple[float, float | None]:
+) -> tuple[float, float | None, Backfilled]:
     """Define a view and time its backfill: events/s from the definition, and from its first batch.
 
     From the first batch on is what the live figure is (a drain timed from its first commit): the
@@ -199,7 +209,34 @@ def backfill_rate(
     after_first = None
     if seen.first_at is not None and ended > seen.first_at:
         after_first = (seen.offsets - seen.first_done) / (ended - seen.first_at)
-    return seen.offsets / (ended - started), after_first
+    return seen.offsets / (ended - started), after_first, seen
+
+
+def write_samples(path: str, samples: list[tuple[float, float]], since: float, joined_at: float | None) -> None:
+    """Every marker as `seconds since the backfill's definition, latency ms` (CSV), and the join's moment."""
+    with open(path, "w") as out:
+        out.write("sent_s,latency_ms\n")
+        for at, latency in sorted(samples):
+            out.write(f"{at - since:.3f},{1000 * latency:.1f}\n")
+        if joined_at is not None:
+            out.write(f"# joined at {joined_at - since:.3f}\n")
+
+
+def timeline(samples: list[tuple[float, float]], since: float, until: float, joined_at: float | None) -> str:
+    """The markers' p99 per TIMELINE_S window from `since`, the window the backfill joined in starred.
+
+    Where in a backfill the live view's freshness suffers: its catch-up alone, the join, or the rest
+    read beside the live runner after it (pipelines/cv/backfill.py).
+    """
+    windows: list[str] = []
+    start = since
+    while start < until:
+        end = min(start + TIMELINE_S, until)
+        within = [1000 * lat for (at, lat) in samples if start <= at < end]
+        joined = "*" if joined_at is not None and start <= joined_at < end else ""
+        windows.append(f"{percentile(within, 99):,.0f}{joined}" if within else f"-{joined}")
+        start = end
+    return ", ".join(windows)
 
 
 def measure(args: argparse.Namespace) -> BenchResult:
@@ -239,8 +276,9 @@ def measure(args: argparse.Namespace) -> BenchResult:
                     drain = wait_drained(conn, runner, high_watermarks(topic, kafka))
                     results.values["live"] = drain.rate(args.events)
                     # 1. the backfill alone, beside the live figure on the same view and backlog
-                    define = definitions(schema, stream, topic, group, "new_stats")[1]
-                    whole, after_first = backfill_rate(conn, define, f"{schema}.new_stats", runner, args.timeout)
+                    names = (schema, stream, topic, group)
+                    define = definitions(*names, "new_stats")[1]
+                    whole, after_first, _ = backfill_rate(conn, define, f"{schema}.new_stats", runner, args.timeout)
                     results.values["backfill_whole"] = whole
                     if after_first is not None:
                         results.values["backfill"] = after_first
@@ -258,10 +296,17 @@ def measure(args: argparse.Namespace) -> BenchResult:
                     runner.also_sampled["kafka"] = find_pid(b"kafka.Kafka")  # the broker serving both consumers
                     cpu_quiet = CpuSample.take(runner.pids)
                     time.sleep(args.baseline_s)
-                    define = definitions(schema, stream, topic, group, "loaded_stats")[1]
                     started = time.monotonic()
                     cpu_started = CpuSample.take(runner.pids)
-                    rate, _ = backfill_rate(conn, define, f"{schema}.loaded_stats", runner, args.timeout)
+                    if args.second_view_alone:  # the new view's live cost, without its backfill
+                        catalog.define(conn, definitions(*names, "loaded_stats", "backfill = 'none'")[1])
+                        time.sleep(args.load_s)
+                        rate, loaded_seen = None, Backfilled(0)
+                    else:
+                        define = definitions(*names, "loaded_stats")[1]
+                        rate, _, loaded_seen = backfill_rate(
+                            conn, define, f"{schema}.loaded_stats", runner, args.timeout
+                        )
                     ended = time.monotonic()
                     # The backfill process comes and goes, so it is not sampled: its share is in "machine".
                     cpu_ended = CpuSample.take(runner.pids)
@@ -270,7 +315,8 @@ def measure(args: argparse.Namespace) -> BenchResult:
                         f"cores busy (of {os.cpu_count()}) under the load, before the backfill: {cores_text(before)}",
                         f"  during it, until it completed: {cores_text(during)}",
                     ]
-                    results.values["backfill_loaded"] = rate
+                    if rate is not None:
+                        results.values["backfill_loaded"] = rate
                     steady.halt.set()
                     steady.join(60)
                     if steady.error is not None:
@@ -285,10 +331,17 @@ def measure(args: argparse.Namespace) -> BenchResult:
                         if within:
                             results.values[f"{key}_p50"] = percentile(within, 50)
                             results.values[f"{key}_p99"] = percentile(within, 99)
+                    if args.samples:
+                        write_samples(args.samples, probe.samples, started, loaded_seen.joined_at)
+                    cpu_notes.append(
+                        f"freshness p99 (ms) per {TIMELINE_S:g} s from the backfill's definition (* it joined the"
+                        f" live runner): {timeline(probe.samples, started, load_end, loaded_seen.joined_at)}"
+                    )
                     results.values["steady_rate"] = steady.produced / max(steady.seconds, 1e-9)
                     # 3. every view equals the live one; the live one counts every page view produced
                     wait_drained(conn, runner, high_watermarks(topic, kafka))
-                    check += same_rows(conn, live, loaded)
+                    if not args.second_view_alone:  # without a backfill it holds only what came after it
+                        check += same_rows(conn, live, loaded)
                     (count,) = conn.execute(
                         sql.SQL("SELECT sum(views) FROM {} WHERE url NOT LIKE '/marker/%'").format(live)
                     ).fetchone()
@@ -361,6 +414,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-s", type=float, default=5.0, help="seconds of the load before the backfill")
     parser.add_argument(
         "--load-s", type=float, default=30.0, help="seconds the load goes on once the backfill started (at most)"
+    )
+    parser.add_argument(
+        "--second-view-alone",
+        action="store_true",
+        help="define the second view WITH (backfill = 'none') and keep the load on for --load-s: the live"
+        " runner's cost of one more view, without any backfill (freshness 'during' is over that window)",
+    )
+    parser.add_argument(
+        "--samples", help="write every marker's send time and latency to this CSV file (where the p99 comes from)"
     )
     parser.add_argument("--seed", type=int, default=1, help="same seed, same events")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds the backfill may take")
