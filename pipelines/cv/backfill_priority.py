@@ -5,7 +5,10 @@ SQL of its batches is the work of its backends, which the postmaster forks at th
 on two cores such a backend competed with the live runner's as an equal, and the live view's
 freshness p99 during a backfill was 0.7-1.1 s against a target of 1 s. Only a backend can nice
 itself without privilege, so each connection of the backfill asks its own, once, right after it is
-made (pgext/priority.c). The value lasts as long as the backend, i.e. the connection.
+made (pgext/priority.c). The value lasts as long as the backend, i.e. the connection. A backend is
+a session of its own, so where Linux shares the CPU between sessions first (autogroups), its nice
+value alone weighs nothing against the live runner's backend: the function nices the session's group
+too (waiting up to a second when another group's value changed in the last 100 ms).
 
 An extension older than 1.8, or a role without EXECUTE on the function, has none: one warning, and
 the backfill goes on at the backends' normal priority (it is slower to give way, not wrong).

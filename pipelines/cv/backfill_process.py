@@ -10,6 +10,13 @@ gives the backfill all it wants. The SQL of its batches is its PostgreSQL backen
 its sessions (named `<PGAPPNAME>-backfill`) nices its own backend to the same value
 (pipelines/cv/backfill_priority.py), or the backend would compete with the live runner's as an equal.
 
+Where the kernel groups processes by session for CPU fairness (autogroups: on in Debian's kernels
+and most others), a nice value weighs only within its own session, and the sessions' groups share
+the CPU as equals: a niced child in the runner's session took the group's whole share whenever the
+runner waited on its database, as much as the backend applying the live batch (measured: a
+process niced to 19 in a session of its own took 89% of a core beside two of nice 0 in another).
+So the child is started as a session of its own, and its group is niced too (`lower_session_group`).
+
 The child is the runner's: started while a backfill of the runner's streams waits (`python -m
 pipelines.cv.backfill_process`, with the runner's environment and stream choice: no Kafka client
 or connection is inherited), stopped with SIGTERM once none does or the runner stops, sent SIGTERM
@@ -46,6 +53,33 @@ log = get_logger("cv.backfill")
 
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 STOP_TIMEOUT_S = 10.0
+AUTOGROUP_WAIT_S = 0.11  # the kernel's interval between two changes of a session group's nice value
+
+
+def lower_session_group(pid: int | str, nice: int, attempts: int = 1) -> bool:
+    """The CPU group of the session `pid` leads niced to `nice` when lower (Linux autogroups); False if not done.
+
+    `pid` must lead its session, the group then being its session's alone. Raising a group's nice
+    value needs no privilege, but without CAP_SYS_ADMIN the kernel takes one such change per 100 ms
+    machine-wide (EAGAIN): up to `attempts` tries, AUTOGROUP_WAIT_S apart. A kernel without
+    autogroups has no such file: nothing to do.
+    """
+    path = f"/proc/{pid}/autogroup"
+    for attempt in range(attempts):
+        try:
+            with open(path) as group:
+                if int(group.read().rsplit("nice", 1)[1]) >= nice:  # "/autogroup-123 nice 0"
+                    return True
+            with open(path, "w") as group:
+                group.write(str(nice))
+            return True
+        except BlockingIOError:
+            if attempt + 1 < attempts:
+                time.sleep(AUTOGROUP_WAIT_S)
+        except (OSError, ValueError, IndexError) as e:
+            log.debug("session's CPU group left as it is", pid=pid, error=str(e))
+            return not os.path.exists(path)
+    return False
 
 
 class _CatalogStreams:
@@ -86,6 +120,7 @@ class BackfillProcess:
         # Niced from its first instruction by nice(1), which execs the interpreter (same pid): its
         # start-up and imports take about 0.5 s of CPU, which would otherwise compete with the live
         # loop as an equal, just as a backfill begins. main() makes sure of it where nice(1) is missing.
+        self.nice = nice
         launcher = shutil.which("nice") if nice > 0 else None
         self.argv = [*([launcher, "-n", str(nice)] if launcher else []), sys.executable, "-m", __name__]
         self.argv += ["--group", choice.group_id]
@@ -101,7 +136,10 @@ class BackfillProcess:
         if wanted and not running:
             if self.process is not None and self.process.returncode:
                 log.warning("backfill process died; starting it again", returncode=self.process.returncode)
-            self.process = subprocess.Popen(self.argv)  # its logs go where the runner's go
+            # A session of its own, its CPU group niced at once (before its imports) if the kernel
+            # takes it now; the child's main() tries again if not (module docstring).
+            self.process = subprocess.Popen(self.argv, start_new_session=True)  # logs where the runner's go
+            lower_session_group(self.process.pid, self.nice)
             log.info("backfill process started", pid=self.process.pid)
         elif not wanted and running:
             assert self.process is not None
@@ -138,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = PipelineSettings()
     # Before any thread (librdkafka's threads inherit it); already so when started by nice(1).
     os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), settings.backfill_nice))
+    if os.getsid(0) == os.getpid():  # its own session (as the runner starts it): its CPU group too
+        lower_session_group("self", settings.backfill_nice, attempts=10)
     parent = os.getppid()
     with contextlib.suppress(OSError, AttributeError):  # not Linux: the runner's SIGTERM or the watchdog stops it
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)

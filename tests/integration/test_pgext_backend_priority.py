@@ -4,8 +4,10 @@ A backfill's session calls it so that the SQL of its batches gives way to the li
 Python does. A process may always raise its own nice value and needs privilege to lower it, so the
 function only raises it. Each test uses a fresh connection (a backend keeps its nice value for its
 life), as the writer role the stream runner connects as, in a rolled-back transaction; the backend's
-nice value is read where the kernel keeps it, /proc/<pid>/stat. The backfill's BackendPriority
-nices each of its connections, and goes on with a warning where it cannot.
+nice value is read where the kernel keeps it, /proc/<pid>/stat. Where the kernel groups processes
+by session for CPU fairness (autogroups), a backend's session group is niced too: a backend leads a
+session of its own, and its nice value alone weighs nothing against the other sessions. The
+backfill's BackendPriority nices each of its connections, and goes on with a warning where it cannot.
 """
 
 from __future__ import annotations
@@ -34,6 +36,24 @@ def test_the_backend_is_niced_to_the_value_asked_and_never_back(stack, pg):
         assert conn.execute("SELECT streamviews.lower_backend_priority(3)").fetchone() == (5,)  # never lowers
         assert conn.execute("SELECT streamviews.lower_backend_priority(0)").fetchone() == (5,)
         assert backend_nice(pid) == 5
+
+
+def session_group_nice(pid: int) -> int | None:
+    """The nice value of the CPU group of the session `pid` is in (None: the kernel has no autogroups)."""
+    group = Path(f"/proc/{pid}/autogroup")
+    return int(group.read_text().split()[-1]) if group.exists() else None
+
+
+def test_the_backends_session_group_is_niced_too_where_the_kernel_groups_by_session(stack, pg):
+    with pg("sv_writer", autocommit=True) as conn, conn.transaction(force_rollback=True):
+        (pid,) = conn.execute("SELECT pg_backend_pid()").fetchone()
+        if session_group_nice(pid) is None:
+            pytest.skip("this kernel has no autogroups: a process's nice value is all there is")
+        assert session_group_nice(pid) == 0
+        conn.execute("SELECT streamviews.lower_backend_priority(6)")
+        assert session_group_nice(pid) == 6
+        conn.execute("SELECT streamviews.lower_backend_priority(2)")
+        assert session_group_nice(pid) == 6  # never lowered
 
 
 def test_a_value_out_of_range_is_refused_with_the_range(stack, pg):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from pipelines.cv.backfill_process import BackfillProcess
+from pipelines.cv.backfill_process import BackfillProcess, lower_session_group
 from pipelines.cv.model import StreamDef
 from pipelines.cv.stream_choice import StreamChoice
 
@@ -69,3 +70,26 @@ def test_the_backfill_child_is_niced_from_its_first_instruction():
     started_at = int(subprocess.run(probe, capture_output=True, text=True, check=True).stdout)
     assert started_at >= min(19, os.getpriority(os.PRIO_PROCESS, 0) + 7)
     assert BackfillProcess(StreamChoice("g")).argv[0] == sys.executable  # nice 0: started as it is
+
+
+def test_the_backfill_child_leads_a_session_whose_cpu_group_can_be_niced_and_never_back():
+    """With autogroups a nice value weighs only within its session: the child's own group must give way too.
+
+    The runner tries once as it starts the child, and the child again in its main(): the kernel takes
+    one change of a group's nice value per 100 ms, machine-wide.
+    """
+    process = BackfillProcess(StreamChoice("g"), nice=7)
+    process.argv = [sys.executable, "-c", "import time; time.sleep(60)"]  # a stand-in child
+    try:
+        process.keep(True)
+        assert process.process is not None
+        pid = process.process.pid
+        assert os.getsid(pid) == pid  # its own session: not the runner's group
+        group = Path(f"/proc/{pid}/autogroup")
+        assert lower_session_group(pid, 7, attempts=10)
+        if group.exists():  # a kernel with autogroups
+            assert group.read_text().split()[-1] == "7"
+            assert lower_session_group(pid, 3, attempts=10)
+            assert group.read_text().split()[-1] == "7"  # raised only
+    finally:
+        process.stop()
