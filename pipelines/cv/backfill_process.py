@@ -136,10 +136,13 @@ class BackfillProcess:
         if wanted and not running:
             if self.process is not None and self.process.returncode:
                 log.warning("backfill process died; starting it again", returncode=self.process.returncode)
-            # A session of its own, its CPU group niced at once (before its imports) if the kernel
-            # takes it now; the child's main() tries again if not (module docstring).
-            self.process = subprocess.Popen(self.argv, start_new_session=True)  # logs where the runner's go
-            lower_session_group(self.process.pid, self.nice)
+            # Niced: a session of its own, its CPU group niced at once (before its imports) if the
+            # kernel takes it now, else by the child's main() (module docstring). Not niced (0): in
+            # the runner's session, as an equal of its loop.
+            niced = self.nice > 0
+            self.process = subprocess.Popen(self.argv, start_new_session=niced)  # logs where the runner's go
+            if niced:
+                lower_session_group(self.process.pid, self.nice)
             log.info("backfill process started", pid=self.process.pid)
         elif not wanted and running:
             assert self.process is not None
@@ -176,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = PipelineSettings()
     # Before any thread (librdkafka's threads inherit it); already so when started by nice(1).
     os.setpriority(os.PRIO_PROCESS, 0, max(os.getpriority(os.PRIO_PROCESS, 0), settings.backfill_nice))
-    if os.getsid(0) == os.getpid():  # its own session (as the runner starts it): its CPU group too
+    if settings.backfill_nice and os.getsid(0) == os.getpid():  # its own session (as the runner starts it)
         lower_session_group("self", settings.backfill_nice, attempts=10)
     parent = os.getppid()
     with contextlib.suppress(OSError, AttributeError):  # not Linux: the runner's SIGTERM or the watchdog stops it

@@ -93,3 +93,14 @@ def test_the_backfill_child_leads_a_session_whose_cpu_group_can_be_niced_and_nev
             assert group.read_text().split()[-1] == "7"  # raised only
     finally:
         process.stop()
+
+
+def test_a_backfill_child_not_niced_stays_in_the_runners_session():
+    process = BackfillProcess(StreamChoice("g"), nice=0)
+    process.argv = [sys.executable, "-c", "import time; time.sleep(60)"]  # a stand-in child
+    try:
+        process.keep(True)
+        assert process.process is not None
+        assert os.getsid(process.process.pid) == os.getsid(0)
+    finally:
+        process.stop()
