@@ -249,7 +249,8 @@ def measure(args: argparse.Namespace) -> BenchResult:
                         check.append(f"live_stats counts {count} page views, produced {args.events + produced}")
                     (missing,) = conn.execute(  # everything plain_stats counts, live_stats counts alike
                         sql.SQL(
-                            "SELECT count(*) FROM {} AS p LEFT JOIN {} AS l USING (url) WHERE l.views < p.views"
+                            "SELECT count(*) FROM {} AS p LEFT JOIN {} AS l USING (url)"
+                            " WHERE l.views IS NULL OR l.views < p.views"
                         ).format(plain, live)
                     ).fetchone()
                     if missing:
