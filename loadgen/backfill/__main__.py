@@ -199,11 +199,8 @@ def measure(args: argparse.Namespace) -> BenchResult:
 
                     phase = under_load(runner, args, load, backfilled, "backfill")
                     markers += len(phase.samples)
-                    for key, since, until in (
-                        ("baseline", phase.started - args.baseline_s + 1, phase.started),
-                        ("freshness", phase.started, phase.load_end),
-                    ):
-                        if within := phase.freshness(since, until):
+                    for key, within in (("baseline", phase.baseline()), ("freshness", phase.during())):
+                        if within:
                             results.values[f"{key}_p50"] = percentile(within, 50)
                             results.values[f"{key}_p99"] = percentile(within, 99)
                     if phase.backfill_rate is not None:
@@ -232,7 +229,7 @@ def measure(args: argparse.Namespace) -> BenchResult:
 
                     plain_phase = under_load(runner, args, load, without_backfill, "plain")
                     markers += len(plain_phase.samples)
-                    if within := plain_phase.freshness(plain_phase.started, plain_phase.load_end):
+                    if within := plain_phase.during():
                         results.values["plain_p50"] = percentile(within, 50)
                         results.values["plain_p99"] = percentile(within, 99)
                     results.values["plain_rate"] = plain_phase.steady_rate

@@ -73,7 +73,6 @@ class SteadyProducer(threading.Thread):
         self.limit_s = float("inf")  # the load stops after this many seconds, or when halted
         self.produced = self.markers = 0
         self.seconds = 0.0
-        self.marked: list[tuple[str, float]] = []  # (marker, sent at): which fall within the backfill
         self.error: BaseException | None = None
 
     def run(self) -> None:
@@ -88,9 +87,7 @@ class SteadyProducer(threading.Thread):
                     self.produced += 1
                 if now >= next_marker:
                     url = f"{self.marker_prefix}{self.markers}"
-                    at = time.monotonic()
-                    self.probe.sent(url, at)
-                    self.marked.append((url, at))
+                    self.probe.sent(url, time.monotonic())
                     self.sender.send(url.encode(), f'{{"url": "{url}", "uid": 1, "latency": 1}}'.encode())
                     self.markers += 1
                     next_marker += MARKER_INTERVAL_S
@@ -134,7 +131,8 @@ def timeline(samples: list[tuple[float, float]], since: float, until: float, joi
 class LoadPhase:
     """A steady load on the live view, a second view defined part-way: the live view's freshness around it."""
 
-    started: float  # when the second view was defined (monotonic)
+    quiet: float  # when the load began, without the second view (monotonic)
+    started: float  # when the second view was defined
     joined_at: float | None  # its backfill joined the live runner
     backfill_rate: float | None  # its backfill's events/s under the load
     produced: int  # page views the load produced
@@ -143,8 +141,15 @@ class LoadPhase:
     load_end: float  # the load's end, or the backfill's if sooner: the freshness window's end
     cpu_notes: list[str]
 
-    def freshness(self, since: float, until: float) -> list[float]:
-        """The markers' latencies (ms) sent within [since, until]."""
+    def baseline(self) -> list[float]:
+        """The markers' latencies (ms) under the load before the second view, its first second left out."""
+        return self._within(self.quiet + 1, self.started)
+
+    def during(self) -> list[float]:
+        """The markers' latencies (ms) from the second view's definition to the window's end."""
+        return self._within(self.started, self.load_end)
+
+    def _within(self, since: float, until: float) -> list[float]:
         return [1000 * lat for (at, lat) in self.samples if since <= at <= until]
 
 
@@ -187,6 +192,7 @@ def under_load(
         probe.stop()
         probe.join(10)
     return LoadPhase(
+        quiet,
         started,
         seen.joined_at,
         backfill_rate,
